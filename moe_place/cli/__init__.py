@@ -1,0 +1,1 @@
+"""The `moe-place` command line: a thin shell over the library (one module per subcommand)."""

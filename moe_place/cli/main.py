@@ -1,0 +1,64 @@
+"""`moe-place` entry point: builds the subcommand parsers and turns errors into exit codes.
+
+Each subcommand lives in `moe_place.cli.<name>` and defines
+    HELP: str                              one line for `moe-place --help`
+    add_arguments(parser) -> None          its options (argparse only, no heavy imports)
+    run(args) -> int                       imports the library lazily, does the work
+Exit codes: 0 ok, 1 a result failed a requested threshold, 2 bad input or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from moe_place.errors import MoePlaceError
+
+COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "bench", "report")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> None:  # noqa: D102 - argparse hook
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="moe-place", description="MoE expert placement: analyze traces, plan replicas, predict time.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"moe_place.cli.{name}")
+        except ModuleNotFoundError as exc:  # a subcommand not built yet
+            if exc.name != f"moe_place.cli.{name}":
+                raise
+            continue
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except MoePlaceError as exc:
+        print(f"moe-place {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def _version() -> str:
+    from moe_place import __version__
+
+    return f"moe-place {__version__}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

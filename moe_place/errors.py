@@ -1,0 +1,33 @@
+"""User-facing errors.
+
+`InputError` is raised for anything a user can get wrong (a file, a field, an option).
+The CLI prints it as one line on stderr and exits with status 2. Internal invariants use
+`assert`; a failed assert is a bug in moe-place, not in the input.
+"""
+
+from __future__ import annotations
+
+
+class MoePlaceError(Exception):
+    """Base class of the errors moe-place reports to users."""
+
+
+class InputError(MoePlaceError, ValueError):
+    """Bad input: names where it is (file, field or option) and what was expected.
+
+    >>> str(InputError("trace.npz: topk_ids", "expert ids in [0, 128)", "255"))
+    'trace.npz: topk_ids: expected expert ids in [0, 128), got 255'
+    """
+
+    def __init__(self, where: str, expected: str, got: object | None = None):
+        self.where = where
+        self.expected = expected
+        self.got = got
+        message = f"{where}: expected {expected}"
+        if got is not None:
+            message += f", got {got}"
+        super().__init__(message)
+
+
+class InfeasibleError(MoePlaceError):
+    """The request cannot be met (a budget too small, a replica that does not fit)."""

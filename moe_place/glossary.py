@@ -1,0 +1,40 @@
+"""The vocabulary of moe-place, defined once. Names follow vLLM and SGLang.
+
+logical expert
+    One of the `E` experts a layer's router chooses from (ids `0..E-1`). A token picks `k`
+    distinct logical experts per MoE layer (top-k).
+dispatch
+    One (token, logical expert) pair. A batch of `n` tokens makes `n*k` dispatches per layer.
+    A dispatch becomes one *row* of the expert's grouped GEMM.
+physical expert / slot
+    A copy of a logical expert's weights in GPU memory. A layer has `P >= E` physical experts,
+    `P = E + R` with `R` redundant experts (vLLM's `num_redundant_experts`). Example: DeepSeek-V3
+    has 256 logical experts; with 32 redundant experts it has 256 + 32 = 288 physical experts,
+    9 per GPU at EP32.
+replica
+    Any physical expert of a logical expert; an expert with `logcnt[e] = 3` has three replicas.
+GPU / rank
+    One expert-parallel (EP) rank. `G` ranks hold `S = P/G` slots each; slot `p` lives on GPU
+    `p // S` (the engines' convention). EP size means `G`.
+node
+    A server of `G/N` GPUs joined by NVLink; nodes are joined by NICs and a fabric.
+phy2log
+    int64 `[layers, P]`: the logical expert held by each physical slot.
+log2phy
+    int64 `[layers, E, max(logcnt)]`: the slots holding each logical expert, padded with -1.
+logcnt
+    int64 `[layers, E]`: replicas per logical expert (>= 1).
+expert load
+    Dispatches routed to a logical expert, summed over a step, window or trace.
+step / window
+    A step is one forward pass (a batch). A window is a run of consecutive steps whose loads
+    are summed, as engines do before they re-plan.
+split policy
+    How a logical expert's dispatches are shared by its replicas: `even` (each replica takes
+    `1/logcnt`, what EPLB assumes), `local` (a token uses a replica on its own GPU when there
+    is one, SGLang's `static`), `optimal` (a per-batch split that minimises the busiest GPU).
+busiest/mean GPU (s_expert)
+    Rows of the busiest GPU over the mean rows per GPU; 1 is perfect balance.
+balancedness
+    Mean over max GPU load, in `(0, 1]` (vLLM/SGLang's metric, the inverse of s_expert).
+"""

@@ -1,0 +1,159 @@
+"""A validated expert placement: `phy2log`, `log2phy`, `logcnt` for every layer.
+
+A `Placement` is what every solver returns, what `plan` writes, what `evaluate` judges and
+what the engine adapters export. It is checked once, when it is built: every logical expert
+has at least one replica, ids are in range, every GPU has the same number of slots, and (unless
+`allow_colocated=True`, needed only to import plans made by DeepSeek EPLB, which can put two
+replicas of one expert on one GPU) no GPU holds two replicas of one expert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moe_place.errors import InputError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each layer's physical experts (slots) live.
+
+    phy2log: int64 `[layers, P]`, logical expert of each slot; slot `p` is on GPU `p // (P/G)`.
+    num_logical_experts: `E`; every id in `0..E-1` must appear in every layer.
+    num_gpus: `G`, the EP size; `P % G == 0`.
+    num_nodes: `N`; `G % N == 0`, GPU `g` is on node `g // (G/N)`.
+    """
+
+    phy2log: np.ndarray
+    num_logical_experts: int
+    num_gpus: int
+    num_nodes: int = 1
+    allow_colocated: bool = False
+    logcnt: np.ndarray = field(init=False, repr=False, compare=False)
+    log2phy: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        phy2log = np.asarray(self.phy2log)
+        if phy2log.ndim != 2:
+            raise InputError("phy2log", "a 2-D array [layers, physical]", f"shape {phy2log.shape}")
+        if phy2log.size and not np.issubdtype(phy2log.dtype, np.integer):
+            raise InputError("phy2log", "integer expert ids", f"dtype {phy2log.dtype}")
+        phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
+        num_layers, num_physical = phy2log.shape
+        experts, gpus, nodes = self.num_logical_experts, self.num_gpus, self.num_nodes
+        if experts < 1:
+            raise InputError("num_logical_experts", "at least 1", experts)
+        if gpus < 1 or num_physical % gpus:
+            raise InputError("num_gpus", f"a divisor of the {num_physical} physical experts", gpus)
+        if nodes < 1 or gpus % nodes:
+            raise InputError("num_nodes", f"a divisor of num_gpus={gpus}", nodes)
+        if num_physical < experts:
+            raise InputError("phy2log", f"at least num_logical_experts={experts} slots per layer", num_physical)
+        if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= experts):
+            bad = phy2log[(phy2log < 0) | (phy2log >= experts)][0]
+            raise InputError("phy2log", f"logical expert ids in [0, {experts})", int(bad))
+        logcnt = np.zeros((num_layers, experts), dtype=np.int64)
+        for layer in range(num_layers):
+            logcnt[layer] = np.bincount(phy2log[layer], minlength=experts)
+        if num_layers and logcnt.min() < 1:
+            layer, expert = np.argwhere(logcnt < 1)[0]
+            raise InputError(f"phy2log[{layer}]", f"every logical expert at least once (expert {expert} has no slot)")
+        if not self.allow_colocated:
+            per_gpu = np.sort(phy2log.reshape(num_layers, gpus, -1), axis=-1)
+            dup = per_gpu[..., 1:] == per_gpu[..., :-1]
+            if dup.any():
+                layer, gpu, _ = np.argwhere(dup)[0]
+                raise InputError(f"phy2log[{layer}]", f"at most one replica of an expert per GPU (GPU {gpu} holds two)")
+        phy2log.setflags(write=False)
+        logcnt.setflags(write=False)
+        object.__setattr__(self, "phy2log", phy2log)
+        object.__setattr__(self, "logcnt", logcnt)
+        object.__setattr__(self, "log2phy", _log2phy(phy2log, logcnt))
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def num_layers(self) -> int:
+        return self.phy2log.shape[0]
+
+    @property
+    def num_physical_experts(self) -> int:
+        return self.phy2log.shape[1]
+
+    @property
+    def slots_per_gpu(self) -> int:
+        return self.num_physical_experts // self.num_gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.num_gpus // self.num_nodes
+
+    def gpu_of_slot(self) -> np.ndarray:
+        """int64 `[P]`: the GPU of each slot."""
+        return np.arange(self.num_physical_experts) // self.slots_per_gpu
+
+    def slots_by_gpu(self) -> np.ndarray:
+        """int64 `[layers, G, S]`: the logical expert in each slot of each GPU."""
+        return self.phy2log.reshape(self.num_layers, self.num_gpus, self.slots_per_gpu)
+
+    # ------------------------------------------------------------------ loads
+    def slot_loads(self, expert_load: np.ndarray) -> np.ndarray:
+        """float64 `[layers, P]`: load each slot serves when replicas split evenly.
+
+        expert_load: `[layers, E]` loads of logical experts (counts or any non-negative weight).
+        """
+        expert_load = self._check_loads(expert_load)
+        rows = np.arange(self.num_layers)[:, None]
+        share = expert_load / self.logcnt
+        return share[rows, self.phy2log]
+
+    def gpu_loads(self, expert_load: np.ndarray) -> np.ndarray:
+        """float64 `[layers, G]`: load of each GPU under the even split."""
+        slots = self.slot_loads(expert_load)
+        return slots.reshape(self.num_layers, self.num_gpus, self.slots_per_gpu).sum(axis=-1)
+
+    def _check_loads(self, expert_load: np.ndarray) -> np.ndarray:
+        loads = np.asarray(expert_load, dtype=np.float64)
+        if loads.shape != (self.num_layers, self.num_logical_experts):
+            raise InputError("expert_load", f"shape [{self.num_layers}, {self.num_logical_experts}]", loads.shape)
+        return loads
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def contiguous(cls, num_layers: int, num_logical_experts: int, num_gpus: int, num_nodes: int = 1,
+                   num_redundant: int = 0) -> "Placement":
+        """Experts in equal contiguous blocks per GPU (slot `p` holds expert `p % E`).
+
+        With `num_redundant = 0` this is the engines' default (SGLang's `trivial`): GPU `g` holds
+        experts `g*E/G .. (g+1)*E/G - 1`. Redundant slots wrap around to experts 0, 1, ...
+        """
+        num_physical = num_logical_experts + num_redundant
+        row = np.arange(num_physical, dtype=np.int64) % num_logical_experts
+        return cls(np.tile(row, (num_layers, 1)), num_logical_experts, num_gpus, num_nodes)
+
+    # ------------------------------------------------------------------ comparison
+    def moved_slots(self, old: "Placement") -> np.ndarray:
+        """bool `[layers, P]`: slots whose logical expert differs from `old` (weights to copy)."""
+        if old.phy2log.shape != self.phy2log.shape:
+            raise InputError("current placement", f"phy2log of shape {self.phy2log.shape}", old.phy2log.shape)
+        return self.phy2log != old.phy2log
+
+    def same_as(self, other: "Placement") -> bool:
+        return (self.num_gpus, self.num_nodes, self.num_logical_experts) == (
+            other.num_gpus, other.num_nodes, other.num_logical_experts) and np.array_equal(self.phy2log, other.phy2log)
+
+
+def _log2phy(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
+    """int64 `[layers, E, max(logcnt)]`: slots of each expert in ascending order, -1 padded."""
+    num_layers, num_physical = phy2log.shape
+    experts = logcnt.shape[1]
+    width = int(logcnt.max()) if logcnt.size else 0
+    out = np.full((num_layers, experts, width), -1, dtype=np.int64)
+    for layer in range(num_layers):
+        order = np.argsort(phy2log[layer], kind="stable")
+        starts = np.concatenate(([0], np.cumsum(logcnt[layer])[:-1]))
+        rank = np.arange(num_physical) - np.repeat(starts, logcnt[layer])
+        out[layer, phy2log[layer, order], rank] = order
+    out.setflags(write=False)
+    return out

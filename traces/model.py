@@ -1,0 +1,192 @@
+"""The in-memory routing trace: token-level expert ids or count-level loads, plus metadata.
+
+Two granularities, as real tools produce them:
+- token level: for each step, int `[tokens, layers, k]` expert ids (the router's top-k);
+- count level: int64 `[steps, layers, experts]` dispatches per expert (what engines record).
+A token-level trace can always give counts; a count-level trace cannot give tokens back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moe_place.errors import InputError
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """What a trace is about.
+
+    layer_ids: the model's layer index of each trace layer (a trace may hold a subset).
+    step_names: one name per step (a recording, a domain, a window); empty means `step0..`.
+    dtype: the dtype the ids or counts were stored with.
+    """
+
+    num_experts: int
+    top_k: int
+    layer_ids: tuple[int, ...]
+    model: str = "unknown"
+    source: str = ""
+    dtype: str = ""
+    step_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.num_experts < 1:
+            raise InputError("num_experts", "an integer >= 1", self.num_experts)
+        if not 1 <= self.top_k <= self.num_experts:
+            raise InputError("top_k", f"an integer in [1, num_experts={self.num_experts}]", self.top_k)
+        if len(set(self.layer_ids)) != len(self.layer_ids):
+            raise InputError("layer_ids", "distinct layer indices", list(self.layer_ids))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_ids)
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A routing trace. Exactly one of `counts` and `topk_ids` is given.
+
+    counts: int64 `[steps, layers, experts]`.
+    topk_ids: tuple of per-step int arrays `[tokens, layers, k]` (tokens may differ per step).
+    """
+
+    meta: TraceMeta
+    counts: np.ndarray | None = None
+    topk_ids: tuple[np.ndarray, ...] | None = None
+    _step_counts: list = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if (self.counts is None) == (self.topk_ids is None):
+            raise InputError("trace", "exactly one of counts or topk_ids")
+        meta = self.meta
+        if self.counts is not None:
+            counts = check_counts(self.counts, "counts", meta.num_experts)
+            if counts.shape[1] != meta.num_layers:
+                raise InputError("counts", f"{meta.num_layers} layers (layer_ids)", counts.shape[1])
+            object.__setattr__(self, "counts", counts)
+        else:
+            steps = tuple(self.topk_ids)
+            if not steps:
+                raise InputError("topk_ids", "at least one step")
+            for i, ids in enumerate(steps):
+                check_topk_ids(ids, f"topk_ids[step {i}]", meta.num_experts, meta.top_k, meta.num_layers)
+            object.__setattr__(self, "topk_ids", steps)
+        if meta.step_names and len(meta.step_names) != self.num_steps:
+            raise InputError("step_names", f"{self.num_steps} names", len(meta.step_names))
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def is_token_level(self) -> bool:
+        return self.topk_ids is not None
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.topk_ids) if self.topk_ids is not None else self.counts.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.meta.num_layers
+
+    @property
+    def num_experts(self) -> int:
+        return self.meta.num_experts
+
+    @property
+    def top_k(self) -> int:
+        return self.meta.top_k
+
+    @property
+    def step_names(self) -> tuple[str, ...]:
+        return self.meta.step_names or tuple(f"step{i}" for i in range(self.num_steps))
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the whole trace (count level: dispatches of the first layer / top_k)."""
+        if self.topk_ids is not None:
+            return int(sum(ids.shape[0] for ids in self.topk_ids))
+        return int(self.counts[:, 0, :].sum() // self.top_k) if self.num_layers else 0
+
+    # ------------------------------------------------------------------ loads
+    def step_counts(self) -> np.ndarray:
+        """int64 `[steps, layers, experts]`: dispatches per expert in each step."""
+        if self.counts is not None:
+            return self.counts
+        if not self._step_counts:
+            stacked = np.stack([count_dispatches(ids, self.num_experts) for ids in self.topk_ids])
+            stacked.setflags(write=False)
+            self._step_counts.append(stacked)
+        return self._step_counts[0]
+
+    def total_counts(self) -> np.ndarray:
+        """int64 `[layers, experts]`: dispatches per expert summed over every step."""
+        return self.step_counts().sum(axis=0)
+
+    def select_layers(self, positions: list[int]) -> "Trace":
+        """A trace of the layers at `positions` (indices into `meta.layer_ids`)."""
+        for p in positions:
+            if not 0 <= p < self.num_layers:
+                raise InputError("layers", f"layer positions in [0, {self.num_layers})", p)
+        meta = TraceMeta(**{**self.meta.__dict__, "layer_ids": tuple(self.meta.layer_ids[p] for p in positions)})
+        if self.counts is not None:
+            return Trace(meta, counts=self.counts[:, positions, :])
+        return Trace(meta, topk_ids=tuple(ids[:, positions, :] for ids in self.topk_ids))
+
+
+# ---------------------------------------------------------------------- validation
+def check_counts(counts: np.ndarray, where: str, num_experts: int | None = None) -> np.ndarray:
+    """Validate count-level loads `[steps, layers, experts]`; return them as read-only int64."""
+    arr = np.asarray(counts)
+    if arr.ndim != 3:
+        raise InputError(where, "a 3-D array [steps, layers, experts]", f"shape {arr.shape}")
+    if arr.size == 0:
+        raise InputError(where, "a non-empty array [steps, layers, experts]", f"shape {arr.shape}")
+    if num_experts is not None and arr.shape[2] != num_experts:
+        raise InputError(where, f"{num_experts} experts (num_experts) on the last axis", arr.shape[2])
+    if arr.dtype.kind == "f":
+        if not np.isfinite(arr).all():
+            raise InputError(where, "finite counts", "NaN or inf")
+        if (arr != np.round(arr)).any():
+            raise InputError(where, "whole-number counts", "fractional values")
+    elif arr.dtype.kind not in "iu":
+        raise InputError(where, "integer counts", f"dtype {arr.dtype}")
+    if (arr < 0).any():
+        raise InputError(where, "counts >= 0", int(arr.min()))
+    out = np.array(arr, dtype=np.int64)
+    out.setflags(write=False)
+    return out
+
+
+def check_topk_ids(ids: np.ndarray, where: str, num_experts: int, top_k: int | None = None,
+                   num_layers: int | None = None) -> None:
+    """Validate token-level expert ids `[tokens, layers, k]`: integer, in range, no repeats per token."""
+    if ids.dtype.kind not in "iu":
+        raise InputError(where, "integer expert ids", f"dtype {ids.dtype}")
+    if ids.ndim != 3:
+        raise InputError(where, "a 3-D array [tokens, layers, k]", f"shape {ids.shape}")
+    if top_k is not None and ids.shape[2] != top_k:
+        raise InputError(where, f"k = top_k = {top_k} ids per token", ids.shape[2])
+    if num_layers is not None and ids.shape[1] != num_layers:
+        raise InputError(where, f"{num_layers} layers", ids.shape[1])
+    if ids.size == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= num_experts:
+        raise InputError(where, f"expert ids in [0, {num_experts})", lo if lo < 0 else hi)
+    if ids.shape[2] > 1:
+        ordered = np.sort(ids, axis=2)
+        repeated = ordered[:, :, 1:] == ordered[:, :, :-1]
+        if repeated.any():
+            token, layer, _ = np.argwhere(repeated)[0]
+            raise InputError(where, "k distinct experts per token",
+                             f"a repeated expert at token {token}, layer {layer}")
+
+
+def count_dispatches(ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """int64 `[layers, experts]`: how often each expert appears, per layer, in `[tokens, layers, k]`."""
+    num_layers = ids.shape[1]
+    offsets = (np.arange(num_layers, dtype=np.int64) * num_experts)[None, :, None]
+    flat = (ids.astype(np.int64) + offsets).ravel()
+    return np.bincount(flat, minlength=num_layers * num_experts).reshape(num_layers, num_experts)
