@@ -1,0 +1,80 @@
+"""The solver protocol and registry: problem in, one layer's plan + report out.
+
+Every solver plans one layer at a time (layers are independent in the engine-compatible
+mode), so `moe_place.solvers.solve` can run layers in parallel processes. A solver is a class
+with a `name`, registered with `@register`; the CLI and the engine plugin pick it by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Protocol
+
+import numpy as np
+
+from moe_place.errors import InputError
+from moe_place.problem import PlacementProblem
+
+STATUSES = ("optimal", "feasible", "heuristic")
+
+
+@dataclass(frozen=True)
+class LayerSolution:
+    """One layer's plan.
+
+    phy2log: int64 `[P]`, the logical expert in each slot (slot p on GPU p // (P/G)).
+    status: "optimal" (proved), "feasible" (a solver stopped at its limit), "heuristic" (no proof).
+    objective: the busiest-GPU load of this plan (windows combined as the problem says).
+    lower_bound: a valid lower bound on the best achievable objective of this layer.
+    wall_s: seconds spent on this layer (the only non-deterministic field).
+    detail: solver-specific figures (e.g. CP-SAT's deterministic time, branches).
+    """
+
+    phy2log: np.ndarray
+    status: str
+    objective: float
+    lower_bound: float
+    wall_s: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert self.status in STATUSES, self.status
+        assert self.lower_bound <= self.objective * (1 + 1e-9) + 1e-9, (self.lower_bound, self.objective)
+
+    @property
+    def gap(self) -> float:
+        """Relative gap (objective - bound) / objective; 0 when the plan is proved optimal."""
+        if self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.lower_bound) / self.objective)
+
+
+class Solver(Protocol):
+    """What a registered solver provides."""
+
+    name: ClassVar[str]
+
+    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
+        """Plan one layer of `problem` within `time_limit_s` seconds (None: the solver's default)."""
+        ...
+
+
+_REGISTRY: dict[str, Callable[[], Solver]] = {}
+
+
+def register(cls):
+    """Class decorator: make a solver available by its `name`."""
+    assert cls.name not in _REGISTRY, f"solver {cls.name!r} registered twice"
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def solver_names() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def get_solver(name: str) -> Solver:
+    """An instance of the registered solver `name`; InputError listing the known names otherwise."""
+    if name not in _REGISTRY:
+        raise InputError("solver", f"one of {', '.join(solver_names())}", name)
+    return _REGISTRY[name]()
