@@ -1,0 +1,93 @@
+"""Placement: validation, derived maps, loads under the even split."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moe_place.errors import InputError
+from moe_place.placement import Placement
+
+
+def test_vllm_glossary_example_shapes():
+    # 256 logical + 32 redundant = 288 physical experts on 32 GPUs: 9 slots each.
+    p = Placement.contiguous(num_layers=2, num_logical_experts=256, num_gpus=32, num_nodes=4, num_redundant=32)
+    assert p.num_physical_experts == 288 and p.slots_per_gpu == 9 and p.gpus_per_node == 8
+    assert p.logcnt.shape == (2, 256) and p.logcnt.sum(axis=1).tolist() == [288, 288]
+    assert p.logcnt[0, :32].tolist() == [2] * 32 and p.logcnt[0, 32:].max() == 1
+    assert p.log2phy.shape == (2, 256, 2)
+    assert p.log2phy[0, 0].tolist() == [0, 256] and p.log2phy[0, 100].tolist() == [100, -1]
+
+
+def test_log2phy_inverts_phy2log():
+    phy2log = np.array([[0, 1, 2, 0, 3, 1], [3, 2, 1, 0, 2, 3]])
+    p = Placement(phy2log, num_logical_experts=4, num_gpus=3)
+    for layer in range(2):
+        for expert in range(4):
+            slots = [s for s in p.log2phy[layer, expert] if s >= 0]
+            assert slots == sorted(np.flatnonzero(phy2log[layer] == expert).tolist())
+            assert len(slots) == p.logcnt[layer, expert]
+
+
+def test_gpu_loads_even_split_by_hand():
+    # GPU0 holds experts 0,1; GPU1 holds 0,2. Expert 0 (load 10) is split 5/5.
+    p = Placement(np.array([[0, 1, 0, 2]]), num_logical_experts=3, num_gpus=2)
+    loads = np.array([[10.0, 3.0, 4.0]])
+    assert p.gpu_loads(loads).tolist() == [[8.0, 9.0]]
+    assert p.slot_loads(loads).tolist() == [[5.0, 3.0, 5.0, 4.0]]
+
+
+@pytest.mark.parametrize(
+    "phy2log, experts, gpus, nodes, field",
+    [
+        ([[0, 1, 2]], 4, 1, 1, "phy2log"),            # fewer slots than experts
+        ([[0, 1, 2, 2]], 4, 1, 1, "phy2log[0]"),      # expert 3 has no slot
+        ([[0, 1, 2, 4]], 4, 1, 1, "phy2log"),         # id out of range
+        ([[0, 1, 2, 3]], 4, 3, 1, "num_gpus"),        # 4 slots on 3 GPUs
+        ([[0, 1, 2, 3]], 4, 2, 3, "num_nodes"),       # 2 GPUs on 3 nodes
+        ([[0, 0, 1, 2, 3, 3]], 4, 2, 1, "phy2log[0]"),  # two replicas of expert 0 on GPU 0
+        ([0, 1, 2, 3], 4, 1, 1, "phy2log"),           # 1-D
+    ],
+)
+def test_bad_placements_name_the_field(phy2log, experts, gpus, nodes, field):
+    with pytest.raises(InputError) as err:
+        Placement(np.array(phy2log), experts, gpus, nodes)
+    assert str(err.value).startswith(field + ":")
+
+
+def test_colocated_replicas_allowed_only_when_asked():
+    phy2log = np.array([[0, 0, 1, 2, 3, 3]])
+    p = Placement(phy2log, 4, 2, allow_colocated=True)
+    assert p.logcnt.tolist() == [[2, 1, 1, 2]]
+
+
+def test_moved_slots():
+    old = Placement(np.array([[0, 1, 2, 3]]), 4, 2)
+    new = Placement(np.array([[0, 2, 1, 3]]), 4, 2)
+    assert new.moved_slots(old).tolist() == [[False, True, True, False]]
+
+
+def test_arrays_are_read_only():
+    p = Placement.contiguous(1, 4, 2)
+    with pytest.raises(ValueError):
+        p.phy2log[0, 0] = 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 6), st.integers(0, 2**32 - 1))
+def test_random_valid_placements_conserve_load(experts, gpus, extra, seed):
+    rng = np.random.default_rng(seed)
+    slots = gpus * max(1, -(-(experts + extra) // gpus))
+    if slots > experts * gpus:  # cannot avoid two replicas of one expert on one GPU
+        return
+    # deal each expert once, then fill the rest with experts a GPU does not hold yet
+    per_gpu = [[] for _ in range(gpus)]
+    order = list(range(experts)) + list(rng.integers(0, experts, size=slots - experts))
+    for e in order:
+        free = [g for g in range(gpus) if len(per_gpu[g]) < slots // gpus and e not in per_gpu[g]]
+        if not free:
+            return
+        per_gpu[free[0]].append(int(e))
+    p = Placement(np.array([sum(per_gpu, [])]), experts, gpus)
+    loads = rng.integers(0, 100, size=(1, experts)).astype(float)
+    assert np.isclose(p.gpu_loads(loads).sum(), loads.sum())
