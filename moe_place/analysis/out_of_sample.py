@@ -1,0 +1,74 @@
+"""Out-of-sample loss: a placement planned on one window, judged on the next.
+
+Engines plan on the loads of the last window and run the plan on the next one. When hot
+experts move, the plan loses part of its gain. For each transition `w -> w+1` this module
+compares, on window `w+1`'s loads:
+- `contiguous`: no planning at all (the engines' default layout);
+- `out_of_sample`: the plan made on window `w` (what an engine actually runs);
+- `in_sample`: the plan made on window `w+1` itself (what the same planner gets with hindsight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from moe_place.analysis.balance import gpu_balance
+from moe_place.analysis.replicate_hottest import replicate_hottest
+from moe_place.errors import InputError
+from moe_place.placement import Placement
+
+Planner = Callable[[np.ndarray], Placement]
+"""Loads `[layers, E]` -> a placement of every layer."""
+
+
+@dataclass(frozen=True)
+class OutOfSample:
+    """Busiest/mean GPU (s_expert) on window `w+1`, float64 `[windows-1, layers]` each.
+
+    ep_size: GPUs of the plans. planner: a name for the planner used.
+    """
+
+    ep_size: int
+    planner: str
+    contiguous: np.ndarray
+    out_of_sample: np.ndarray
+    in_sample: np.ndarray
+
+    def __post_init__(self) -> None:
+        shape = self.contiguous.shape
+        if len(shape) != 2 or self.out_of_sample.shape != shape or self.in_sample.shape != shape:
+            raise InputError("OutOfSample", "three arrays of one shape [transitions, layers]")
+
+    @property
+    def loss(self) -> np.ndarray:
+        """float64 `[windows-1, layers]`: how much busier the busiest GPU is than with hindsight
+        (`out_of_sample / in_sample - 1`; 0 = the plan lost nothing)."""
+        return self.out_of_sample / self.in_sample - 1.0
+
+
+def out_of_sample(window_load: np.ndarray, ep_size: int, planner: Planner | None = None,
+                  planner_name: str = "replicate_hottest") -> OutOfSample:
+    """Judge plans made on each window on the next one.
+
+    window_load: `[windows, layers, E]`, at least two windows.
+    planner: default `replicate_hottest(loads, ep_size, redundant_per_gpu=1)`.
+    """
+    loads = np.asarray(window_load, dtype=np.float64)
+    if loads.ndim != 3 or loads.shape[0] < 2:
+        raise InputError("window_load", "at least two windows [windows, layers, experts]", f"shape {loads.shape}")
+    windows, layers, experts = loads.shape
+    plan = planner or partial(replicate_hottest, num_gpus=ep_size, redundant_per_gpu=1)
+    plans = [plan(loads[w]) for w in range(windows)]
+    contiguous = Placement.contiguous(layers, experts, ep_size)
+    judged = lambda placement, w: gpu_balance(placement, loads[w]).max_over_mean  # noqa: E731
+    return OutOfSample(
+        ep_size=ep_size,
+        planner=planner_name,
+        contiguous=np.stack([judged(contiguous, w) for w in range(1, windows)]),
+        out_of_sample=np.stack([judged(plans[w - 1], w) for w in range(1, windows)]),
+        in_sample=np.stack([judged(plans[w], w) for w in range(1, windows)]),
+    )

@@ -1,0 +1,152 @@
+"""The analyzer's whole answer for one trace, and its JSON form (the `moe-place analyze` contract).
+
+`analyze_trace` runs every per-layer and per-EP-size analysis once; `analysis_to_json` turns the
+result into plain JSON types (NaN becomes null). The CLI only formats what is here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_place.analysis.active import ActiveExperts, active_experts
+from moe_place.analysis.ep_sweep import EpPoint, default_ep_sizes, ep_sweep
+from moe_place.analysis.out_of_sample import OutOfSample, out_of_sample
+from moe_place.analysis.persistence import Persistence, persistence
+from moe_place.analysis.profile import LoadProfile, load_profile
+from moe_place.analysis.windows import window_loads
+from moe_place.errors import InputError
+from moe_place.traces.model import Trace
+
+#: Version of the JSON written by `analysis_to_json`; bump when a key changes meaning.
+JSON_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TraceAnalysis:
+    """Everything `moe-place analyze` reports for one trace.
+
+    profile: skew of the loads summed over every step.
+    persistence: hot experts over windows of `window_steps` steps.
+    active: distinct experts per step against E[U].
+    ep: the EP sweep of the summed loads (contiguous placement).
+    out_of_sample: per EP size, the replicate-hottest plan made on one window judged on the
+        next (`None` for every size when the trace has fewer than two windows).
+    """
+
+    trace: Trace
+    window_steps: int
+    profile: LoadProfile
+    persistence: Persistence
+    active: ActiveExperts
+    ep: tuple[EpPoint, ...]
+    out_of_sample: tuple[OutOfSample | None, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.out_of_sample) != len(self.ep):
+            raise InputError("TraceAnalysis.out_of_sample", f"one entry per EP size ({len(self.ep)})")
+        if self.profile.num_layers != self.trace.num_layers:
+            raise InputError("TraceAnalysis.profile", f"{self.trace.num_layers} layers", self.profile.num_layers)
+
+
+def default_top_n(trace: Trace) -> int:
+    """The hot set size used unless asked otherwise: `top_k` experts (uniform share `k/E`)."""
+    return trace.top_k
+
+
+def analyze_trace(trace: Trace, ep_sizes: Sequence[int] | None = None, top_n: int | None = None,
+                  window_steps: int = 1) -> TraceAnalysis:
+    """Analyze `trace`. ep_sizes: default `default_ep_sizes(E)`; top_n: default `top_k`."""
+    counts = trace.step_counts()
+    total = trace.total_counts()
+    sizes = tuple(ep_sizes) if ep_sizes is not None else default_ep_sizes(trace.num_experts)
+    top_n = default_top_n(trace) if top_n is None else int(top_n)
+    windows = window_loads(counts, window_steps)
+    points = ep_sweep(total, sizes)
+    shifts = tuple(out_of_sample(windows, p.ep_size) if windows.shape[0] > 1 and p.ep_size > 1 else None
+                   for p in points)
+    return TraceAnalysis(trace=trace, window_steps=window_steps, profile=load_profile(total, top_n),
+                         persistence=persistence(windows, top_n), active=active_experts(counts, trace.top_k),
+                         ep=points, out_of_sample=shifts)
+
+
+# ---------------------------------------------------------------------- JSON
+def _num(x: float) -> float | None:
+    x = float(x)
+    return None if math.isnan(x) else round(x, 6)
+
+
+def _nums(values: np.ndarray) -> list:
+    return [_num(v) for v in np.asarray(values, dtype=np.float64).ravel()]
+
+
+def analysis_to_json(analysis: TraceAnalysis) -> dict:
+    """The documented JSON contract of `moe-place analyze` (see README)."""
+    trace, prof, pers, act = analysis.trace, analysis.profile, analysis.persistence, analysis.active
+    layers = []
+    for pos, layer_id in enumerate(trace.meta.layer_ids):
+        layers.append({
+            "layer": int(layer_id),
+            "expert_load": [int(v) for v in prof.expert_load[pos]],
+            "max_over_mean": _num(prof.max_over_mean[pos]),
+            "cv": _num(prof.cv[pos]),
+            "zero_load_experts": int(prof.zero_load_experts[pos]),
+            "top_n_share": _num(prof.top_share[pos]),
+            "hot_experts": [int(e) for e in np.argsort(-prof.expert_load[pos], kind="stable")[: prof.top_n]],
+            "persistence": {
+                "mean_run_windows": _num(pers.mean_run[pos]),
+                "median_run_windows": _num(pers.median_run[pos]),
+                "max_run_windows": _num(pers.max_run[pos]),
+                "mean_hot_overlap": _num(pers.mean_overlap[pos]),
+            },
+            "active_experts": [int(v) for v in act.observed[:, pos]],
+            "expected_active_experts": _nums(act.expected[:, pos]),
+        })
+    ep = []
+    for point, shift in zip(analysis.ep, analysis.out_of_sample):
+        bal = point.balance
+        worst = int(np.argmax(bal.max_over_mean))
+        entry = {
+            "ep_size": point.ep_size,
+            "placement": "contiguous",
+            "experts_per_gpu": point.placement.slots_per_gpu,
+            "gpu_max_over_mean": _nums(bal.max_over_mean),
+            "mean_gpu_max_over_mean": _num(bal.max_over_mean.mean()),
+            "worst_gpu_max_over_mean": _num(bal.max_over_mean[worst]),
+            "worst_layer": int(trace.meta.layer_ids[worst]),
+            "balancedness": _nums(bal.balancedness),
+            "sglang_balancedness": _nums(bal.sglang_balancedness),
+            "vllm_balancedness": _num(bal.vllm_balancedness),
+            "gpu_rows": [_nums(row) for row in bal.gpu_load],
+            "out_of_sample": None,
+        }
+        if shift is not None:
+            entry["out_of_sample"] = {
+                "planner": shift.planner,
+                "redundant_per_gpu": 1,
+                "transitions": int(shift.contiguous.shape[0]),
+                "contiguous": _nums(shift.contiguous.mean(axis=0)),
+                "planned_on_previous": _nums(shift.out_of_sample.mean(axis=0)),
+                "planned_on_same": _nums(shift.in_sample.mean(axis=0)),
+                "loss": _nums(shift.loss.mean(axis=0)),
+            }
+        ep.append(entry)
+    return {
+        "format_version": JSON_VERSION,
+        "model": trace.meta.model,
+        "source": trace.meta.source,
+        "num_layers": trace.num_layers,
+        "num_experts": trace.num_experts,
+        "top_k": trace.top_k,
+        "tokens": trace.num_tokens,
+        "steps": trace.num_steps,
+        "step_names": list(trace.step_names),
+        "window_steps": analysis.window_steps,
+        "windows": pers.num_windows,
+        "top_n": prof.top_n,
+        "layers": layers,
+        "ep": ep,
+    }
