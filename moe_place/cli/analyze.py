@@ -1,0 +1,111 @@
+"""`moe-place analyze TRACE`: per-layer expert skew and what it does to GPUs at each EP size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from moe_place.cli.options import int_list, layer_selection, positive_int
+
+HELP = "per-layer expert-load skew of a routing trace and the busiest/mean GPU at each EP size"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", metavar="TRACE", help="routing trace file (.npz, SGLang/vLLM dump, CSV/JSON counts)")
+    parser.add_argument("--ep", type=int_list, metavar="G1,G2,...",
+                        help="EP sizes to sweep, each dividing the expert count (default: 8,16,32,... that divide it)")
+    parser.add_argument("--layers", type=layer_selection, metavar="IDS",
+                        help="model layer ids to analyze, e.g. 0-3,10 (default: all)")
+    parser.add_argument("--top-n", type=positive_int, metavar="N",
+                        help="size of the hot set for top-N share and persistence (default: top_k)")
+    parser.add_argument("--window", type=positive_int, default=1, metavar="STEPS",
+                        help="steps summed per window for persistence and out-of-sample loss (default 1)")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG: load heatmap and EP-sweep curve")
+    parser.add_argument("--output", metavar="FILE", help="write the table/JSON to FILE instead of stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from moe_place.analysis.ep_sweep import check_ep_sizes
+    from moe_place.analysis.report import analysis_to_json, analyze_trace
+    from moe_place.errors import InputError
+    from moe_place.io import write_atomic
+    from moe_place.traces.load import load_trace
+
+    trace = load_trace(args.trace)
+    if args.layers is not None:
+        positions = {layer_id: pos for pos, layer_id in enumerate(trace.meta.layer_ids)}
+        missing = [layer for layer in args.layers if layer not in positions]
+        if missing:
+            raise InputError("--layers", f"layer ids of the trace ({_id_ranges(trace.meta.layer_ids)})", missing[0])
+        trace = trace.select_layers([positions[layer] for layer in args.layers])
+    ep_sizes = check_ep_sizes(args.ep, trace.num_experts) if args.ep is not None else None
+    if args.top_n is not None and args.top_n > trace.num_experts:
+        raise InputError("--top-n", f"at most num_experts={trace.num_experts}", args.top_n)
+    if args.window > trace.num_steps:
+        raise InputError("--window", f"at most the {trace.num_steps} steps of the trace", args.window)
+    analysis = analyze_trace(trace, ep_sizes, args.top_n, args.window)
+    report = analysis_to_json(analysis)
+    text = json.dumps(report, indent=1) + "\n" if args.format == "json" else format_table(report)
+    if args.plot:
+        from moe_place.analysis.plot import render_png
+
+        write_atomic(args.plot, render_png(analysis))
+        print(f"wrote plot {args.plot}", file=sys.stderr)
+    if args.output:
+        write_atomic(args.output, text)
+        print(f"wrote {args.format} {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _id_ranges(ids: tuple[int, ...]) -> str:
+    return f"{ids[0]}-{ids[-1]}" if list(ids) == list(range(ids[0], ids[-1] + 1)) else ",".join(map(str, ids))
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(report: dict) -> str:
+    """The human-readable form of an `analysis_to_json` report: per-layer table, then the EP sweep."""
+    n = report["top_n"]
+    lines = [
+        f"{report['model']}  ({report['source']})",
+        f"{report['num_layers']} layers, {report['num_experts']} experts, top-{report['top_k']}, "
+        f"{report['tokens']:,} tokens, {report['steps']} steps ({report['windows']} windows of "
+        f"{report['window_steps']} step{'s' if report['window_steps'] > 1 else ''})",
+        "",
+    ]
+    eps = report["ep"]
+    head = (f"{'layer':>5} {'max/mean':>8} {'CV':>5} {'zero':>4} {'top' + str(n) + ' share':>10} {'hot kept':>8} "
+            f"{'hot run':>7}  " + " ".join(f"{'EP' + str(e['ep_size']):>6}" for e in eps))
+    lines += [f"{'':<49}busiest/mean GPU (contiguous)" if eps else "", head, "-" * len(head)]
+    for pos, layer in enumerate(report["layers"]):
+        pers = layer["persistence"]
+        lines.append(
+            f"{layer['layer']:>5} {_fmt(layer['max_over_mean']):>8} {_fmt(layer['cv']):>5} "
+            f"{layer['zero_load_experts']:>4} {_fmt(layer['top_n_share'], '.1%'):>10} "
+            f"{_fmt(pers['mean_hot_overlap'], '.0%'):>8} {_fmt(pers['mean_run_windows']):>7}  "
+            + " ".join(f"{_fmt(e['gpu_max_over_mean'][pos]):>6}" for e in eps))
+    lines += ["", "EP sweep: busiest/mean GPU rows, mean and worst over layers",
+              "  summed loads, contiguous placement | per window, mean over layers and transitions:",
+              "  contiguous, and +1 replica/GPU of the hottest experts planned on the same or the previous window"]
+    head = (f"{'EP':>5} {'experts/GPU':>11} {'mean':>6} {'worst':>6} {'(layer)':>7} {'vLLM bal':>8} "
+            f"{'SGLang bal':>10} | {'contig':>6} {'same':>6} {'previous':>8}")
+    lines += [head, "-" * len(head)]
+    for e in eps:
+        shift = e["out_of_sample"] or {}
+        window = [_fmt(_mean(shift[key])) if shift else "-" for key in ("contiguous", "planned_on_same", "planned_on_previous")]
+        lines.append(
+            f"{e['ep_size']:>5} {e['experts_per_gpu']:>11} {_fmt(e['mean_gpu_max_over_mean']):>6} "
+            f"{_fmt(e['worst_gpu_max_over_mean']):>6} {e['worst_layer']:>7} {_fmt(e['vllm_balancedness'], '.3f'):>8} "
+            f"{_fmt(_mean(e['sglang_balancedness']), '.3f'):>10} | {window[0]:>6} {window[1]:>6} {window[2]:>8}")
+    return "\n".join(lines) + "\n"
+
+
+def _mean(values: list) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
