@@ -1,0 +1,196 @@
+"""Expert GEMM time on one GPU: padding (SPEC formula 4), tile-level traffic (formula 5) and
+`max(F/C, W/B)` (formula 1); the busiest GPU sets the layer time.
+
+Public names the kernels code compares measurements against (stable):
+
+    padded_rows(rows_per_expert, block_m, pad_empty=False) -> int
+    tile_traffic_bytes(rows_per_expert, hidden, intermediate, dtype_bytes, block_m, block_n) -> int
+    expert_time_s(rows_per_expert, hidden, intermediate, dtype_bytes, flops_per_s, memory_bytes_per_s,
+                  *, weights="tiles", block_m=None, block_n=128, matrices=3, pad_empty=False) -> float
+
+`rows_per_expert` is an int array `[experts]` of the valid rows (token dispatches) each local expert
+computes in one grouped GEMM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_place.errors import InputError
+
+WEIGHT_MODES = ("none", "once", "tiles")
+
+
+def _rows(rows_per_expert, where: str = "rows_per_expert") -> np.ndarray:
+    """float64 `[experts]`: rows >= 0 (an even split over replicas may give fractional expected rows)."""
+    rows = np.asarray(rows_per_expert)
+    if rows.ndim != 1:
+        raise InputError(where, "a 1-D list of rows per expert", f"shape {rows.shape}")
+    if rows.size and rows.dtype.kind not in "iuf":
+        raise InputError(where, "numbers of rows", f"dtype {rows.dtype}")
+    rows = rows.astype(np.float64)
+    if not np.isfinite(rows).all() or (rows < 0).any():
+        raise InputError(where, "finite rows >= 0", rows[~np.isfinite(rows) | (rows < 0)][0])
+    return rows
+
+
+def _positive_int(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InputError(where, "an integer >= 1", value)
+    return int(value)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def padded_rows(rows_per_expert, block_m: int, pad_empty: bool = False) -> int:
+    """Rows a grouped GEMM computes when each expert's rows are padded up to a multiple of `block_m`.
+
+    pad_empty=False: an expert with no rows takes no tile (vLLM/SGLang `moe_align_block_size`).
+    pad_empty=True: every expert takes at least one tile, even an empty one.
+    C8: rows [32,16,8,4,2,1,1,0], block_m=32 -> 224 (pad non-empty) and 256 (pad all).
+    """
+    rows = _rows(rows_per_expert)
+    block_m = _positive_int(block_m, "block_m")
+    tiles = np.ceil(rows / block_m)
+    if pad_empty:
+        tiles = np.maximum(tiles, 1)
+    return int(tiles.sum() * block_m)
+
+
+def padded_rows_batched(rows_per_expert, block_m: int) -> int:
+    """Rows of a batched GEMM of shape `[experts, max_rows]`: every expert padded to the largest one."""
+    rows = _rows(rows_per_expert)
+    block_m = _positive_int(block_m, "block_m")
+    if rows.size == 0:
+        return 0
+    return int(rows.size * np.ceil(rows.max() / block_m) * block_m)
+
+
+def tile_row_bytes(hidden: int, intermediate: int, dtype_bytes: float, block_n: int) -> float:
+    """Bytes moved per valid row (formula 5): activations re-read once per N-tile, outputs written once.
+
+    `(2I/BLOCK_N)*h*b + (h/BLOCK_N)*I*b + 2I*b + h*b`, with the N-tile counts rounded up.
+    h=4096, I=1536, b=2, BLOCK_N=128 -> 309,248 bytes.
+    """
+    hidden, intermediate = _positive_int(hidden, "hidden"), _positive_int(intermediate, "intermediate")
+    block_n = _positive_int(block_n, "block_n")
+    gate_up_tiles = _ceil_div(2 * intermediate, block_n)
+    down_tiles = _ceil_div(hidden, block_n)
+    return (gate_up_tiles * hidden + down_tiles * intermediate + 2 * intermediate + hidden) * dtype_bytes
+
+
+def tile_traffic_bytes(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float, block_m: int,
+                       block_n: int) -> int:
+    """HBM bytes of a grouped GEMM (gate+up fused, then down) over the local experts (formula 5).
+
+    Each expert's weights (`3*h*I*b`) are re-read once per M-tile (`ceil(m/BLOCK_M)` times) and each
+    valid row moves `tile_row_bytes` bytes. Empty experts cost nothing.
+    C9: 8 experts x 128 rows, h=4096, I=1536, b=2, BLOCK_M=64, BLOCK_N=128 -> 920,649,728 bytes.
+    """
+    rows = _rows(rows_per_expert)
+    block_m = _positive_int(block_m, "block_m")
+    weight_bytes = 3 * hidden * intermediate * dtype_bytes
+    m_tiles = float(np.ceil(rows / block_m).sum())
+    return int(round(m_tiles * weight_bytes + float(rows.sum()) * tile_row_bytes(hidden, intermediate, dtype_bytes,
+                                                                                  block_n)))
+
+
+@dataclass(frozen=True)
+class GpuExpertWork:
+    """One GPU's expert work for one layer and its time bound `max(F/C, W/B)`."""
+
+    valid_rows: float
+    computed_rows: float
+    flops: float
+    memory_bytes: float
+    compute_s: float
+    memory_s: float
+
+    def __post_init__(self) -> None:
+        assert self.computed_rows >= self.valid_rows >= 0
+        assert self.flops >= 0 and self.memory_bytes >= 0
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> str:
+        """Which resource binds: `compute` or `memory` (`idle` when there is no work)."""
+        if self.time_s == 0:
+            return "idle"
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def gpu_expert_work(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,
+                    memory_bytes_per_s: float, *, weights: str = "tiles", block_m: int | None = None,
+                    block_n: int = 128, matrices: int = 3, pad_empty: bool = False,
+                    flops_per_row: float | None = None) -> GpuExpertWork:
+    """FLOPs, bytes and time of one GPU's grouped expert GEMM.
+
+    weights: `none` counts compute only (SPEC C3, C6); `once` reads each touched expert's weights once
+    (formula 1); `tiles` uses formula 5 and needs `block_m`.
+    FLOPs are `flops_per_row` (default `2*P_e`) per computed row: padded rows when `block_m` is given
+    (formula 4: the work is done on padded rows), valid rows otherwise.
+    """
+    rows = _rows(rows_per_expert)
+    if weights not in WEIGHT_MODES:
+        raise InputError("weights", f"one of {WEIGHT_MODES}", repr(weights))
+    if not flops_per_s > 0 or not memory_bytes_per_s > 0:
+        raise InputError("GPU rates", "FLOP/s and bytes/s > 0", f"{flops_per_s}, {memory_bytes_per_s}")
+    params = matrices * hidden * intermediate
+    per_row = 2.0 * params if flops_per_row is None else float(flops_per_row)
+    computed = padded_rows(rows, block_m, pad_empty) if block_m is not None else float(rows.sum())
+    flops = per_row * computed
+    if weights == "none":
+        memory = 0.0
+    elif weights == "once":
+        memory = float(np.count_nonzero(rows)) * params * dtype_bytes
+    else:
+        if block_m is None:
+            raise InputError("block_m", "a tile height when weights = 'tiles'", "nothing")
+        memory = float(tile_traffic_bytes(rows, hidden, intermediate, dtype_bytes, block_m, block_n))
+    return GpuExpertWork(float(rows.sum()), float(computed), flops, memory, flops / flops_per_s, memory / memory_bytes_per_s)
+
+
+def expert_time_s(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,
+                  memory_bytes_per_s: float, *, weights: str = "tiles", block_m: int | None = None,
+                  block_n: int = 128, matrices: int = 3, pad_empty: bool = False) -> float:
+    """Seconds of one GPU's expert work: `max(F/C, W/B)` (see `gpu_expert_work`)."""
+    return gpu_expert_work(rows_per_expert, hidden, intermediate, dtype_bytes, flops_per_s, memory_bytes_per_s,
+                           weights=weights, block_m=block_m, block_n=block_n, matrices=matrices,
+                           pad_empty=pad_empty).time_s
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Per-GPU expert work of one layer; the layer waits for the busiest GPU (the max, not the mean)."""
+
+    per_gpu: tuple[GpuExpertWork, ...]
+
+    @property
+    def times_s(self) -> np.ndarray:
+        return np.array([w.time_s for w in self.per_gpu])
+
+    @property
+    def busiest_gpu(self) -> int:
+        return int(np.argmax(self.times_s))
+
+    @property
+    def time_s(self) -> float:
+        return float(self.times_s.max()) if self.per_gpu else 0.0
+
+    @property
+    def mean_s(self) -> float:
+        return float(self.times_s.mean()) if self.per_gpu else 0.0
+
+
+def layer_time(rows_per_gpu: list, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,
+               memory_bytes_per_s: float, **options) -> LayerTime:
+    """`rows_per_gpu[g]` is GPU g's rows per local expert; options as in `gpu_expert_work`."""
+    return LayerTime(tuple(gpu_expert_work(rows, hidden, intermediate, dtype_bytes, flops_per_s, memory_bytes_per_s,
+                                           **options) for rows in rows_per_gpu))

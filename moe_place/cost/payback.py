@@ -1,0 +1,133 @@
+"""Replica payback (SPEC formula 7): copy time over the real path, memory check, `N_min`, net gain.
+
+A replica move copies `W_e` bytes per copy from a GPU holding the expert to a receiving GPU over
+the topology's route (same GPU: no copy; NVLink; NIC across servers). Serial copies take
+`sum (W_e/B_path + alpha)`; parallel copies start together and finish no earlier than the most
+loaded link allows (`alpha + max_link bytes/capacity`). Each later batch saves `dt`; the first batch
+at which the saving has paid for the copy is `N_min = floor(T_copy/dt) + 1`. Memory is checked
+first: a replica that does not fit the receiver's free memory makes the move infeasible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_place.cost.topology import Topology
+from moe_place.errors import InfeasibleError, InputError
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Copy one expert's weights (`bytes`) from GPU `src` to GPU `dst`."""
+
+    src: int
+    dst: int
+    bytes: float
+
+    def __post_init__(self) -> None:
+        if not self.bytes > 0:
+            raise InputError("copy bytes", "a number > 0", self.bytes)
+
+
+def copy_time_s(topology: Topology, copies: list[Copy], alpha_s: float = 0.0, mode: str = "serial") -> float:
+    """Seconds to make every copy.
+
+    serial: `sum over copies (bytes / path bandwidth + alpha)`; a copy within one GPU costs nothing.
+    parallel: all copies start at once; `alpha + max over links (bytes crossing it / capacity)`, the
+    lower bound of a fair schedule (equal to it when one link is the bottleneck of every copy).
+    """
+    if alpha_s < 0:
+        raise InputError("alpha_s", "seconds >= 0", alpha_s)
+    if mode == "serial":
+        total = 0.0
+        for c in copies:
+            if c.src != c.dst:
+                total += c.bytes / topology.path_bandwidth_bytes_per_s(c.src, c.dst) + alpha_s
+        return total
+    if mode == "parallel":
+        volume = np.zeros((topology.num_gpus, topology.num_gpus))
+        for c in copies:
+            volume[topology.check_gpu(c.src, "copy source"), topology.check_gpu(c.dst, "copy destination")] += c.bytes
+        np.fill_diagonal(volume, 0.0)
+        loads = topology.link_loads_bytes(volume)
+        if not loads:
+            return 0.0
+        return alpha_s + max(load / topology.graph.edges[e]["capacity"] for e, load in loads.items())
+    raise InputError("copy mode", "'serial' or 'parallel'", repr(mode))
+
+
+def check_memory(copies: list[Copy], free_bytes_per_gpu: dict[int, float] | float) -> list[str]:
+    """Problems (empty when every receiving GPU has room for the replicas it receives)."""
+    need: dict[int, float] = {}
+    for c in copies:
+        if c.src != c.dst:
+            need[c.dst] = need.get(c.dst, 0.0) + c.bytes
+    problems = []
+    for gpu, needed in sorted(need.items()):
+        free = free_bytes_per_gpu if isinstance(free_bytes_per_gpu, (int, float)) else free_bytes_per_gpu.get(gpu, 0.0)
+        if needed > free:
+            problems.append(f"gpu{gpu} needs {needed / 2**20:g} MiB for replicas but has {free / 2**20:g} MiB free")
+    return problems
+
+
+def n_min(copy_time: float, saving_per_batch_s: float) -> int | None:
+    """`floor(T_copy/dt) + 1`: the first batch at which the savings exceed the copy (None if dt <= 0)."""
+    if saving_per_batch_s <= 0:
+        return None
+    return math.floor(copy_time / saving_per_batch_s) + 1
+
+
+@dataclass(frozen=True)
+class Payback:
+    """The result of a replica move.
+
+    copy_time_s: one-off copy cost; saving_per_batch_s: `dt`; n_min: first batch that pays back
+    (None if nothing is saved or the move is infeasible); feasible: every replica fits in memory.
+    """
+
+    copy_time_s: float
+    saving_per_batch_s: float
+    feasible: bool = True
+    problems: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.copy_time_s < 0:
+            raise InputError("copy_time_s", "seconds >= 0", self.copy_time_s)
+        if self.feasible == bool(self.problems):
+            raise InputError("payback", "problems exactly when infeasible")
+
+    @property
+    def n_min(self) -> int | None:
+        return n_min(self.copy_time_s, self.saving_per_batch_s) if self.feasible else None
+
+    def net_gain_s(self, num_batches) -> np.ndarray | float:
+        """Saving after `num_batches` batches minus the copy: `N*dt - T_copy`."""
+        n = np.asarray(num_batches, dtype=np.float64)
+        gain = n * self.saving_per_batch_s - self.copy_time_s
+        return float(gain) if gain.ndim == 0 else gain
+
+    def curve(self, max_batches: int) -> tuple[np.ndarray, np.ndarray]:
+        """(batches `0..max_batches`, net gain in seconds) for plotting (seed Figure 9-24)."""
+        n = np.arange(int(max_batches) + 1)
+        return n, self.net_gain_s(n)
+
+
+def payback(topology: Topology, copies: list[Copy], saving_per_batch_s: float, *, alpha_s: float = 0.0,
+            mode: str = "serial", free_bytes_per_gpu: dict[int, float] | float | None = None,
+            strict: bool = False) -> Payback:
+    """Copy time over the topology's routes, memory check, and the payback of a replica move.
+
+    free_bytes_per_gpu: free memory of each receiving GPU (one number for all); None skips the check.
+    strict: raise `InfeasibleError` instead of returning `feasible=False`.
+    """
+    for c in copies:
+        topology.check_gpu(c.src, "copy source")
+        topology.check_gpu(c.dst, "copy destination")
+    problems = check_memory(copies, free_bytes_per_gpu) if free_bytes_per_gpu is not None else []
+    if problems and strict:
+        raise InfeasibleError("replica does not fit: " + "; ".join(problems))
+    return Payback(copy_time_s(topology, copies, alpha_s, mode), float(saving_per_batch_s),
+                   feasible=not problems, problems=tuple(problems))
