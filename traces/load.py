@@ -1,21 +1,118 @@
-"""One entry point that reads any supported trace file: `load_trace(path)`."""
+"""One entry point that reads any supported trace file: `load_trace(path)`.
+
+Formats, chosen by content first and file name second:
+- our `.npz` (`moe_place.traces.npz`): keys `counts` or `topk_ids` (+ metadata);
+- the bundled real traces (`moe_place.traces.bundled`), recognised by file name;
+- a vLLM-style load window (`moe_place.traces.vllm`): `.npz` or `.pt` with `expert_load_window`
+  and `physical_to_logical_map`;
+- SGLang expert-distribution-recorder dumps (`moe_place.traces.sglang`): `.pt` files;
+- plain counts as `.csv` or `.json` (`moe_place.traces.text`).
+Every problem with the file is one `InputError` naming the file (and field); nothing else escapes.
+"""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 from moe_place.errors import InputError
 from moe_place.traces.bundled import is_bundled, load_bundled
-from moe_place.traces.model import Trace
+from moe_place.traces.model import Trace, located
+from moe_place.traces.npz import READ_ERRORS, _reason
+
+# Token-level npz traces whose `topk_ids` would take more than this are reduced to counts
+# while streaming (bounded memory) instead of being loaded whole.
+DEFAULT_MAX_TOKEN_BYTES = 1 << 30
+SUPPORTED = ".npz (moe-place, vLLM window), .pt (SGLang dump, vLLM window), .csv, .json"
 
 
-def load_trace(path: str | Path) -> Trace:
-    """Read a trace file, choosing the reader by its name and contents."""
+def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers: bool = False,
+               max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> Trace:
+    """Read a trace file, choosing the reader by its contents and name.
+
+    top_k: the router's top-k for formats that do not record it (count-only dumps); ignored
+        when the file records it (a file that records a different value is not overridden).
+    keep_dense_layers: SGLang dumps list every decoder layer; dense layers are all-zero rows and
+        are dropped unless this is True.
+    max_token_bytes: token-level npz traces larger than this are streamed into a count-level
+        trace (memory bounded by the chunk size) instead of being loaded whole.
+    """
     path = Path(path)
+    kind = detect_format(path)
+    try:
+        with located(path):
+            trace = _read(path, kind, top_k, keep_dense_layers, max_token_bytes)
+    except InputError:
+        raise
+    except READ_ERRORS as exc:
+        raise InputError(str(path), f"a readable {kind} file", _reason(exc)) from None
+    check_not_empty(trace, path)
+    return trace
+
+
+def detect_format(path: Path) -> str:
+    """'bundled', 'npz', 'torch', 'csv' or 'json'; InputError if the path is not a readable file."""
     if not path.exists():
         raise InputError(str(path), "an existing trace file", "no such file")
     if path.is_dir():
         raise InputError(str(path), "a trace file", "a directory")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise InputError(str(path), "a readable file", _reason(exc)) from None
+    if not head:
+        raise InputError(str(path), "a trace file", "an empty file")
     if is_bundled(path):
+        return "bundled"
+    if head.startswith(b"PK"):
+        return "torch" if _is_torch_zip(path) else "npz"
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".json"):
+        return suffix[1:]
+    if suffix in (".pt", ".pth"):
+        return "torch"  # legacy (non-zip) torch.save files
+    if head.lstrip().startswith((b"{", b"[")):
+        return "json"
+    raise InputError(str(path), f"a supported trace format ({SUPPORTED})", f"a '{suffix or 'no'}' file")
+
+
+def check_not_empty(trace: Trace, path: Path) -> None:
+    """An all-zero trace (no token, no dispatch) is an input error."""
+    if trace.is_token_level:
+        if trace.num_tokens == 0:
+            raise InputError(str(path), "a non-empty trace (at least one token)", "0 tokens")
+    elif not trace.counts.any():
+        raise InputError(str(path), "a non-empty trace (at least one dispatch)", "all counts are 0")
+
+
+def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max_token_bytes: int) -> Trace:
+    if kind == "bundled":
         return load_bundled(path)
-    raise InputError(str(path), "a supported trace format")
+    if kind == "npz":
+        from moe_place.traces import npz, stream, vllm
+
+        if vllm.is_vllm_npz(path):
+            return vllm.read_vllm_window(path, top_k=top_k)
+        if stream.token_bytes(path) > max_token_bytes:
+            return stream.stream_npz_counts(path)
+        return npz.read_npz(path)
+    if kind == "torch":
+        from moe_place.traces import sglang
+
+        return sglang.read_torch_dump(path, top_k=top_k, keep_dense_layers=keep_dense_layers)
+    from moe_place.traces import text
+
+    if kind == "csv":
+        return text.read_csv(path, top_k=top_k)
+    return text.read_json(path)
+
+
+def _is_torch_zip(path: Path) -> bool:
+    """torch.save writes a zip whose members live under `<name>/data.pkl`; an npz holds `*.npy`."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return any(name.endswith("data.pkl") for name in zf.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return False
+

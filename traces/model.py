@@ -8,11 +8,15 @@ A token-level trace can always give counts; a count-level trace cannot give toke
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.traces.count import find_repeat
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,9 @@ class Trace:
 
 
 # ---------------------------------------------------------------------- validation
+MAX_COUNT = 2**53  # larger counts lose precision in float arithmetic downstream
+
+
 def check_counts(counts: np.ndarray, where: str, num_experts: int | None = None) -> np.ndarray:
     """Validate count-level loads `[steps, layers, experts]`; return them as read-only int64."""
     arr = np.asarray(counts)
@@ -154,6 +161,8 @@ def check_counts(counts: np.ndarray, where: str, num_experts: int | None = None)
         raise InputError(where, "integer counts", f"dtype {arr.dtype}")
     if (arr < 0).any():
         raise InputError(where, "counts >= 0", int(arr.min()))
+    if arr.max() > MAX_COUNT:
+        raise InputError(where, f"counts <= {MAX_COUNT}", arr.max())
     out = np.array(arr, dtype=np.int64)
     out.setflags(write=False)
     return out
@@ -175,13 +184,10 @@ def check_topk_ids(ids: np.ndarray, where: str, num_experts: int, top_k: int | N
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= num_experts:
         raise InputError(where, f"expert ids in [0, {num_experts})", lo if lo < 0 else hi)
-    if ids.shape[2] > 1:
-        ordered = np.sort(ids, axis=2)
-        repeated = ordered[:, :, 1:] == ordered[:, :, :-1]
-        if repeated.any():
-            token, layer, _ = np.argwhere(repeated)[0]
-            raise InputError(where, "k distinct experts per token",
-                             f"a repeated expert at token {token}, layer {layer}")
+    repeat = find_repeat(ids)
+    if repeat is not None:
+        raise InputError(where, "k distinct experts per token",
+                         f"a repeated expert at token {repeat[0]}, layer {repeat[1]}")
 
 
 def count_dispatches(ids: np.ndarray, num_experts: int) -> np.ndarray:
@@ -190,3 +196,14 @@ def count_dispatches(ids: np.ndarray, num_experts: int) -> np.ndarray:
     offsets = (np.arange(num_layers, dtype=np.int64) * num_experts)[None, :, None]
     flat = (ids.astype(np.int64) + offsets).ravel()
     return np.bincount(flat, minlength=num_layers * num_experts).reshape(num_layers, num_experts)
+
+
+@contextmanager
+def located(path: str | Path) -> Iterator[None]:
+    """Prefix the `where` of InputErrors raised inside with the file `path` (if not there yet)."""
+    try:
+        yield
+    except InputError as exc:
+        if str(path) in exc.where:
+            raise
+        raise InputError(f"{path}: {exc.where}", exc.expected, exc.got) from None

@@ -1,0 +1,150 @@
+"""Count extraction with validation: token-level expert ids -> dispatches per expert.
+
+The hot path of reading token-level traces. Per chunk of ids `[tokens, layers, k]`:
+1. range check: min/max of the raw ids (one cheap pass);
+2. keys = id + layer * num_experts, in the narrowest integer dtype that holds them;
+3. repeat check on the keys: the flat key stream holds each token-layer's k ids side by side, so
+   "the same expert twice in one token's top-k" is `key[t] == key[t + s]` for some shift
+   s in 1..k-1 with t and t+s in the same row. Pairs that straddle two rows compare keys of two
+   different layers (adjacent rows are adjacent layers), which can never be equal, so no mask is
+   needed: k-1 contiguous vector compares, no sort. (One-layer traces get an alternating offset
+   per row so that neighbouring rows still differ.)
+4. one `np.bincount` over the keys gives every layer's counts at once.
+Buffers are allocated once per chunk size and reused, so memory is bounded by the chunk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moe_place.errors import InputError
+
+DEFAULT_CHUNK_TOKENS = 8192
+
+
+def key_dtype(num_keys: int) -> np.dtype:
+    """The narrowest signed dtype holding keys 0..num_keys-1."""
+    for dtype in (np.int16, np.int32):
+        if num_keys <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
+
+
+class DispatchCounter:
+    """Validates chunks of `[tokens, layers, k]` ids and adds their dispatches to `[layers, experts]` rows.
+
+    where: names the file/field in errors. Reuse one counter for all chunks of a trace.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, top_k: int, where: str):
+        if num_layers < 1 or num_experts < 1 or top_k < 1:
+            raise InputError(where, "at least one layer, expert and id per token",
+                             f"layers={num_layers}, experts={num_experts}, k={top_k}")
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.where = where
+        # A one-layer trace counts as two virtual layers (even/odd tokens), folded afterwards.
+        self._virtual_layers = 2 if num_layers == 1 else num_layers
+        self._num_keys = self._virtual_layers * num_experts
+        self._dtype = key_dtype(self._num_keys)
+        self._keys = np.empty(0, dtype=self._dtype)
+        self._equal = np.empty(0, dtype=bool)
+        self._offsets = np.empty((0, num_layers, 1), dtype=self._dtype)
+
+    # ------------------------------------------------------------------ public
+    def add(self, ids: np.ndarray, out: np.ndarray, token_offset: int = 0) -> None:
+        """Validate `ids` int `[tokens, layers, k]` and add its counts to `out` int64 `[layers, experts]`.
+
+        token_offset: index of the chunk's first token in the whole trace (for error messages).
+        """
+        n, num_layers, k = self._check_shape(ids)
+        if n == 0:
+            return
+        self._check_range(ids)
+        keys = self._make_keys(ids)
+        self._check_repeats(keys, n, token_offset)
+        hist = np.bincount(keys, minlength=self._num_keys)
+        if self.num_layers == 1:
+            out[0] += hist[: self.num_experts] + hist[self.num_experts:]
+        else:
+            out += hist.reshape(self.num_layers, self.num_experts)
+
+    def count(self, ids: np.ndarray, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> np.ndarray:
+        """int64 `[layers, experts]` counts of a whole in-memory array, validated chunk by chunk."""
+        out = np.zeros((self.num_layers, self.num_experts), dtype=np.int64)
+        for start in range(0, ids.shape[0], chunk_tokens):
+            self.add(ids[start:start + chunk_tokens], out, start)
+        return out
+
+    # ------------------------------------------------------------------ steps
+    def _check_shape(self, ids: np.ndarray) -> tuple[int, int, int]:
+        if ids.ndim != 3 or ids.dtype.kind not in "iu":
+            raise InputError(self.where, "an integer array [tokens, layers, k]", f"{ids.dtype} shape {ids.shape}")
+        n, num_layers, k = ids.shape
+        if num_layers != self.num_layers or k != self.top_k:
+            raise InputError(self.where, f"[tokens, {self.num_layers} layers, k = {self.top_k}]",
+                             f"shape {ids.shape}")
+        return n, num_layers, k
+
+    def _check_range(self, ids: np.ndarray) -> None:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.num_experts:
+            raise InputError(self.where, f"expert ids in [0, {self.num_experts})", lo if lo < 0 else hi)
+
+    def _make_keys(self, ids: np.ndarray) -> np.ndarray:
+        n = ids.shape[0]
+        size = ids.size
+        if self._keys.size < size:
+            self._keys = np.empty(size, dtype=self._dtype)
+            self._equal = np.empty(size, dtype=bool)
+            self._offsets = self._offsets_for(n)
+        elif self._offsets.shape[0] < n:
+            self._offsets = self._offsets_for(n)
+        keys = self._keys[:size]
+        np.add(ids, self._offsets[:n], out=keys.reshape(ids.shape), casting="unsafe")
+        return keys
+
+    def _offsets_for(self, n: int) -> np.ndarray:
+        if self.num_layers == 1:
+            rows = (np.arange(n) % 2) * self.num_experts
+            return rows.astype(self._dtype).reshape(n, 1, 1)
+        layer = (np.arange(self.num_layers) * self.num_experts).astype(self._dtype).reshape(1, -1, 1)
+        return np.broadcast_to(layer, (max(n, 1), self.num_layers, 1))
+
+    def first_repeat(self, ids: np.ndarray) -> tuple[int, int] | None:
+        """(token, layer) of the first row of in-range ids `[tokens, layers, k]` with a repeated expert."""
+        for start in range(0, ids.shape[0], DEFAULT_CHUNK_TOKENS):
+            chunk = ids[start:start + DEFAULT_CHUNK_TOKENS]
+            row = self._first_repeated_row(self._make_keys(chunk))
+            if row is not None:
+                token, layer = divmod(row, self.num_layers)
+                return start + token, layer
+        return None
+
+    def _check_repeats(self, keys: np.ndarray, n: int, token_offset: int) -> None:
+        row = self._first_repeated_row(keys)
+        if row is not None:
+            token, layer = divmod(row, self.num_layers)
+            raise InputError(self.where, "k distinct experts per token",
+                             f"a repeated expert at token {token_offset + token}, layer {layer}")
+
+    def _first_repeated_row(self, keys: np.ndarray) -> int | None:
+        k = self.top_k
+        size = keys.size
+        first = None
+        for shift in range(1, k):
+            equal = self._equal[: size - shift]
+            np.equal(keys[:-shift], keys[shift:], out=equal)
+            if equal.any():
+                row = int(np.flatnonzero(equal)[0]) // k
+                first = row if first is None else min(first, row)
+        return first
+
+
+def find_repeat(ids: np.ndarray) -> tuple[int, int] | None:
+    """(token, layer) of the first token-layer of in-range `[tokens, layers, k]` ids with a repeated expert."""
+    if ids.ndim != 3 or ids.size == 0 or ids.shape[2] < 2:
+        return None
+    num_experts = int(ids.max()) + 1
+    return DispatchCounter(ids.shape[1], num_experts, ids.shape[2], "topk_ids").first_repeat(ids)

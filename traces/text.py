@@ -1,0 +1,186 @@
+"""Plain-text count traces: CSV and JSON (count level only).
+
+CSV: one row per (step, layer, expert) with a header naming the four columns (any order):
+
+    # num_experts: 8          <- optional "# key: value" lines before the header:
+    # top_k: 2                   num_experts, top_k, model
+    step,layer,expert,count
+    0,0,0,600
+    0,0,1,560
+
+- `step`: an integer or a name; steps keep the order in which they first appear.
+- `layer`: the model layer index (int >= 0); the trace's layers are the distinct values, sorted.
+- `expert`: int in [0, num_experts); `count`: int >= 0. Missing rows count 0; a repeated
+  (step, layer, expert) row is an error. Without `num_experts`, it is the largest expert + 1.
+
+JSON: an object
+    {"format_version": 1, "num_experts": 8, "top_k": 2, "counts": [[[600, 560, ...]]],
+     "layer_ids": [0], "step_names": ["a"], "model": "...", "source": "..."}
+with `counts` nested lists `[steps][layers][experts]`; only `counts` is required (num_experts
+defaults to the last axis, top_k is inferred as for npz count files, see `npz.infer_top_k`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from moe_place.errors import InputError
+from moe_place.io import write_atomic, write_json_atomic
+from moe_place.traces.model import Trace
+from moe_place.traces.npz import NpzHeader, counts_trace
+
+CSV_COLUMNS = ("step", "layer", "expert", "count")
+CSV_META = ("num_experts", "top_k", "model")
+
+
+# ---------------------------------------------------------------------- CSV
+def read_csv(path: str | Path, top_k: int | None = None) -> Trace:
+    """Read a CSV count trace (see the module doc)."""
+    path = Path(path)
+    lines = _text(path).splitlines()
+    meta, body_start = _csv_meta(lines, path)
+    rows = list(csv.reader(lines[body_start:]))
+    if not rows:
+        raise InputError(str(path), f"a header line {','.join(CSV_COLUMNS)}", "no header")
+    header = [c.strip() for c in rows[0]]
+    if sorted(header) != sorted(CSV_COLUMNS):
+        raise InputError(f"{path}: header", f"the columns {','.join(CSV_COLUMNS)}", ",".join(header))
+    column = {name: header.index(name) for name in CSV_COLUMNS}
+    steps: dict[str, int] = {}
+    table = []
+    for line, row in enumerate(rows[1:], start=body_start + 2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise InputError(f"{path}: line {line}", f"{len(header)} fields", len(row))
+        step = row[column["step"]].strip()
+        layer = _csv_int(row[column["layer"]], path, line, "layer")
+        expert = _csv_int(row[column["expert"]], path, line, "expert")
+        count = _csv_int(row[column["count"]], path, line, "count")
+        steps.setdefault(step, len(steps))
+        table.append((steps[step], layer, expert, count))
+    if not table:
+        raise InputError(str(path), "a non-empty trace (at least one data row)", "no rows")
+    data = np.array(table, dtype=np.int64)
+    num_experts = meta.get("num_experts", int(data[:, 2].max()) + 1)
+    if data[:, 2].max() >= num_experts:
+        raise InputError(f"{path}: expert", f"expert ids in [0, num_experts = {num_experts})", int(data[:, 2].max()))
+    layer_ids, layer_pos = np.unique(data[:, 1], return_inverse=True)
+    counts = np.zeros((len(steps), len(layer_ids), num_experts), dtype=np.int64)
+    cells = (data[:, 0] * len(layer_ids) + layer_pos.reshape(-1)) * num_experts + data[:, 2]
+    if len(np.unique(cells)) != len(cells):
+        raise InputError(str(path), "one row per (step, layer, expert)", "a repeated row")
+    counts.reshape(-1)[cells] = data[:, 3]
+    header_meta = NpzHeader(keys=frozenset(), num_experts=num_experts, top_k=meta.get("top_k", top_k),
+                            layer_ids=tuple(int(x) for x in layer_ids), model=str(meta.get("model", "unknown")),
+                            source=f"csv:{path.name}", step_names=tuple(steps))
+    return counts_trace(counts, header_meta, path)
+
+
+def save_csv(trace: Trace, path: str | Path) -> None:
+    """Write the trace's counts as CSV (rows with count 0 are left out), atomically."""
+    out = io.StringIO()
+    out.write(f"# num_experts: {trace.num_experts}\n# top_k: {trace.top_k}\n# model: {trace.meta.model}\n")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    counts = trace.step_counts()
+    for s, layer, expert in zip(*np.nonzero(counts)):
+        writer.writerow((trace.step_names[s], trace.meta.layer_ids[layer], int(expert), int(counts[s, layer, expert])))
+    write_atomic(path, out.getvalue())
+
+
+def _csv_meta(lines: list[str], path: Path) -> tuple[dict, int]:
+    meta: dict = {}
+    i = 0
+    while i < len(lines) and (lines[i].startswith("#") or not lines[i].strip()):
+        text = lines[i].lstrip("#").strip()
+        i += 1
+        if not text:
+            continue
+        key, _, value = text.partition(":")
+        key, value = key.strip(), value.strip()
+        if key in ("num_experts", "top_k"):
+            try:
+                meta[key] = int(value)
+            except ValueError:
+                raise InputError(f"{path}: {key}", "an integer", value) from None
+            if meta[key] < 1:
+                raise InputError(f"{path}: {key}", "an integer >= 1", meta[key])
+        elif key == "model":
+            meta[key] = value
+    return meta, i
+
+
+def _csv_int(text: str, path: Path, line: int, name: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InputError(f"{path}: line {line}: {name}", "an integer", repr(text.strip())) from None
+    if value < 0:
+        raise InputError(f"{path}: line {line}: {name}", "an integer >= 0", value)
+    return value
+
+
+# ---------------------------------------------------------------------- JSON
+def read_json(path: str | Path) -> Trace:
+    """Read a JSON count trace (see the module doc)."""
+    path = Path(path)
+    try:
+        obj = json.loads(_text(path))
+    except json.JSONDecodeError as exc:
+        raise InputError(str(path), "valid JSON", f"{exc.msg} at line {exc.lineno}") from None
+    if not isinstance(obj, dict) or "counts" not in obj:
+        raise InputError(str(path), "a JSON object with a 'counts' array [steps][layers][experts]",
+                         type(obj).__name__ if not isinstance(obj, dict) else f"keys {sorted(obj)[:8]}")
+    if obj.get("format_version", 1) != 1:
+        raise InputError(f"{path}: format_version", "1", obj.get("format_version"))
+    try:
+        counts = np.array(obj["counts"])
+    except (ValueError, TypeError, OverflowError):
+        raise InputError(f"{path}: counts", "a rectangular array [steps][layers][experts]", "ragged lists") from None
+    if counts.dtype.kind not in "iuf":
+        raise InputError(f"{path}: counts", "numbers in a rectangular array [steps][layers][experts]",
+                         f"{counts.dtype} shape {counts.shape}")
+    header = NpzHeader(keys=frozenset(obj), num_experts=_json_int(obj, "num_experts", path),
+                       top_k=_json_int(obj, "top_k", path), layer_ids=_json_ints(obj, "layer_ids", path),
+                       model=str(obj.get("model", "unknown")), source=str(obj.get("source", "")) or f"json:{path.name}",
+                       step_names=tuple(str(s) for s in obj.get("step_names", []) or ()))
+    return counts_trace(counts, header, path)
+
+
+def save_json(trace: Trace, path: str | Path) -> None:
+    """Write the trace's counts as JSON, atomically."""
+    write_json_atomic(path, {
+        "format_version": 1, "num_experts": trace.num_experts, "top_k": trace.top_k,
+        "layer_ids": list(trace.meta.layer_ids), "step_names": list(trace.step_names),
+        "model": trace.meta.model, "source": trace.meta.source, "counts": trace.step_counts().tolist()})
+
+
+def _json_int(obj: dict, key: str, path: Path) -> int | None:
+    if key not in obj:
+        return None
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{path}: {key}", "an integer >= 1", value)
+    return value
+
+
+def _json_ints(obj: dict, key: str, path: Path) -> tuple[int, ...] | None:
+    if key not in obj:
+        return None
+    value = obj[key]
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise InputError(f"{path}: {key}", "a list of integers >= 0", value)
+    return tuple(value)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(str(path), "a UTF-8 text file", "binary data") from None
