@@ -4,9 +4,11 @@ This is the plan a user gets without a solver, used by the analyzer to show how 
 made on one window loses on the next. The solvers (`moe_place.solvers`) do better.
 
 Per layer, each GPU keeps its contiguous block of `E/G` experts and gets `redundant_per_gpu`
-extra slots. The extra slots are filled one at a time: the expert with the highest load per
-replica gets one more replica, on the least loaded GPU that has a free slot and does not hold
-that expert yet (if no GPU qualifies, the next hottest expert is tried).
+extra slots, filled one at a time: the least loaded GPU with a free slot takes a replica of the
+hottest expert (by load per replica) that it does not hold yet and that keeps it at or below the
+layer's busiest GPU; if none fits, it takes the coldest expert it may hold. So the busiest GPU
+never gets busier than under the contiguous layout, unless a slot must be filled and every
+expert it may take carries load (a layer with no idle expert).
 """
 
 from __future__ import annotations
@@ -49,28 +51,22 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
     extra = np.full((layers, num_gpus, redundant_per_gpu), -1, dtype=np.int64)
     for _ in range(num_gpus * redundant_per_gpu):
         share = load / replicas
-        expert = share.argmax(axis=1)
-        allowed = (free > 0) & ~holds[rows, :, expert]  # [layers, G]
-        for layer in np.nonzero(~allowed.any(axis=1))[0]:  # rare: the hottest fits nowhere
-            expert[layer], allowed[layer] = _next_fitting(share[layer], holds[layer], free[layer] > 0)
-        gpu = np.where(allowed, gpu_load, np.inf).argmin(axis=1)
-        # the expert's load is now split over one more replica
-        old_share = share[rows, expert]
-        new_share = load[rows, expert] / (replicas[rows, expert] + 1)
-        gpu_load -= holds[rows, :, expert] * (old_share - new_share)[:, None]
-        gpu_load[rows, gpu] += new_share
+        new_share = load / (replicas + 1)
+        # 1. the least loaded GPU with a free slot
+        gpu = np.where(free > 0, gpu_load, np.inf).argmin(axis=1)
+        # 2. the hottest expert it may hold that keeps it at or below the busiest GPU, else the coldest
+        may = ~holds[rows, gpu, :]
+        fits = may & (gpu_load[rows, gpu][:, None] + new_share <= gpu_load.max(axis=1)[:, None])
+        expert = np.where(fits.any(axis=1), np.where(fits, share, -np.inf).argmax(axis=1),
+                          np.where(may, new_share, np.inf).argmin(axis=1))
+        assert may[rows, expert].all()  # redundant_per_gpu <= E - E/G leaves an expert to take
+        # 3. the expert's load is now split over one more replica
+        gained = new_share[rows, expert]
+        gpu_load -= holds[rows, :, expert] * (share[rows, expert] - gained)[:, None]
+        gpu_load[rows, gpu] += gained
         holds[rows, gpu, expert] = True
         replicas[rows, expert] += 1
         extra[rows, gpu, redundant_per_gpu - free[rows, gpu]] = expert
         free[rows, gpu] -= 1
     assert (extra >= 0).all()
     return extra
-
-
-def _next_fitting(share: np.ndarray, holds: np.ndarray, open_gpus: np.ndarray) -> tuple[int, np.ndarray]:
-    """One layer: the hottest expert (load per replica) some open GPU can take, and the GPUs that can."""
-    for expert in np.argsort(-share, kind="stable"):
-        allowed = open_gpus & ~holds[:, expert]
-        if allowed.any():
-            return int(expert), allowed
-    raise AssertionError("no expert fits a free slot")  # unreachable: redundant_per_gpu <= E - E/G

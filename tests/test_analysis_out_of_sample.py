@@ -1,0 +1,90 @@
+"""The replicate-the-hottest baseline plan and the loss of a plan judged on the next window."""
+
+from functools import partial
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moe_place.analysis.balance import gpu_balance
+from moe_place.analysis.out_of_sample import out_of_sample
+from moe_place.analysis.replicate_hottest import replicate_hottest
+from moe_place.errors import InputError
+from moe_place.placement import Placement
+
+
+def test_replicate_hottest_on_a_hand_example():
+    # expert 0 takes 40 rows, the 7 others 1 each; 4 GPUs of 2 experts + 1 extra slot each.
+    # GPUs 1, 2, 3 (least loaded in turn) take a replica of expert 0 (40 -> 20 -> 13.3 -> 10 per
+    # replica); GPU 0 holds experts 0 and 1, so it takes the hottest other one, expert 2.
+    placement = replicate_hottest(np.array([[40, 1, 1, 1, 1, 1, 1, 1]]), num_gpus=4, redundant_per_gpu=1)
+    np.testing.assert_array_equal(placement.phy2log, [[0, 1, 2, 2, 3, 0, 4, 5, 0, 6, 7, 0]])
+    np.testing.assert_allclose(placement.gpu_loads(np.array([[40, 1, 1, 1, 1, 1, 1, 1]])), [[11.5, 11.5, 12, 12]])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([(16, 2), (16, 4), (16, 8), (12, 3), (8, 8)]), st.integers(0, 3))
+def test_replicate_hottest_invariants(seed, experts_gpus, redundant):
+    experts, gpus = experts_gpus
+    redundant = min(redundant, experts - experts // gpus)
+    rng = np.random.default_rng(seed)
+    loads = rng.zipf(1.5, size=(3, experts)).clip(max=10_000)
+    loads[:, rng.integers(0, experts)] = 0  # an idle expert: a forced fill can then always harm nothing
+    placement = replicate_hottest(loads, gpus, redundant)  # Placement validates: no GPU holds one expert twice
+    block = experts // gpus
+    # every GPU keeps its contiguous block; rows are conserved; the plan never loses to contiguous
+    np.testing.assert_array_equal(placement.slots_by_gpu()[:, :, :block],
+                                  np.broadcast_to(np.arange(experts).reshape(gpus, block), (3, gpus, block)))
+    np.testing.assert_allclose(placement.gpu_loads(loads).sum(1), loads.sum(1))
+    base = gpu_balance(Placement.contiguous(3, experts, gpus), loads).max_over_mean
+    assert (gpu_balance(placement, loads).max_over_mean <= base + 1e-9).all()
+    if redundant:
+        assert (placement.logcnt.sum(axis=1) == experts + gpus * redundant).all()
+
+
+def test_a_dominant_expert_is_replicated_and_the_skew_drops():
+    loads = np.array([[1000, 10, 20, 10, 30, 10, 10, 10, 15, 10, 5, 10, 10, 10, 10, 10]])
+    placement = replicate_hottest(loads, num_gpus=8, redundant_per_gpu=1)
+    assert placement.logcnt[0, 0] >= 4
+    assert gpu_balance(placement, loads).max_over_mean[0] < 0.5 * gpu_balance(
+        Placement.contiguous(1, 16, 8), loads).max_over_mean[0]
+
+
+def test_replicate_hottest_rejects_bad_sizes():
+    with pytest.raises(InputError):
+        replicate_hottest(np.ones((1, 8)), 3)
+    with pytest.raises(InputError):
+        replicate_hottest(np.ones((1, 8)), 4, redundant_per_gpu=7)
+
+
+def test_a_plan_on_steady_loads_loses_nothing():
+    rng = np.random.default_rng(0)
+    loads = np.repeat(rng.integers(1, 200, size=(1, 2, 32)), 4, axis=0)
+    shift = out_of_sample(loads, ep_size=8)
+    assert shift.contiguous.shape == (3, 2)
+    np.testing.assert_allclose(shift.out_of_sample, shift.in_sample)
+    np.testing.assert_allclose(shift.loss, 0.0, atol=1e-12)
+    ref = loads[0].reshape(2, 8, 4).sum(-1)
+    np.testing.assert_allclose(shift.contiguous[0], ref.max(1) / ref.mean(1))
+
+
+def test_a_moving_hot_spot_makes_the_old_plan_lose():
+    windows, experts = 4, 32
+    loads = np.random.default_rng(2).integers(5, 15, size=(windows, 1, experts)).astype(float)
+    for w in range(windows):
+        loads[w, 0, 8 * w + 3] = 400  # the hot expert moves to another GPU every window
+    shift = out_of_sample(loads, ep_size=4)
+    assert (shift.in_sample < shift.contiguous - 0.5).all()  # with hindsight the plan helps a lot
+    assert (shift.loss > 0.5).all()  # the previous window's plan replicated the wrong expert
+    assert (shift.out_of_sample > shift.contiguous - 0.2).all()  # ... and is little better than no plan
+
+
+def test_out_of_sample_accepts_another_planner_and_needs_two_windows():
+    loads = np.random.default_rng(1).integers(0, 50, size=(3, 2, 16))
+    contiguous = partial(lambda loads, g: Placement.contiguous(loads.shape[0], loads.shape[1], g), g=4)
+    shift = out_of_sample(loads, 4, planner=contiguous, planner_name="contiguous")
+    np.testing.assert_allclose(shift.out_of_sample, shift.contiguous)
+    np.testing.assert_allclose(shift.in_sample, shift.contiguous)
+    with pytest.raises(InputError):
+        out_of_sample(loads[:1], 4)
