@@ -128,6 +128,7 @@ def payback(topology: Topology, copies: list[Copy], saving_per_batch_s: float, *
         topology.check_gpu(c.dst, "copy destination")
     problems = check_memory(copies, free_bytes_per_gpu) if free_bytes_per_gpu is not None else []
     if problems and strict:
-        raise InfeasibleError("replica does not fit: " + "; ".join(problems))
+        more = f" (and {len(problems) - 1} more GPUs)" if len(problems) > 1 else ""
+        raise InfeasibleError(f"replica does not fit: {problems[0]}{more}")
     return Payback(copy_time_s(topology, copies, alpha_s, mode), float(saving_per_batch_s),
                    feasible=not problems, problems=tuple(problems))

@@ -1,0 +1,35 @@
+"""`moe-place predict SCENARIO`: every bound of the cost model for one scenario file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "predict expert compute, dispatch/combine, pipeline, payback and offload bounds for a scenario file"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", metavar="SCENARIO",
+                        help="scenario file (.toml or .json): hardware, topology, model, workload (see README)")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    parser.add_argument("--output", metavar="FILE", help="write the table/JSON to FILE instead of stdout")
+    parser.add_argument("--schema", action="store_true", help="print the scenario schema and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from moe_place.cost.report import format_report
+    from moe_place.cost.scenario import SCHEMA, load_scenario, predict
+    from moe_place.io import write_atomic
+
+    if args.schema:
+        sys.stdout.write(SCHEMA)
+        return 0
+    report = predict(load_scenario(args.scenario))
+    text = json.dumps(report, indent=1) + "\n" if args.format == "json" else format_report(report)
+    if args.output:
+        write_atomic(args.output, text)
+        print(f"wrote {args.format} {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,37 @@
+"""Figure 9-24 of the seed: net gain of a replica move against the number of batches it lasts."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+
+def render_payback_png(payback: dict, dpi: int = 110) -> bytes:
+    """PNG bytes: one net-gain line per copy path (`payback_report` output), N_min marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    saving = payback["saving_per_batch_s"]
+    n = np.arange(payback["max_batches"] + 1)
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    for case in payback["cases"]:
+        gain_ms = (n * saving - case["copy_time_s"]) * 1e3
+        label = f"{case['name']}: copy {case['copy_time_s'] * 1e3:.3f} ms, N_min = {case['n_min']}"
+        (line,) = ax.plot(n, gain_ms, label=label)
+        if case["n_min"] is not None and case["n_min"] <= n[-1]:
+            k = case["n_min"]
+            ax.plot([k], [(k * saving - case["copy_time_s"]) * 1e3], "o", color=line.get_color())
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("batches the hot spot lasts")
+    ax.set_ylabel("net gain (ms)")
+    ax.set_title(f"Replica payback: saving {saving * 1e3:.3f} ms per batch")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    return buf.getvalue()
