@@ -1,0 +1,137 @@
+"""SGLang adapter: write a plan as the file `--init-expert-location` loads.
+
+SGLang (`python/sglang/srt/eplb/expert_location.py`) reads `--init-expert-location FILE` with
+`torch.load` (`.pt`) or `json.loads` (`.json`) and, when the dict holds `physical_to_logical_map`,
+passes the dict's entries as keyword arguments to its mapping constructor, so the file holds
+that one key and nothing else:
+
+    {"physical_to_logical_map": [[...], ...]}      # int, [num_model_layers, num_physical]
+
+- rows cover every decoder layer of the model, dense ones included (SGLang's layer count is the
+  model's `num_hidden_layers`; its recorder writes dense layers as zero rows). Dense layers and
+  model layers the plan does not cover get the trivial row `p % E` (what `trivial` gives);
+- the physical count is logical + `--ep-num-redundant-experts` and divisible by the EP size;
+  slot `p` lives on GPU `p // (P / ep_size)`, as in moe-place.
+
+Launch: `python -m sglang.launch_server ... --ep-size G --ep-num-redundant-experts R
+--init-expert-location FILE`. SGLang's recorder dumps are read by `moe_place.traces.load_trace`
+(planning input for `moe-place plan`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moe_place.errors import InputError
+from moe_place.io import write_atomic
+from moe_place.placement import Placement
+
+MAP_KEY = "physical_to_logical_map"
+SUFFIXES = (".json", ".pt")
+
+
+@dataclass(frozen=True)
+class InitExpertLocation:
+    """A full-model `physical_to_logical_map` and where its rows came from.
+
+    physical_to_logical_map: int64 `[num_model_layers, P]`.
+    planned_layers: model layers whose row comes from the plan.
+    trivial_layers: model layers given the trivial row `p % E` (dense layers, or MoE layers the
+        plan does not cover: the CLI warns about the latter).
+    dense_layers: the layers declared dense.
+    """
+
+    physical_to_logical_map: np.ndarray
+    planned_layers: tuple[int, ...]
+    trivial_layers: tuple[int, ...]
+    dense_layers: tuple[int, ...]
+
+    @property
+    def unplanned_moe_layers(self) -> tuple[int, ...]:
+        dense = set(self.dense_layers)
+        return tuple(layer for layer in self.trivial_layers if layer not in dense)
+
+
+def init_expert_location(placement: Placement, layer_ids: tuple[int, ...] = (), *,
+                         num_model_layers: int | None = None,
+                         dense_layer_ids: tuple[int, ...] = ()) -> InitExpertLocation:
+    """Expand a plan to every model layer.
+
+    layer_ids: the model layer of each plan row (default `0..layers-1`). When `dense_layer_ids`
+        are given and the plan's ids are `0..n-1` with `n` equal to the number of MoE layers, the
+        plan rows are taken as the MoE layers in order (a trace of MoE layers only).
+    num_model_layers: decoder layers of the model (default: enough for every planned and dense layer).
+    """
+    rows = placement.num_layers
+    ids = tuple(int(i) for i in layer_ids) if layer_ids else tuple(range(rows))
+    if len(ids) != rows:
+        raise InputError("layer_ids", f"{rows} ids, one per plan layer", len(ids))
+    dense = tuple(sorted({int(d) for d in dense_layer_ids}))
+    if dense and min(dense) < 0:
+        raise InputError("dense layer ids", "integers >= 0", min(dense))
+    if dense and ids == tuple(range(rows)) and set(ids) & set(dense):
+        # the plan's rows are the MoE layers in order (a trace that kept MoE layers only)
+        total = rows + len(dense) if num_model_layers is None else num_model_layers
+        moe_layers = tuple(layer for layer in range(total) if layer not in set(dense))
+        if len(moe_layers) != rows:
+            raise InputError("num_model_layers", f"{rows} MoE layers besides the {len(dense)} dense ones",
+                             f"{len(moe_layers)} MoE layers")
+        ids = moe_layers
+    needed = max(ids + dense) + 1
+    total = needed if num_model_layers is None else num_model_layers
+    if needed > total:
+        raise InputError("num_model_layers", f"more than the highest layer id {needed - 1}", total)
+    clash = sorted(set(ids) & set(dense))
+    if clash:
+        raise InputError("dense layer ids", "layers the plan does not cover", f"layer {clash[0]} is in the plan")
+    experts, physical = placement.num_logical_experts, placement.num_physical_experts
+    full = np.tile(np.arange(physical, dtype=np.int64) % experts, (total, 1))
+    full[list(ids)] = placement.phy2log
+    trivial = tuple(layer for layer in range(total) if layer not in set(ids))
+    full.setflags(write=False)
+    return InitExpertLocation(full, tuple(sorted(ids)), trivial, dense)
+
+
+def write_init_expert_location(path: str | Path, location: InitExpertLocation | np.ndarray) -> None:
+    """Write `{"physical_to_logical_map": ...}` atomically as `.json` or `.pt` (by the suffix)."""
+    path = Path(path)
+    matrix = location.physical_to_logical_map if isinstance(location, InitExpertLocation) else location
+    matrix = np.asarray(matrix, dtype=np.int64)
+    if path.suffix == ".json":
+        write_atomic(path, json.dumps({MAP_KEY: matrix.tolist()}) + "\n")
+    elif path.suffix == ".pt":
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save({MAP_KEY: torch.from_numpy(np.array(matrix))}, buffer)
+        write_atomic(path, buffer.getvalue())
+    else:
+        raise InputError(str(path), f"a file name ending in {' or '.join(SUFFIXES)}", path.suffix or "no suffix")
+
+
+def read_init_expert_location(path: str | Path) -> np.ndarray:
+    """int64 `[layers, P]` from a `.json`/`.pt` file with `physical_to_logical_map` (as SGLang reads it)."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(str(path), "an existing file", "no such file")
+    if path.suffix == ".pt":
+        import torch
+
+        data = torch.load(path, weights_only=True, map_location="cpu")
+    else:
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise InputError(str(path), "JSON", f"invalid JSON ({exc.msg})") from None
+    if not isinstance(data, dict) or MAP_KEY not in data:
+        raise InputError(str(path), f"a dict with {MAP_KEY}")
+    value = data[MAP_KEY]
+    matrix = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+    if matrix.ndim != 2 or matrix.dtype.kind not in "iu":
+        raise InputError(f"{path}: {MAP_KEY}", "an integer matrix [layers, physical]", f"shape {matrix.shape}")
+    return matrix.astype(np.int64)

@@ -1,0 +1,84 @@
+"""SGLang `--init-expert-location` export: the file holds exactly what SGLang's loader accepts."""
+
+import json
+
+import numpy as np
+import pytest
+
+from moe_place.engines.sglang import (MAP_KEY, init_expert_location, read_init_expert_location,
+                                      write_init_expert_location)
+from moe_place.errors import InputError
+from moe_place.placement import Placement
+
+
+def _plan(layers=3, experts=8, gpus=4, redundant=4, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(layers):
+        # every expert once, plus `redundant` extra replicas on GPUs that do not hold them yet
+        base = rng.permutation(experts).reshape(gpus, -1).tolist()
+        extra = rng.permutation(experts)
+        for g in range(gpus):
+            for e in extra:
+                if len(base[g]) < (experts + redundant) // gpus and e not in base[g]:
+                    base[g].append(int(e))
+        rows.append(np.concatenate(base))
+    return Placement(np.stack(rows), experts, gpus)
+
+
+def test_plan_rows_land_on_their_model_layers_and_dense_layers_get_the_trivial_row():
+    plan = _plan(layers=3)
+    loc = init_expert_location(plan, layer_ids=(3, 4, 5), dense_layer_ids=(0, 1, 2))
+    m = loc.physical_to_logical_map
+    assert m.shape == (6, plan.num_physical_experts)
+    np.testing.assert_array_equal(m[3:], plan.phy2log)
+    trivial = np.arange(plan.num_physical_experts) % plan.num_logical_experts
+    for layer in (0, 1, 2):
+        np.testing.assert_array_equal(m[layer], trivial)
+    assert loc.unplanned_moe_layers == ()
+    # every row is a valid map: each logical expert at least once, slots divisible by the EP size
+    assert all(set(row) == set(range(plan.num_logical_experts)) for row in m.tolist())
+    assert m.shape[1] % plan.num_gpus == 0
+
+
+def test_moe_only_plan_rows_are_assigned_to_moe_layers_in_order():
+    plan = _plan(layers=3)
+    loc = init_expert_location(plan, dense_layer_ids=(0,))  # plan ids 0..2 collide with dense layer 0
+    assert loc.physical_to_logical_map.shape[0] == 4
+    np.testing.assert_array_equal(loc.physical_to_logical_map[1:], plan.phy2log)
+    assert loc.planned_layers == (1, 2, 3)
+
+
+def test_layers_missing_from_the_plan_are_reported():
+    plan = _plan(layers=2)
+    loc = init_expert_location(plan, layer_ids=(0, 7), num_model_layers=10)
+    assert loc.physical_to_logical_map.shape == (10, plan.num_physical_experts)
+    assert loc.unplanned_moe_layers == (1, 2, 3, 4, 5, 6, 8, 9)
+    with pytest.raises(InputError, match="num_model_layers"):
+        init_expert_location(plan, layer_ids=(0, 7), num_model_layers=5)
+    with pytest.raises(InputError, match="dense"):
+        init_expert_location(plan, layer_ids=(0, 7), dense_layer_ids=(7,), num_model_layers=10)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".pt"])
+def test_file_holds_only_the_map_key_and_round_trips(tmp_path, suffix):
+    plan = _plan()
+    loc = init_expert_location(plan)
+    out = tmp_path / f"loc{suffix}"
+    write_init_expert_location(out, loc)
+    # SGLang passes the dict's entries as keyword arguments to its mapping constructor
+    if suffix == ".json":
+        data = json.loads(out.read_text())
+    else:
+        import torch
+
+        data = torch.load(out, weights_only=True)
+        assert data[MAP_KEY].dtype == torch.int64
+    assert set(data) == {MAP_KEY}
+    np.testing.assert_array_equal(read_init_expert_location(out), plan.phy2log)
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic write leaves no temporary behind
+
+
+def test_bad_suffix_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match=".json or .pt"):
+        write_init_expert_location(tmp_path / "x.txt", init_expert_location(_plan()))
