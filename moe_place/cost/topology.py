@@ -249,7 +249,7 @@ def build_cluster(gpu: GpuSpec, num_servers: int, gpus_per_server: int, *,
     return Topology(graph, gpu, num_servers, gpus_per_server)
 
 
-_BW = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(tb/s|gb/s|gbit/s|gb/sec|gbps|gbit)"
+_BW = r"(-?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(tb/s|gb/s|gbit/s|gb/sec|gbps|gbit)"
 
 
 def _bandwidth(value: str, unit: str) -> float:
