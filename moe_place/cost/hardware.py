@@ -168,8 +168,8 @@ BUILTIN_PARTS: dict = {
         "H20": dict(bf16_tflops=148, fp8_tflops=296, hbm_gb_per_s=4096, memory_gb=96, nvlink_gb_per_s=450,
                     pcie_gb_per_s=64),
         "B200": dict(bf16_tflops=2250, fp8_tflops=4500, hbm_gb_per_s=8000, memory_gb=180, nvlink_gb_per_s=900,
-                     pcie_gb_per_s=64, aliases=["B200-SXM", "HGX-B200"],
-                     notes="HGX B200 per GPU: NVLink 5 1.8 TB/s bidirectional"),
+                     pcie_gb_per_s=128, aliases=["B200-SXM", "HGX-B200"],
+                     notes="HGX B200 per GPU: NVLink 5 1.8 TB/s and PCIe Gen6 256 GB/s bidirectional"),
     },
     "cpu": {
         "Xeon-Platinum-8452Y": dict(tflops={"avx512": 1.8, "amx": 21.3}, local_gb_per_s=220, remote_gb_per_s=125,

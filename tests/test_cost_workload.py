@@ -1,0 +1,120 @@
+"""Workloads from a trace + plan, topology specs, presets and the catalog."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moe_place.analysis.dispatch import dispatch_matrix, token_sources
+from moe_place.cli.main import main
+from moe_place.cost.hardware import builtin_catalog
+from moe_place.cost.models import PRESETS, get_model
+from moe_place.cost.topology import parse_topology_spec
+from moe_place.placement import Placement
+from moe_place.traces.bundled import bundled_path
+from moe_place.traces.load import load_trace
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "bench" / "scenarios"
+
+
+def run_json(capsys, path) -> dict:
+    capsys.readouterr()
+    code = main(["predict", str(path), "--format", "json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def test_trace_and_plan_workload(capsys):
+    report = run_json(capsys, SCENARIOS / "trace_qwen3_30b_ep8.toml")
+    plan = json.loads((SCENARIOS / "plan_qwen3_30b_ep8.json").read_text())
+    placement = Placement(np.array(plan["phy2log"]), plan["num_logical_experts"], plan["num_gpus"])
+    trace = load_trace(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))
+    counts = np.zeros((placement.num_layers, 128))
+    counts[0] = trace.step_counts()[0, 0]
+    expected_rows = placement.gpu_loads(counts)[0]
+    assert np.allclose(report["compute"]["rows_per_gpu"], expected_rows)
+    assert report["compute"]["valid_rows"] == trace.topk_ids[0].shape[0] * 8
+    # bytes that leave a GPU: every dispatch whose replica is not on the token's own GPU
+    ids = trace.topk_ids[0][:, 0, :]
+    a = dispatch_matrix(ids, token_sources(ids.shape[0], 8), placement, 0, num_sources=8)
+    remote_rows = a.sum() - np.trace(a)
+    assert report["dispatch"]["total_bytes"] == pytest.approx(remote_rows * 2048 * 2)
+    assert report["combine"]["total_bytes"] == pytest.approx(remote_rows * 2048 * 2)
+    assert report["compute"]["busiest_gpu"] == int(np.argmax(report["compute"]["per_gpu_s"]))
+
+
+def test_count_level_trace_spreads_tokens_over_sources(capsys, tmp_path):
+    placement = Placement.contiguous(3, 8, 8)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"phy2log": placement.phy2log.tolist(), "num_gpus": 8, "num_nodes": 1,
+                                "num_logical_experts": 8}))
+    trace_path = bundled_path("mixtral-8x7b_expert_counts_L0_L7_L15.npz")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'[model]\npreset = "Mixtral-8x7B"\n[topology]\nspec = "2 nodes x 4 H100, 400 Gbit/s NIC"\n'
+                        f'[workload]\ntrace = "{trace_path}"\nplan = "{plan}"\nlayer = 1\nweights = "once"\n')
+    report = run_json(capsys, scenario)
+    counts = load_trace(trace_path).step_counts()[0, 1]
+    assert np.allclose(report["compute"]["rows_per_gpu"], counts)  # one expert per GPU
+    # tokens spread evenly over 8 sources: 7/8 of every expert's rows come from other GPUs
+    assert report["dispatch"]["total_bytes"] == pytest.approx(counts.sum() * 7 / 8 * 4096 * 2)
+
+
+def test_plan_with_more_gpus_than_topology(capsys, tmp_path):
+    placement = Placement.contiguous(1, 128, 16)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"phy2log": placement.phy2log.tolist(), "num_gpus": 16, "num_nodes": 1,
+                                "num_logical_experts": 128}))
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'[model]\npreset = "Qwen3-30B-A3B"\n[topology]\nspec = "1 node x 8 H100"\n[workload]\n'
+                        f'trace = "{bundled_path("qwen3-30b-a3b_prefill_topk.npz")}"\nplan = "{plan}"\n')
+    capsys.readouterr()
+    assert main(["predict", str(scenario)]) == 2
+    assert "at most the topology's 8 GPUs" in capsys.readouterr().err
+
+
+def test_topology_spec_variants():
+    topo = parse_topology_spec("2 nodes x 8 H800, 400 Gbit/s NIC per GPU")
+    assert topo.path_bandwidth_bytes_per_s(0, 1) == 200e9  # H800 NVLink from the catalog
+    assert topo.cut_capacity_bytes_per_s(topo.server_nodes(0)) == 8 * 50e9  # default uplink = sum of NICs
+    pcie_only = parse_topology_spec("1 node x 4 A100-40GB-PCIe, host PCIe 25 GB/s")
+    assert pcie_only.path_kind(0, 1) == "pcie" and pcie_only.path_bandwidth_bytes_per_s(0, 1) == 25e9
+    no_nvlink = parse_topology_spec("8 H100, no NVLink")
+    assert no_nvlink.path_kind(0, 7) == "pcie"
+
+
+def test_topology_file(tmp_path):
+    path = tmp_path / "topo.toml"
+    path.write_text('[topology]\ngpu = "B200"\nnodes = 4\ngpus_per_node = 8\nnic_gbit_per_s = 800\n'
+                    'inter_node_gb_per_s = 400\n')
+    from moe_place.cost.topology import load_topology
+
+    topo = load_topology(path)
+    assert topo.num_gpus == 32 and topo.path_bandwidth_bytes_per_s(0, 1) == 900e9
+    assert topo.path_bandwidth_bytes_per_s(0, 31) == 100e9
+    assert topo.max_flow_bytes_per_s(list(range(8)), list(range(8, 32))) == 400e9  # the server's uplink
+
+
+def test_presets_expert_bytes():
+    assert get_model("qwen3-235b-a22b").expert_bytes == 36 * 2**20
+    assert get_model("Qwen3-235B-A22B").params_per_expert == 18_874_368
+    assert get_model("qwen3_235b_a22b").layer_bytes == 4.5 * 2**30
+    assert get_model("DeepSeek-R1").expert_bytes == 42 * 2**20  # FP8
+    assert get_model("Mixtral-8x7B").expert_bytes == 336 * 2**20
+    assert get_model("OLMoE-1B-7B").expert_bytes == 12 * 2**20
+    assert get_model("Qwen3-30B-A3B").row_bytes == 4096
+    assert len(PRESETS) == 6
+
+
+def test_catalog_figures():
+    cat = builtin_catalog()
+    assert cat.gpu("H100").flops_per_s == pytest.approx(494.7e12)
+    assert cat.gpu("H100 SXM").memory_bytes_per_s == pytest.approx(1675e9)
+    assert cat.gpu("A100-40GB-PCIe").flops_per_s == pytest.approx(156e12)
+    cpu = cat.cpu("8452Y")
+    assert cpu.flops_per_s("amx") == 21.3e12 and cpu.memory_bytes_per_s("remote") == 125e9
+    assert cat.nic("ConnectX-7").bytes_per_s == 50e9
+    assert {"H100-SXM", "H200", "H800", "A100-80GB-SXM", "A100-40GB-PCIe", "H20", "B200"} <= set(cat.names)
