@@ -19,6 +19,9 @@ from moe_place.errors import InputError
 from moe_place.traces.count import find_repeat
 
 
+MAX_EXPERTS = 1 << 16  # a sanity bound: counts are dense [layers, experts] arrays
+
+
 @dataclass(frozen=True)
 class TraceMeta:
     """What a trace is about.
@@ -37,8 +40,8 @@ class TraceMeta:
     step_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.num_experts < 1:
-            raise InputError("num_experts", "an integer >= 1", self.num_experts)
+        if not 1 <= self.num_experts <= MAX_EXPERTS:
+            raise InputError("num_experts", f"an integer in [1, {MAX_EXPERTS}]", self.num_experts)
         if not 1 <= self.top_k <= self.num_experts:
             raise InputError("top_k", f"an integer in [1, num_experts={self.num_experts}]", self.top_k)
         if len(set(self.layer_ids)) != len(self.layer_ids):

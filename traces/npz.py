@@ -41,7 +41,7 @@ import numpy as np
 
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
-from moe_place.traces.model import Trace, TraceMeta, check_counts, located
+from moe_place.traces.model import MAX_EXPERTS, Trace, TraceMeta, check_counts, located
 
 FORMAT_VERSION = 1
 ARRAY_KEYS = ("counts", "topk_ids")
@@ -187,11 +187,18 @@ def token_trace(ids: np.ndarray, step: np.ndarray | None, header: NpzHeader, pat
     if ids.shape[0] == 0 or ids.shape[1] == 0 or ids.shape[2] == 0:
         raise InputError(where, "at least one token, layer and expert per token", f"shape {ids.shape}")
     num_experts = header.num_experts if header.num_experts is not None else int(ids.max()) + 1
+    check_num_experts(num_experts, path)
     check_meta_against_ids(header, path, ids.shape[2], num_experts)
     groups = split_by_step(ids, step, path)
     meta = _meta(header, path, num_experts, ids.shape[2], ids.shape[1], str(ids.dtype), len(groups))
     with located(path):
         return Trace(meta, topk_ids=groups)
+
+
+def check_num_experts(num_experts: int, path: Path) -> None:
+    if not 1 <= num_experts <= MAX_EXPERTS:
+        raise InputError(f"{path}: num_experts", f"an integer in [1, {MAX_EXPERTS}] (largest id + 1 if absent)",
+                         num_experts)
 
 
 def check_meta_against_ids(header: NpzHeader, path: Path, k: int, num_experts: int) -> None:

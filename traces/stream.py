@@ -24,7 +24,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.traces.count import DEFAULT_CHUNK_TOKENS, DispatchCounter
 from moe_place.traces.model import Trace
-from moe_place.traces.npz import _meta, check_meta_against_ids, open_npz, read_header, read_member, step_index
+from moe_place.traces.npz import (_meta, check_meta_against_ids, check_num_experts, open_npz, read_header,
+                                  read_member, step_index)
 
 IDS_MEMBER = "topk_ids.npy"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header, 30 bytes
@@ -55,6 +56,7 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
         num_experts = header.num_experts
         if num_experts is None:  # a first pass finds the largest id
             num_experts = max(int(chunk.max()) for _, chunk in reader.chunks(chunk_tokens)) + 1
+        check_num_experts(num_experts, path)
         check_meta_against_ids(header, path, k, num_experts)
         if step is None:
             index, num_steps = None, 1

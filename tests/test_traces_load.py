@@ -1,0 +1,152 @@
+"""load_trace: one clear InputError for every bad input, and never another exception (hypothesis)."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from moe_place.errors import InputError
+from moe_place.traces import Trace, load_trace
+
+
+def _write(path, data):
+    (path.write_bytes if isinstance(data, bytes) else path.write_text)(data)
+    return path
+
+
+def _npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def _valid_token_npz(path):
+    rng = np.random.default_rng(0)
+    ids = np.argsort(rng.random((64, 3, 16)), axis=2)[:, :, :4].astype(np.int16)
+    return _npz(path, format_version=1, num_experts=16, top_k=4, topk_ids=ids)
+
+
+def _truncated(path):
+    data = _valid_token_npz(path).read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _repeat(path):
+    ids = np.array([[[0, 1], [2, 3]], [[1, 2], [3, 3]]])
+    return _npz(path, num_experts=4, topk_ids=ids)
+
+
+# name -> (make(tmp_path) -> path, a fragment the one-line message must contain)
+BAD_FILES = {
+    "missing path": (lambda d: d / "nope.npz", "no such file"),
+    "directory": (lambda d: d, "a directory"),
+    "empty file": (lambda d: _write(d / "e.npz", b""), "an empty file"),
+    "truncated npz": (lambda d: _truncated(d / "t.npz"), "readable"),
+    "garbage npz": (lambda d: _write(d / "g.npz", b"PK\x03\x04 not a zip at all"), "readable"),
+    "unsupported file": (lambda d: _write(d / "x.txt", "hello"), "supported trace format"),
+    "float ids": (lambda d: _npz(d / "f.npz", topk_ids=np.zeros((2, 1, 2))), "topk_ids"),
+    "ids of wrong shape": (lambda d: _npz(d / "s.npz", topk_ids=np.zeros((4, 2), dtype=int)), "topk_ids"),
+    "counts of wrong shape": (lambda d: _npz(d / "c.npz", counts=np.ones((3, 4), dtype=int)), "counts"),
+    "string counts": (lambda d: _npz(d / "u.npz", counts=np.array([[["a"]]])), "counts"),
+    "id out of range": (lambda d: _npz(d / "r.npz", num_experts=4, topk_ids=np.array([[[0, 4]]])), "expert ids in [0, 4)"),
+    "negative id": (lambda d: _npz(d / "n.npz", topk_ids=np.array([[[-1, 2]]])), "expert ids in"),
+    "repeated expert": (lambda d: _repeat(d / "p.npz"), "repeated expert at token 1, layer 1"),
+    "num_experts disagrees": (lambda d: _npz(d / "m.npz", num_experts=7, counts=np.ones((1, 1, 8), dtype=int)), "num_experts"),
+    "top_k disagrees": (lambda d: _npz(d / "k.npz", top_k=3, topk_ids=np.array([[[0, 1]]])), "top_k"),
+    "negative counts": (lambda d: _npz(d / "neg.npz", counts=np.array([[[3, -1, 2]]])), "counts >= 0"),
+    "NaN counts": (lambda d: _npz(d / "nan.npz", counts=np.array([[[3.0, np.nan, 2.0]]])), "finite"),
+    "all-zero counts": (lambda d: _npz(d / "z.npz", counts=np.zeros((2, 2, 4), dtype=int)), "non-empty"),
+    "no tokens": (lambda d: _npz(d / "nt.npz", num_experts=4, topk_ids=np.zeros((0, 2, 2), dtype=int)), "topk_ids"),
+    "pickled object array": (lambda d: _npz(d / "o.npz", counts=np.array([[[{}]]], dtype=object)), "counts"),
+    "bad json": (lambda d: _write(d / "b.json", '{"counts": [[[1, 2]'), "valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_input_is_one_named_input_error(tmp_path, case):
+    make, fragment = BAD_FILES[case]
+    path = make(tmp_path)
+    with pytest.raises(InputError) as err:
+        load_trace(path)
+    message = str(err.value)
+    assert fragment in message and str(path) in message and "\n" not in message
+
+
+# ---------------------------------------------------------------------- hypothesis
+def _check(path):
+    try:
+        trace = load_trace(path)
+    except InputError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert isinstance(trace, Trace) and trace.num_steps >= 1 and trace.total_counts().sum() > 0
+
+
+@st.composite
+def arrays(draw):
+    dtype = draw(st.sampled_from(["int8", "int16", "uint8", "int64", "uint64", "float32", "float64", "bool", "U2"]))
+    shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=4))
+    size = int(np.prod(shape)) if shape else 1
+    if dtype.startswith("U"):
+        values = draw(st.lists(st.text(max_size=2), min_size=size, max_size=size))
+    elif dtype.startswith("float"):
+        values = draw(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=size, max_size=size))
+    elif dtype == "bool":
+        values = draw(st.lists(st.booleans(), min_size=size, max_size=size))
+    else:
+        info = np.iinfo(dtype)
+        values = draw(st.lists(st.integers(max(info.min, -3), min(info.max, 300)), min_size=size, max_size=size))
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(main=st.sampled_from(["counts", "topk_ids"]), array=arrays(),
+       extra=st.dictionaries(st.sampled_from(["num_experts", "top_k", "format_version", "layer_ids", "step",
+                                              "step_names", "model"]), arrays(), max_size=3))
+def test_random_npz_contents_load_or_raise_input_error(tmp_path, main, array, extra):
+    path = tmp_path / "h.npz"
+    np.savez(path, **{main: array}, **extra)
+    _check(path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_damaged_npz_bytes_load_or_raise_input_error(tmp_path, data):
+    good = io.BytesIO()
+    rng = np.random.default_rng(1)
+    ids = np.argsort(rng.random((8, 2, 6)), axis=2)[:, :, :2].astype(np.int16)
+    compress = data.draw(st.booleans())
+    (np.savez_compressed if compress else np.savez)(good, num_experts=6, top_k=2, topk_ids=ids, step=np.arange(8) % 3)
+    raw = bytearray(good.getvalue())
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(raw) - 1))
+        raw[pos] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.one_of(st.none(), st.integers(1, len(raw))))
+    path = tmp_path / "d.npz"
+    path.write_bytes(bytes(raw[:cut]))
+    _check(path)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.lists(st.one_of(st.integers(-2, 9), st.text(max_size=3)), min_size=3, max_size=5), max_size=6),
+       meta=st.lists(st.sampled_from(["# num_experts: 4", "# top_k: 2", "# top_k: x", "# num_experts: 0", "# model: a"]),
+                     max_size=2))
+def test_random_csv_loads_or_raises_input_error(tmp_path, rows, meta):
+    path = tmp_path / "h.csv"
+    lines = meta + ["step,layer,expert,count"] + [",".join(map(str, r)) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+    _check(path)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(obj=st.recursive(st.one_of(st.integers(-3, 10), st.floats(), st.text(max_size=3), st.none(), st.booleans()),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                            st.sampled_from(["counts", "num_experts", "top_k", "layer_ids", "step_names"]), inner,
+                            max_size=4), max_leaves=20))
+def test_random_json_loads_or_raises_input_error(tmp_path, obj):
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(obj))
+    _check(path)
