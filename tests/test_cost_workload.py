@@ -118,3 +118,28 @@ def test_catalog_figures():
     assert cpu.flops_per_s("amx") == 21.3e12 and cpu.memory_bytes_per_s("remote") == 125e9
     assert cat.nic("ConnectX-7").bytes_per_s == 50e9
     assert {"H100-SXM", "H200", "H800", "A100-80GB-SXM", "A100-40GB-PCIe", "H20", "B200"} <= set(cat.names)
+
+
+def test_score_placement_and_copies_for_move():
+    from moe_place.cost.payback import Copy
+    from moe_place.cost.score import copies_for_move, placement_layer_times_s
+
+    model = get_model("Qwen3-235B-A22B")
+    gpu = builtin_catalog().gpu("H100")
+    load = np.zeros((1, 128))
+    load[0, :8] = 128  # the 8 hot experts of C9, all on GPU 0 under the contiguous layout
+    base = Placement.contiguous(1, 128, 16)
+    t_base = placement_layer_times_s(base, load, model, gpu, weights="tiles", block_m=64)[0]
+    assert t_base == pytest.approx(920_649_728 / 1675e9)  # C9 "before"
+    # 16 redundant slots: experts 0..6 get a second replica on GPU 14, expert 7 on GPU 15
+    spread = Placement.contiguous(1, 128, 16, num_redundant=16)
+    t_spread = placement_layer_times_s(spread, load, model, gpu, weights="tiles", block_m=64)[0]
+    assert t_spread == pytest.approx((8 * model.expert_bytes + 512 * 309_248) / 1675e9)  # GPU 0: 8 x 64 rows
+
+    topo = parse_topology_spec("2 nodes x 2 H100, 400 Gbit/s NIC per GPU")
+    old = Placement(np.array([[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]]), 8, 4, 2)
+    new = Placement(np.array([[0, 1, 2, 3, 4, 0, 6, 7, 5, 1, 2, 3]]), 8, 4, 2)
+    w = float(model.expert_bytes)
+    # GPU 1 gets expert 0 from GPU 0 over NVLink (not from GPU 2 across servers); GPU 2 gets expert 5 from GPU 1
+    assert copies_for_move(old, new, model, topo) == [Copy(0, 1, w), Copy(1, 2, w)]
+    assert copies_for_move(old, old, model, topo) == []

@@ -1,1 +1,14 @@
-"""moe_place.cost"""
+"""moe_place.cost: the time model of SPEC.md (seed sections 9.3-9.4), one concept per module.
+
+units      GB vs GiB, Gbit/s; every other quantity carries its unit in its name
+hardware   catalog of GPUs, CPUs and NICs (datasheet peaks x efficiency), user parts from TOML/JSON
+models     expert-shape presets (DeepSeek-V3/R1, Qwen3, Mixtral, OLMoE, GPT-OSS)
+topology   networkx graph of GPUs, NVLink switches, NICs, fabric, host PCIe; routes, cuts, max-flow
+gemm       padding (formula 4), tile traffic (formula 5), per-GPU `max(F/C, W/B)` (formula 1)
+traffic    dispatch/combine volumes and the lower bound of formula 3; NIC message rate (C13)
+pipeline   micro-batch pipeline (formula 6) and break-even slowdowns (C7)
+payback    replica copy time over the real path, memory check, N_min (formula 7)
+offload    CPU vs GPU for host-memory experts (formula 8), capacity (C11, C12), pool stability (formula 9)
+score      placement -> per-layer time; old -> new placement -> copies
+scenario   scenario files behind `moe-place predict` / `moe-place payback`
+"""
