@@ -116,3 +116,11 @@ def test_topology_spec_errors():
         parse_topology_spec("1 node x 8 H100, fast links")
     with pytest.raises(InputError, match="one of"):
         builtin_catalog().cpu("H100")  # a GPU is not a CPU
+
+
+def test_schema_and_missing_scenario(capsys):
+    capsys.readouterr()
+    assert main(["predict", "--schema"]) == 0
+    assert "[workload]" in capsys.readouterr().out
+    assert main(["predict"]) == 2
+    assert "SCENARIO" in capsys.readouterr().err

@@ -10,7 +10,7 @@ HELP = "predict expert compute, dispatch/combine, pipeline, payback and offload 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", metavar="SCENARIO",
+    parser.add_argument("scenario", metavar="SCENARIO", nargs="?",
                         help="scenario file (.toml or .json): hardware, topology, model, workload (see README)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--output", metavar="FILE", help="write the table/JSON to FILE instead of stdout")
@@ -20,11 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from moe_place.cost.report import format_report
     from moe_place.cost.scenario import SCHEMA, load_scenario, predict
+    from moe_place.errors import InputError
     from moe_place.io import write_atomic
 
     if args.schema:
         sys.stdout.write(SCHEMA)
         return 0
+    if args.scenario is None:
+        raise InputError("SCENARIO", "a scenario file (or --schema)", "nothing")
     report = predict(load_scenario(args.scenario))
     text = json.dumps(report, indent=1) + "\n" if args.format == "json" else format_report(report)
     if args.output:
