@@ -63,3 +63,11 @@ def get_number(table: dict, key: str, where: str, *, default: float | None = Non
     if positive and (value < 0 or (value == 0 and not allow_zero)):
         raise InputError(f"{where}.{key}", "a number >= 0" if allow_zero else "a number > 0", value)
     return float(value)
+
+
+def get_int(table: dict, key: str, where: str, default: int, minimum: int = 0) -> int:
+    """An integer >= `minimum` from `table[key]` (default when absent)."""
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"{where}.{key}", f"an integer >= {minimum}", repr(value))
+    return value

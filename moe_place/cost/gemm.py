@@ -23,7 +23,7 @@ from moe_place.errors import InputError
 WEIGHT_MODES = ("none", "once", "tiles")
 
 
-def _rows(rows_per_expert, where: str = "rows_per_expert") -> np.ndarray:
+def check_rows(rows_per_expert, where: str = "rows_per_expert") -> np.ndarray:
     """float64 `[experts]`: rows >= 0 (an even split over replicas may give fractional expected rows)."""
     rows = np.asarray(rows_per_expert)
     if rows.ndim != 1:
@@ -53,7 +53,7 @@ def padded_rows(rows_per_expert, block_m: int, pad_empty: bool = False) -> int:
     pad_empty=True: every expert takes at least one tile, even an empty one.
     C8: rows [32,16,8,4,2,1,1,0], block_m=32 -> 224 (pad non-empty) and 256 (pad all).
     """
-    rows = _rows(rows_per_expert)
+    rows = check_rows(rows_per_expert)
     block_m = _positive_int(block_m, "block_m")
     tiles = np.ceil(rows / block_m)
     if pad_empty:
@@ -63,7 +63,7 @@ def padded_rows(rows_per_expert, block_m: int, pad_empty: bool = False) -> int:
 
 def padded_rows_batched(rows_per_expert, block_m: int) -> int:
     """Rows of a batched GEMM of shape `[experts, max_rows]`: every expert padded to the largest one."""
-    rows = _rows(rows_per_expert)
+    rows = check_rows(rows_per_expert)
     block_m = _positive_int(block_m, "block_m")
     if rows.size == 0:
         return 0
@@ -91,7 +91,7 @@ def tile_traffic_bytes(rows_per_expert, hidden: int, intermediate: int, dtype_by
     valid row moves `tile_row_bytes` bytes. Empty experts cost nothing.
     C9: 8 experts x 128 rows, h=4096, I=1536, b=2, BLOCK_M=64, BLOCK_N=128 -> 920,649,728 bytes.
     """
-    rows = _rows(rows_per_expert)
+    rows = check_rows(rows_per_expert)
     block_m = _positive_int(block_m, "block_m")
     weight_bytes = 3 * hidden * intermediate * dtype_bytes
     m_tiles = float(np.ceil(rows / block_m).sum())
@@ -137,7 +137,7 @@ def gpu_expert_work(rows_per_expert, hidden: int, intermediate: int, dtype_bytes
     FLOPs are `flops_per_row` (default `2*P_e`) per computed row: padded rows when `block_m` is given
     (formula 4: the work is done on padded rows), valid rows otherwise.
     """
-    rows = _rows(rows_per_expert)
+    rows = check_rows(rows_per_expert)
     if weights not in WEIGHT_MODES:
         raise InputError("weights", f"one of {WEIGHT_MODES}", repr(weights))
     if not flops_per_s > 0 or not memory_bytes_per_s > 0:

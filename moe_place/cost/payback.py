@@ -77,7 +77,13 @@ def n_min(copy_time: float, saving_per_batch_s: float) -> int | None:
     """`floor(T_copy/dt) + 1`: the first batch at which the savings exceed the copy (None if dt <= 0)."""
     if saving_per_batch_s <= 0:
         return None
-    return math.floor(copy_time / saving_per_batch_s) + 1
+    n = math.floor(copy_time / saving_per_batch_s) + 1
+    # the division can round across an integer; settle on the definition `N*dt > T_copy` exactly
+    while n > 1 and (n - 1) * saving_per_batch_s > copy_time:
+        n -= 1
+    while not n * saving_per_batch_s > copy_time:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)

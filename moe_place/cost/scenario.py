@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.cost import gemm, offload, pipeline, traffic
-from moe_place.cost.files import get_number, read_table_file
+from moe_place.cost.files import get_int, get_number, read_table_file
 from moe_place.cost.hardware import Catalog, load_catalog
 from moe_place.cost.models import ExpertShape, model_from_table
 from moe_place.cost.payback import Copy, payback
@@ -143,7 +143,7 @@ def build_workload(sc: Scenario, table: dict | None = None, where: str = "worklo
             if len(gpus) != len(per_gpu):
                 raise InputError(f"{here}.gpus", f"{len(per_gpu)} GPU ids, one per rows_per_expert entry", len(gpus))
             for g, r in zip(gpus, per_gpu):
-                new = gemm._rows(r, f"{here}.rows_per_expert[{g}]")
+                new = gemm.check_rows(r, f"{here}.rows_per_expert[{g}]")
                 if "dispatch" in table and abs(new.sum() - rows[g].sum()) > 1e-9 * max(1.0, rows[g].sum()):
                     raise InputError(f"{here}.rows_per_expert[{g}]", f"rows summing to the {rows[g].sum():g} "
                                      f"dispatches the dispatch matrix sends to GPU {g}", f"{new.sum():g}")
@@ -181,8 +181,8 @@ def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
     if placement.num_gpus > topo.num_gpus:
         raise InputError(f"{plan_path}: num_gpus", f"at most the topology's {topo.num_gpus} GPUs", placement.num_gpus)
     trace = load_trace(sc.resolve(str(table["trace"])))
-    layer = int(table.get("layer", 0))
-    step = int(table.get("step", 0))
+    layer = get_int(table, "layer", here, 0)
+    step = get_int(table, "step", here, 0)
     if not 0 <= layer < min(trace.num_layers, placement.num_layers):
         raise InputError(f"{here}.layer", f"a layer in [0, {min(trace.num_layers, placement.num_layers)})", layer)
     if not 0 <= step < trace.num_steps:
@@ -252,10 +252,10 @@ def _row_bytes(sc: Scenario, table: dict, phase: str, here: str) -> float:
 def compute_layer(sc: Scenario, workload: Workload, table: dict, here: str) -> gemm.LayerTime:
     gpu = _need_topology(sc).gpu
     m = sc.model
-    options = dict(weights=str(table.get("weights", "once")), block_n=int(table.get("block_n", 128)),
+    options = dict(weights=str(table.get("weights", "once")), block_n=get_int(table, "block_n", here, 128, 1),
                    pad_empty=bool(table.get("pad_empty", False)), matrices=m.matrices)
     if "block_m" in table:
-        options["block_m"] = int(table["block_m"])
+        options["block_m"] = get_int(table, "block_m", here, 0, 1)
     flops_per_row = get_number(table, "flops_per_dispatch", here, default=float(m.flops_per_row()))
     per_gpu = tuple(gemm.gpu_expert_work(rows, m.hidden, m.intermediate, m.dtype_bytes, gpu.flops_per_s,
                                          gpu.memory_bytes_per_s, flops_per_row=flops_per_row, **options)
@@ -300,7 +300,7 @@ def predict(sc: Scenario) -> dict:
             "expert_skew": traffic.expert_skew(group_rows) if group_rows.sum() > 0 else 1.0,
         }
         if "block_m" in table:
-            bm = int(table["block_m"])
+            bm = get_int(table, "block_m", here, 0, 1)
             all_rows = np.concatenate([r for r in workload.rows_per_gpu if r.size])
             report["padding"] = {"block_m": bm, "valid_rows": float(all_rows.sum()),
                                  "padded_rows": gemm.padded_rows(all_rows, bm),
@@ -336,7 +336,7 @@ def _pipeline(sc: Scenario, stages: dict[str, float]) -> dict:
     here = f"{sc.path}: pipeline"
     if not stages:
         raise InputError(here, "a [workload] section whose stages are pipelined", "nothing")
-    q = int(table.get("micro_batches", 2))
+    q = get_int(table, "micro_batches", here, 2, 1)
     names = list(stages)
     times = [stages[n] for n in names]
     serial = float(sum(times))
@@ -383,7 +383,7 @@ def payback_report(sc: Scenario) -> dict:
                                                        if k in table}}]
     out = {"saving_per_batch_s": saving, "before_s": before_s, "after_s": after_s, **memory, "alpha_s": alpha,
            "mode": mode,
-           "copy_bytes": copy_bytes, "max_batches": int(table.get("max_batches", 64)), "cases": []}
+           "copy_bytes": copy_bytes, "max_batches": get_int(table, "max_batches", here, 64, 1), "cases": []}
     for i, case in enumerate(cases):
         where = f"{here}.cases[{i}]"
         copies = _copies(case, where, copy_bytes)
@@ -420,7 +420,7 @@ def _offload(sc: Scenario) -> dict:
     link = gb_per_s(get_number(table, "link_gb_per_s", here)) if "link_gb_per_s" in table else gpu.pcie_bytes_per_s
     alpha = get_number(table, "alpha_us", here, default=0.0, allow_zero=True) * 1e-6
     socket = str(table.get("socket", "local"))
-    experts = int(table.get("experts", 1))
+    experts = get_int(table, "experts", here, 1, 1)
     rows = [int(r) for r in table.get("rows", [1])]
     out = {"cpu": cpu.name, "gpu": gpu.name, "gpu_flops_per_s": gpu.flops_per_s,
            "gpu_memory_bytes_per_s": gpu.memory_bytes_per_s, "link_bytes_per_s": link, "alpha_s": alpha,
