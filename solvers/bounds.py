@@ -1,0 +1,190 @@
+"""Valid lower bounds on the best busiest-GPU load of a layer.
+
+Problem (SOLVER-NOTES.md): loads `w[e] >= 0` of `E` experts, `G` GPUs with `S` slots each,
+`P = G*S` physical experts; replica counts `r[e] >= 1`, `sum r = P`, no two replicas of one
+expert on one GPU. Every bound here is a lower bound on `T*`, the smallest busiest-GPU load any
+plan reaches with the *optimal* split (each expert's load shared among its replicas in any
+proportions). The even and local splits can only do worse on the same plan, so the bounds hold
+for them too.
+
+1. Average: `T* >= sum(w) / G` (the load has to go somewhere).
+2. Count ("apportionment") bound: a GPU with load `<= T` carries at most `T` of any expert, so
+   expert `e` needs `r[e] >= ceil(w[e] / T)` replicas, and `r[e] <= G` (one per GPU). Hence
+   `T* >= min_r max_e w[e] / r[e]` over `1 <= r[e] <= G`, `sum r <= P`. The minimum is computed
+   exactly, without a bisection on floats: handing out replicas one at a time to the largest
+   `w / r` (the greedy that DeepSeek EPLB uses) is optimal for this min-max apportionment, and
+   the cap `r <= G` adds `max(w) / G`. The value is a quotient `w[e] / r[e]`, computed exactly as
+   the even-split item load is, so floating point can never push it above a plan's load. It
+   implies `max(w) / min(G, P - E + 1)`.
+3. Pigeonhole (cardinality) bound, new here: for a candidate `T`, every expert has at least
+   `m[e] = max(1, ceil(w[e]/T))` replicas and at most `R[e] = min(G, m[e] + k)` with
+   `k = P - sum m` spare slots, so it contributes `m[e]` items of size at least `w[e] / R[e]`.
+   Sorting these guaranteed sizes `q_1 >= q_2 >= ...`: among the `jG + 1` largest items some GPU
+   holds `j + 1`, so `T >= q_{jG-j+1} + ... + q_{jG+1}` for `j = 1..S-1`. The test gets only
+   harder as `T` falls (fewer spare slots, larger items), so a bisection finds the threshold;
+   we return the largest `T` seen to fail (shrunk by 1e-12 relative), a certified bound. With
+   no redundant slots (`P = E`) this is the classic `p_G + p_{G+1}` bound of scheduling.
+
+Several windows (`[windows, E]`): the objective is the max, mean or a quantile of per-window
+busiest loads; each window's load is at least its own bound, and max, mean and quantiles are
+monotone, so the same aggregate of per-window bounds is a bound. For max and mean also
+`mean_w max_g L_w[g] >= max_g mean_w L_w[g]`, so the bound of the mean load vector counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moe_place.problem import PlacementProblem
+
+_SHRINK = 1.0 - 1e-12  # safety margin on bisection results (never on the exact quotients)
+
+
+def average_bound(loads: np.ndarray, num_gpus: int) -> np.ndarray:
+    """float64 `[...]`: `sum(w) / G` of loads `[..., E]`."""
+    return np.asarray(loads, dtype=np.float64).sum(axis=-1) / num_gpus
+
+
+def count_bound(loads: np.ndarray, num_gpus: int, num_physical: int) -> np.ndarray:
+    """float64 `[layers]`: `min_r max_e w[e] / r[e]` with `1 <= r <= G`, `sum r = P` (bound 2).
+
+    loads: `[layers, E]`. Exact (greedy apportionment, vectorised over layers).
+    """
+    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
+    replicas = apportion(loads, num_physical)
+    return np.maximum((loads / replicas).max(axis=1), loads.max(axis=1) / num_gpus)
+
+
+def apportion(loads: np.ndarray, num_physical: int, cap: int | None = None) -> np.ndarray:
+    """int64 `[layers, E]`: replica counts minimising `max_e w[e] / r[e]` with `sum r = P`.
+
+    Greedy: one replica each, then each extra replica to the largest `w / r` (first on ties)
+    among the experts with fewer than `cap` replicas (None: no cap). loads: float64
+    `[layers, E]`, `E <= P <= E * cap`.
+    """
+    layers, experts = loads.shape
+    replicas = np.ones((layers, experts), dtype=np.int64)
+    rows = np.arange(layers)
+    extra = num_physical - experts
+    if extra <= 0:
+        return replicas
+    # Jump ahead safely: r0 = max(1, floor(w / T_up)) with T_up >= the optimum (the max of a
+    # feasible r) never exceeds an optimal r, so the greedy from r0 ends at the same optimum.
+    if extra > experts:
+        total = np.maximum(loads.sum(axis=1, keepdims=True), np.finfo(np.float64).tiny)
+        feasible = np.maximum(1, np.floor(loads * (extra / total)).astype(np.int64))
+        upper = (loads / feasible).max(axis=1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(upper > 0, loads / np.where(upper > 0, upper, 1.0), 0.0)
+        replicas = np.maximum(1, np.floor(ratio).astype(np.int64))
+        if cap is not None:
+            replicas = np.minimum(replicas, cap)
+    for _ in range(int((num_physical - replicas.sum(axis=1)).max())):
+        need = replicas.sum(axis=1) < num_physical
+        density = loads / replicas
+        if cap is not None:
+            density = np.where(replicas < cap, density, -np.inf)
+        expert = np.argmax(density, axis=1)
+        replicas[rows[need], expert[need]] += 1
+    return replicas
+
+
+def pigeonhole_bound(loads: np.ndarray, num_gpus: int, num_physical: int, start: np.ndarray,
+                     iterations: int = 48) -> np.ndarray:
+    """float64 `[layers]`: bound 3, at least `start` (a valid bound `[layers]` already known)."""
+    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
+    start = np.asarray(start, dtype=np.float64)
+    slots = num_physical // num_gpus
+    if slots < 2:
+        return start.copy()
+    lo = start.copy()
+    fails = _pigeonhole_fails(loads, num_gpus, num_physical, lo)
+    hi = np.maximum(loads.sum(axis=1), lo)  # the test always passes at T = sum(w)
+    best = start.copy()
+    active = fails & (hi > lo)
+    for _ in range(iterations):
+        if not active.any():
+            break
+        mid = 0.5 * (lo + hi)
+        mid_fails = _pigeonhole_fails(loads, num_gpus, num_physical, mid)
+        lo = np.where(active & mid_fails, mid, lo)
+        hi = np.where(active & ~mid_fails, mid, hi)
+    certified = np.where(fails, lo * _SHRINK, start)
+    return np.maximum(best, certified)
+
+
+def _pigeonhole_fails(loads: np.ndarray, num_gpus: int, num_physical: int, target: np.ndarray) -> np.ndarray:
+    """bool `[layers]`: True where no plan can have busiest load <= target (the test of bound 3)."""
+    layers, experts = loads.shape
+    slots = num_physical // num_gpus
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(target[:, None] > 0, loads / target[:, None], np.where(loads > 0, np.inf, 0.0))
+    ratio = np.minimum(ratio, num_physical + 1.0)
+    least = np.maximum(1, np.ceil(ratio * (1 - 1e-12))).astype(np.int64)  # conservative ceil
+    spare = num_physical - least.sum(axis=1)
+    fails = spare < 0
+    most = np.minimum(num_gpus, least + np.maximum(spare, 0)[:, None])
+    size = loads / most
+    order = np.argsort(-size, axis=1, kind="stable")
+    size_sorted = np.take_along_axis(size, order, axis=1)
+    count_sorted = np.take_along_axis(least, order, axis=1)
+    cum_count = np.cumsum(count_sorted, axis=1)
+    cum_size = np.cumsum(size_sorted * count_sorted, axis=1)
+
+    def top_sum(i: np.ndarray) -> np.ndarray:
+        """Sum of the i largest guaranteed items `[layers, J]` for counts i `[J]` (i <= total)."""
+        seg = (cum_count[:, :, None] < i[None, None, :]).sum(axis=1)  # segment holding item i
+        seg = np.minimum(seg, experts - 1)
+        prev_count = np.where(seg > 0, np.take_along_axis(cum_count, np.maximum(seg - 1, 0), axis=1), 0)
+        prev_size = np.where(seg > 0, np.take_along_axis(cum_size, np.maximum(seg - 1, 0), axis=1), 0.0)
+        return prev_size + (i[None, :] - prev_count) * np.take_along_axis(size_sorted, seg, axis=1)
+
+    j = np.arange(1, slots)
+    upper = j * num_gpus + 1  # the jG+1 largest items ...
+    lower = upper - j - 1     # ... minus the jG-j largest leave the j+1 smallest of them
+    total_items = cum_count[:, -1]
+    window = top_sum(upper) - top_sum(lower)
+    valid = upper[None, :] <= total_items[:, None]
+    violated = (valid & (window > target[:, None] * (1 + 1e-12))).any(axis=1)
+    return fails | violated
+
+
+def lower_bounds(loads: np.ndarray, num_gpus: int, num_physical: int, pigeonhole: bool = True) -> np.ndarray:
+    """float64 `[layers]`: the best of bounds 1-3 for each layer of loads `[layers, E]`."""
+    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
+    best = np.maximum(average_bound(loads, num_gpus), count_bound(loads, num_gpus, num_physical))
+    if pigeonhole:
+        best = pigeonhole_bound(loads, num_gpus, num_physical, best)
+    return best
+
+
+def layer_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int) -> float:
+    """The best bound for one layer's loads `[E]`."""
+    return float(lower_bounds(np.asarray(loads)[None], num_gpus, num_physical)[0])
+
+
+def aggregate(values: np.ndarray, objective: str, quantile: float = 0.9) -> float:
+    """Combine per-window values `[windows]` like `PlacementProblem.aggregate`."""
+    values = np.asarray(values, dtype=np.float64)
+    if objective == "max":
+        return float(values.max())
+    if objective == "mean":
+        return float(values.mean())
+    return float(np.quantile(values, quantile))
+
+
+def windows_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int, objective: str = "max",
+                        quantile: float = 0.9) -> float:
+    """Bound on the aggregated objective of one layer with loads `[windows, E]`."""
+    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
+    per_window = lower_bounds(loads, num_gpus, num_physical)
+    bound = aggregate(per_window, objective, quantile)
+    if objective in ("max", "mean") and loads.shape[0] > 1:
+        bound = max(bound, layer_lower_bound(loads.mean(axis=0), num_gpus, num_physical))
+    return bound
+
+
+def window_lower_bound(problem: PlacementProblem, layer: int) -> float:
+    """The bound of one layer of `problem` (its windows combined by its window objective)."""
+    return windows_lower_bound(problem.layer_loads(layer), problem.num_gpus, problem.num_physical,
+                               problem.window_objective, problem.quantile)

@@ -1,0 +1,213 @@
+"""DeepSeek EPLB, reimplemented in numpy from its published algorithm: our baseline.
+
+DeepSeek's expert-parallel load balancer (github.com/deepseek-ai/EPLB, `eplb.py`) plans every
+layer in three steps, each a greedy rule on the even-split load model:
+
+1. Pack expert groups onto nodes (hierarchical policy only): groups sorted by load, heaviest
+   first, each to the lightest node that still has room (every node gets the same number of
+   groups).
+2. Replicate inside each node: start with one replica per expert, then hand out the node's
+   remaining slots one at a time, each to the expert with the largest `load / replicas`.
+3. Pack the replicas onto the node's GPUs: replicas sorted by `load / replicas`, heaviest
+   first, each to the lightest GPU that still has a free slot (every GPU gets `P/G` replicas).
+
+The hierarchical policy is used when the number of groups is a multiple of the number of
+nodes; otherwise the global policy runs the same steps with one group and one node. Arithmetic
+is float32 as in the original so that ties break the same way (ties go to the lowest index,
+sorts are stable). Replicas of one expert can land on the same GPU (EPLB issue #22): a plan
+from here may need `Placement(..., allow_colocated=True)`.
+
+Public entry points:
+- `rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)` returns
+  `(phy2log, log2phy, logcnt)` like the original.
+- `eplb_rebalance(...)` returns `phy2log` only (what recent vLLM policies return).
+- the registered solver `"eplb"` plans one layer of a `PlacementProblem`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+import numpy as np
+
+from moe_place.errors import InputError
+from moe_place.problem import PlacementProblem
+from moe_place.solvers.base import LayerSolution, register
+
+
+def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy packing of `n` items into `num_packs` packs of exactly `n / num_packs` items each.
+
+    weight: float32 `[rows, n]`, each row packed on its own.
+    Returns `(pack_index, rank_in_pack)`, both int64 `[rows, n]`: the pack of each item and its
+    position inside the pack (the order in which it was put there).
+    """
+    rows, items = weight.shape
+    assert items % num_packs == 0, (items, num_packs)
+    per_pack = items // num_packs
+    if per_pack == 1:
+        pack_index = np.broadcast_to(np.arange(items, dtype=np.int64), (rows, items)).copy()
+        return pack_index, np.zeros((rows, items), dtype=np.int64)
+    order = np.argsort(-weight, axis=1, kind="stable")  # heaviest first, ties by index
+    pack_weight = np.zeros((rows, num_packs), dtype=np.float32)
+    pack_items = np.zeros((rows, num_packs), dtype=np.int64)
+    pack_index = np.full((rows, items), -1, dtype=np.int64)
+    rank_in_pack = np.full((rows, items), -1, dtype=np.int64)
+    row_ids = np.arange(rows)
+    for position in range(items):
+        item = order[:, position]
+        candidates = np.where(pack_items < per_pack, pack_weight, np.float32(np.inf))
+        pack = np.argmin(candidates, axis=1)  # the lightest pack with room, first on ties
+        pack_index[row_ids, item] = pack
+        rank_in_pack[row_ids, item] = pack_items[row_ids, pack]
+        pack_weight[row_ids, pack] += weight[row_ids, item]
+        pack_items[row_ids, pack] += 1
+    return pack_index, rank_in_pack
+
+
+def replicate_experts(weight: np.ndarray, num_physical: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Give `num_physical - n` extra replicas, one at a time, to the largest `load / replicas`.
+
+    weight: float32 `[rows, n]` loads of `n` logical experts.
+    Returns `phy2log` int64 `[rows, num_physical]` (the first `n` slots hold experts `0..n-1`,
+    the extra slots follow in the order they were handed out), `replica_rank` int64
+    `[rows, num_physical]` (0 for the first replica of an expert, 1 for the second, ...) and
+    `logcnt` int64 `[rows, n]`.
+    """
+    rows, experts = weight.shape
+    assert num_physical >= experts, (num_physical, experts)
+    phy2log = np.broadcast_to(np.arange(num_physical, dtype=np.int64), (rows, num_physical)).copy()
+    replica_rank = np.zeros((rows, num_physical), dtype=np.int64)
+    logcnt = np.ones((rows, experts), dtype=np.int64)
+    row_ids = np.arange(rows)
+    for slot in range(experts, num_physical):
+        expert = np.argmax(weight / logcnt.astype(np.float32), axis=1)  # first on ties
+        phy2log[:, slot] = expert
+        replica_rank[:, slot] = logcnt[row_ids, expert]
+        logcnt[row_ids, expert] += 1
+    return phy2log, replica_rank, logcnt
+
+
+def _inverse(perm: np.ndarray) -> np.ndarray:
+    """Row-wise inverse of permutations `[rows, n]`."""
+    inv = np.empty_like(perm)
+    np.put_along_axis(inv, perm, np.broadcast_to(np.arange(perm.shape[1]), perm.shape), axis=1)
+    return inv
+
+
+def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: int, num_nodes: int,
+                            num_gpus: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three steps above. weight: float32 `[layers, E]`. Returns phy2log, replica_rank, logcnt."""
+    layers, experts = weight.shape
+    group_size = experts // num_groups
+    groups_per_node = num_groups // num_nodes
+    slots_per_gpu = num_physical // num_gpus
+    experts_per_node = experts // num_nodes
+
+    # Step 1: groups to nodes. "Node-major" ids (nlog) number the experts node by node.
+    group_load = weight.reshape(layers, num_groups, group_size).sum(axis=-1)
+    group_node, group_rank = balanced_packing(group_load, num_nodes)
+    group_start = (group_node * groups_per_node + group_rank) * group_size  # [layers, groups]
+    log2nlog = (group_start[:, :, None] + np.arange(group_size)).reshape(layers, experts)
+    nlog2log = _inverse(log2nlog)
+
+    # Step 2: replicas inside each node; rows are (layer, node) pairs from here on.
+    node_load = np.take_along_axis(weight, nlog2log, axis=1).reshape(layers * num_nodes, experts_per_node)
+    phy2nlog, replica_rank, nlogcnt = replicate_experts(node_load, num_physical // num_nodes)
+
+    # Step 3: the node's replicas onto its GPUs. "GPU-major" ids (gphy) are the final slot ids.
+    replica_load = np.take_along_axis(node_load / nlogcnt.astype(np.float32), phy2nlog, axis=1)
+    gpu_index, rank_in_gpu = balanced_packing(replica_load, num_gpus // num_nodes)
+    gphy2phy = _inverse(gpu_index * slots_per_gpu + rank_in_gpu)
+
+    gphy2nlog = np.take_along_axis(phy2nlog, gphy2phy, axis=1)
+    node_offset = (np.arange(num_nodes) * experts_per_node)[None, :, None]
+    gphy2nlog = (gphy2nlog.reshape(layers, num_nodes, -1) + node_offset).reshape(layers, num_physical)
+    phy2log = np.take_along_axis(nlog2log, gphy2nlog, axis=1)
+    rank = np.take_along_axis(replica_rank, gphy2phy, axis=1).reshape(layers, num_physical)
+    logcnt = np.take_along_axis(nlogcnt.reshape(layers, experts), log2nlog, axis=1)
+    return phy2log, rank, logcnt
+
+
+def rebalance_experts(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
+                      num_gpus: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DeepSeek EPLB's entry point.
+
+    weight: `[layers, E]` non-negative loads (token counts) of the logical experts.
+    num_replicas: `P`, physical experts per layer, a multiple of `num_gpus`, `>= E`.
+    num_groups: expert groups (`E % num_groups == 0`); hierarchical policy when
+        `num_groups % num_nodes == 0`, global policy otherwise.
+    Returns `phy2log` int64 `[layers, P]`, `log2phy` int64 `[layers, E, max(logcnt)]` (-1 padded,
+    replicas in the order they were created) and `logcnt` int64 `[layers, E]`.
+    """
+    weight = _check_weight(weight)
+    layers, experts = weight.shape
+    _check_shape(experts, num_replicas, num_groups, num_nodes, num_gpus)
+    if num_groups % num_nodes == 0:
+        phy2log, rank, logcnt = _rebalance_hierarchical(weight, num_replicas, num_groups, num_nodes, num_gpus)
+    else:
+        phy2log, rank, logcnt = _rebalance_hierarchical(weight, num_replicas, 1, 1, num_gpus)
+    width = int(logcnt.max())
+    log2phy = np.full((layers, experts * width), -1, dtype=np.int64)
+    np.put_along_axis(log2phy, phy2log * width + rank,
+                      np.broadcast_to(np.arange(num_replicas, dtype=np.int64), phy2log.shape), axis=1)
+    return phy2log, log2phy.reshape(layers, experts, width), logcnt
+
+
+def eplb_rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
+                   num_gpus: int) -> np.ndarray:
+    """int64 `[layers, P]`: the `phy2log` of `rebalance_experts` (arguments as there)."""
+    return rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)[0]
+
+
+def _check_weight(weight: np.ndarray) -> np.ndarray:
+    arr = np.asarray(weight)
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise InputError("weight", "a non-empty 2-D array [layers, logical experts]", f"shape {arr.shape}")
+    if arr.dtype.kind not in "iuf" or not np.isfinite(arr).all() or (arr < 0).any():
+        raise InputError("weight", "finite loads >= 0", f"dtype {arr.dtype}")
+    return arr.astype(np.float32)
+
+
+def _check_shape(experts: int, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int) -> None:
+    if num_gpus < 1 or num_replicas % num_gpus:
+        raise InputError("num_replicas", f"a multiple of num_gpus={num_gpus}", num_replicas)
+    if num_replicas < experts:
+        raise InputError("num_replicas", f"at least one slot per logical expert (>= {experts})", num_replicas)
+    if num_nodes < 1 or num_gpus % num_nodes:
+        raise InputError("num_nodes", f"a divisor of num_gpus={num_gpus}", num_nodes)
+    if num_groups < 1 or experts % num_groups:
+        raise InputError("num_groups", f"a divisor of the {experts} logical experts", num_groups)
+
+
+@register
+class EplbSolver:
+    """DeepSeek EPLB on one layer (hierarchical if the problem's groups divide by its nodes).
+
+    The plan is returned as EPLB makes it, two replicas of one expert on one GPU included
+    (then `detail["colocated"]` is True and the plan needs `allow_colocated=True`).
+    """
+
+    name: ClassVar[str] = "eplb"
+
+    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
+        from moe_place.solvers.bounds import window_lower_bound
+        from moe_place.solvers.evaluate import window_objective
+
+        start = time.perf_counter()
+        weight = problem.planning_loads()[layer:layer + 1]
+        phy2log = eplb_rebalance(weight, problem.num_physical, problem.num_groups or 1, problem.num_nodes,
+                                 problem.num_gpus)[0]
+        colocated = has_colocation(phy2log, problem.num_gpus)
+        objective = window_objective(problem, layer, phy2log)
+        bound = window_lower_bound(problem, layer)
+        return LayerSolution(phy2log, "heuristic", objective, min(bound, objective), time.perf_counter() - start,
+                             {"colocated": colocated})
+
+
+def has_colocation(phy2log: np.ndarray, num_gpus: int) -> bool:
+    """True when some GPU holds two replicas of one expert. phy2log: int `[P]` or `[layers, P]`."""
+    rows = np.atleast_2d(phy2log)
+    per_gpu = np.sort(rows.reshape(rows.shape[0], num_gpus, -1), axis=-1)
+    return bool((per_gpu[..., 1:] == per_gpu[..., :-1]).any())

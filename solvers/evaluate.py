@@ -1,0 +1,147 @@
+"""Per-layer figures of any placement on any loads, under the three split policies.
+
+Split policies (how an expert's dispatches are shared by its replicas, see the glossary):
+- `even`: each replica takes `1/logcnt` of its expert's load (what EPLB and the engines assume).
+- `local`: our model of SGLang's `static` dispatch. Tokens originate evenly on the `G` GPUs
+  (each GPU sends `w[e] / G` of expert `e`); a token whose own GPU holds a replica of `e` uses
+  it (split evenly if that GPU holds several), otherwise it is split evenly over all `logcnt[e]`
+  replicas. GPU `g` thus serves `w[e]/G * ([g holds e] + c[e,g] * (G - h[e]) / logcnt[e])`,
+  with `c[e,g]` replicas of `e` on `g` and `h[e]` GPUs holding `e`.
+- `optimal`: the per-batch split that minimises the busiest GPU (a linear program per layer and
+  window, solved with OR-Tools GLOP): choose `x[p] >= 0` per slot with
+  `sum_{p holds e} x[p] = w[e]`, minimise `max_g sum_{p on g} x[p]`.
+
+Figures per layer: `max_gpu_load` (busiest GPU; with several windows the windows' maxima
+combined by the objective: max, mean or quantile), `mean_gpu_load`, `balancedness`
+(mean / max, 1 for an idle layer; with several windows the mean of the per-window values),
+`lower_bound` (moe_place.solvers.bounds, valid for every split) and `gap`
+(`(max - bound) / max`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from moe_place.errors import InputError
+from moe_place.placement import Placement
+from moe_place.problem import SPLIT_POLICIES, PlacementProblem
+from moe_place.solvers.bounds import aggregate, windows_lower_bound
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """The figures of one layer (see the module docstring)."""
+
+    layer: int
+    max_gpu_load: float
+    mean_gpu_load: float
+    balancedness: float
+    lower_bound: float
+    gap: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def even_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np.ndarray:
+    """float64 `[windows, G]`: GPU loads of one layer's plan under the even split.
+
+    phy2log: int `[P]` (colocated replicas allowed); loads: `[windows, E]` or `[E]`.
+    """
+    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
+    counts = np.bincount(phy2log, minlength=loads.shape[1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(counts > 0, loads / np.maximum(counts, 1), 0.0)
+    return share[:, phy2log].reshape(loads.shape[0], num_gpus, -1).sum(axis=-1)
+
+
+def local_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np.ndarray:
+    """float64 `[windows, G]`: GPU loads of one layer's plan under the local split (see above)."""
+    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
+    experts = loads.shape[1]
+    slots = phy2log.size // num_gpus
+    gpu = np.arange(phy2log.size) // slots
+    copies = np.zeros((num_gpus, experts))
+    np.add.at(copies, (gpu, phy2log), 1.0)
+    logcnt = copies.sum(axis=0)
+    holders = (copies > 0).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        remote = np.where(logcnt > 0, (num_gpus - holders) / np.maximum(logcnt, 1), 0.0)
+    weight = (copies > 0) + copies * remote  # [G, E]: multiples of w[e] / G served by GPU g
+    return loads @ weight.T / num_gpus
+
+
+def optimal_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np.ndarray:
+    """float64 `[windows]`: the busiest GPU's load under the optimal split (one LP per window)."""
+    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
+    return np.array([_optimal_max(phy2log, row, num_gpus) for row in loads])
+
+
+def _optimal_max(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> float:
+    """Min over splits of the busiest GPU's load: LP on the slots of one layer and window."""
+    from ortools.linear_solver import pywraplp
+
+    total = float(load.sum())
+    if total <= 0:
+        return 0.0
+    scale = total  # solve in units of the layer's total load: tolerances stay relative
+    slots = phy2log.size // num_gpus
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    busiest = solver.NumVar(0.0, solver.infinity(), "busiest")
+    share = [solver.NumVar(0.0, solver.infinity(), f"x{p}") for p in range(phy2log.size)]
+    by_expert: dict[int, list] = {}
+    for p, expert in enumerate(phy2log.tolist()):
+        by_expert.setdefault(expert, []).append(share[p])
+    for expert, parts in by_expert.items():  # every dispatch is served by some replica
+        solver.Add(solver.Sum(parts) == float(load[expert]) / scale)
+    for g in range(num_gpus):  # no GPU above the busiest
+        solver.Add(solver.Sum(share[g * slots:(g + 1) * slots]) <= busiest)
+    solver.Minimize(busiest)
+    status = solver.Solve()
+    assert status == pywraplp.Solver.OPTIMAL, status
+    return float(busiest.solution_value()) * scale
+
+
+def layer_figures(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int, split: str = "even",
+                  objective: str = "max", quantile: float = 0.9, layer: int = 0,
+                  lower_bound: float | None = None) -> LayerReport:
+    """The figures of one layer. phy2log: int `[P]`; loads: `[windows, E]` or `[E]`."""
+    if split not in SPLIT_POLICIES:
+        raise InputError("split", f"one of {', '.join(SPLIT_POLICIES)}", split)
+    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
+    mean = loads.sum(axis=1) / num_gpus  # [windows]
+    if split == "optimal":
+        busiest = optimal_gpu_loads(phy2log, loads, num_gpus)
+    else:
+        per_gpu = (even_gpu_loads if split == "even" else local_gpu_loads)(phy2log, loads, num_gpus)
+        busiest = per_gpu.max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        balance = np.where(busiest > 0, mean / np.where(busiest > 0, busiest, 1.0), 1.0)
+    top = aggregate(busiest, objective, quantile)
+    if lower_bound is None:
+        lower_bound = windows_lower_bound(loads, num_gpus, phy2log.size, objective, quantile)
+    lower_bound = min(lower_bound, top) if split == "optimal" else lower_bound  # LP tolerance
+    gap = max(0.0, (top - lower_bound) / top) if top > 0 else 0.0
+    return LayerReport(layer, top, float(mean.mean()), float(balance.mean()), float(lower_bound), gap)
+
+
+def evaluate_placement(placement: Placement, loads: np.ndarray, split: str = "even", objective: str = "max",
+                       quantile: float = 0.9, layer_ids: tuple[int, ...] | None = None) -> list[LayerReport]:
+    """Figures of every layer of `placement` on `loads` `[layers, E]` or `[windows, layers, E]`."""
+    loads = np.asarray(loads, dtype=np.float64)
+    if loads.ndim == 2:
+        loads = loads[None]
+    if loads.ndim != 3 or loads.shape[1:] != (placement.num_layers, placement.num_logical_experts):
+        raise InputError("loads", f"[windows, {placement.num_layers} layers, {placement.num_logical_experts} experts]",
+                         f"shape {loads.shape}")
+    ids = layer_ids or tuple(range(placement.num_layers))
+    return [layer_figures(placement.phy2log[i], loads[:, i, :], placement.num_gpus, split, objective, quantile,
+                          ids[i]) for i in range(placement.num_layers)]
+
+
+def window_objective(problem: PlacementProblem, layer: int, phy2log: np.ndarray) -> float:
+    """The objective solvers minimise: the even-split busiest load of one layer, windows combined."""
+    busiest = even_gpu_loads(np.asarray(phy2log), problem.layer_loads(layer), problem.num_gpus).max(axis=1)
+    return problem.aggregate(busiest)
