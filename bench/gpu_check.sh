@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU validation run of moe-place, in one script (issue 7): under 5 minutes on one H100/H200.
+#
+#   bash bench/gpu_check.sh              # on a GPU machine, from the repository root
+#   bash bench/gpu_check.sh --dry-run    # on a CPU: Triton interpreter, tiny sizes (about a minute)
+#
+# Steps: (1) make `moe_place` importable (offline `pip install -e .` if needed), (2) record the
+# machine, (3) the GPU kernel tests (`pytest -m gpu`, skipped in a dry run), (4) the microbenchmarks
+# (`bench/microbench.py all`), (5) the markdown report with plots (`moe-place report`).
+# Writes bench/results/<tag>.json, <tag>.md (+ PNGs) and <tag>.log; the tag names the GPU and time.
+# Environment: PYTHON (default: .venv/bin/python when present, else python3), RESULTS (default
+# bench/results), BENCH_TIMEOUT seconds for the microbenchmarks (default 240).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+DRY=""
+for arg in "$@"; do
+  case $arg in
+    --dry-run) DRY="--dry-run" ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: error: unknown argument $arg (expected --dry-run)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+RESULTS=${RESULTS:-bench/results}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
+mkdir -p "$RESULTS"
+started=$(date +%s)
+step() { echo "== [$(( $(date +%s) - started ))s] $*" >&2; }
+
+# 1. the package, installed offline if it is not importable yet
+step "python: $PYTHON"
+if ! "$PYTHON" -c "import moe_place.kernels.grouped_gemm" 2>/dev/null; then
+  step "installing moe-place (editable, offline, no dependencies)"
+  "$PYTHON" -m pip install --no-deps --no-build-isolation --no-index -e . >&2 \
+    || { echo "gpu_check.sh: error: pip install -e . failed" >&2; exit 2; }
+fi
+"$PYTHON" - <<'PY' >&2 || { echo "gpu_check.sh: error: torch/triton/numpy missing" >&2; exit 2; }
+import importlib
+for name in ("numpy", "torch", "triton", "networkx", "matplotlib"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"   {name} {getattr(mod, '__version__', '?')}")
+    except ImportError:
+        print(f"   {name} MISSING" + ("" if name in ("networkx", "matplotlib") else " (required)"))
+        if name not in ("networkx", "matplotlib"):
+            raise
+PY
+
+# 2. the machine
+if [ -z "$DRY" ]; then
+  if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_check.sh: error: no CUDA GPU visible to torch (use --dry-run on a CPU)" >&2; exit 2
+  fi
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit,driver_version --format=csv >&2 || true
+  gpu=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0))" | tr -c 'A-Za-z0-9\n' '_' | tr -s '_')
+else
+  export TRITON_INTERPRET=1
+  gpu="cpu_dry_run"
+fi
+tag="${gpu}_$(date -u +%Y%m%dT%H%M%SZ)"
+log="$RESULTS/$tag.log"
+status=0
+
+# 3. kernel tests: on a GPU the @pytest.mark.gpu tests plus the kernel tests compiled for real
+if [ -z "$DRY" ]; then
+  step "GPU kernel tests"
+  timeout 120 "$PYTHON" -m pytest -q -x tests/test_kernels_gemm.py tests/test_kernels_dispatch.py 2>&1 | tee -a "$log" >&2
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check.sh: kernel tests failed (continuing to the benchmarks)" >&2; status=1; }
+fi
+
+# 4. microbenchmarks
+step "microbenchmarks -> $RESULTS/$tag.json"
+timeout "$BENCH_TIMEOUT" "$PYTHON" bench/microbench.py all $DRY --output-json "$RESULTS/$tag.json" 2>&1 | tee -a "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check.sh: error: microbenchmarks failed or timed out (see $log)" >&2; exit 1; }
+
+# 5. report: markdown + PNGs next to the JSON
+step "report -> $RESULTS/$tag.md"
+report_dir=$(mktemp -d)
+if "$PYTHON" -m moe_place.cli.main report "$RESULTS/$tag.json" --out "$report_dir" > /dev/null 2>>"$log"; then
+  for f in "$report_dir"/*.png; do [ -e "$f" ] && cp "$f" "$RESULTS/"; done
+  cp "$report_dir/report.md" "$RESULTS/$tag.md"
+else
+  echo "gpu_check.sh: report with plots failed; writing markdown only" >&2
+  "$PYTHON" -m moe_place.cli.main report "$RESULTS/$tag.json" --out "$report_dir" --no-plots > /dev/null \
+    && cp "$report_dir/report.md" "$RESULTS/$tag.md" || status=1
+fi
+rm -rf "$report_dir"
+step "done (status $status): $RESULTS/$tag.json $RESULTS/$tag.md"
+exit $status

@@ -1,0 +1,669 @@
+"""Microbenchmarks: grouped GEMM padding, EP skew, replica payback, dispatch/combine; predicted vs measured.
+
+Every row puts the cost model's prediction (`moe_place.cost`) beside a measurement of the same
+work, and their ratio (measured / predicted). Two predictions are given:
+
+    predicted_catalog_s   datasheet peaks x efficiency (0.5) of the GPU part (the model as users run it);
+    predicted_s           the same formulas with the rates measured in this run (dense BF16 matmul
+                          FLOP/s, device-to-device copy bandwidth): it tests the model's *shape*
+                          (padding, tiles, skew, payback) apart from its peak figures.
+
+On a GPU the measured path is the Triton kernel (`moe_place.kernels`). On a CPU (`--dry-run`, or no
+GPU) the kernels run once in the Triton interpreter to check them against the torch reference at
+tiny sizes, and the timings are of the torch reference path, labelled "CPU timings": they check
+shapes, padded-row counts and bytes, not GPU speed.
+
+Usage:
+    python bench/microbench.py all --output-json bench/results/run.json          # on a GPU (~3 min)
+    python bench/microbench.py all --dry-run --output-json /tmp/dry.json         # CPU, seconds
+    python bench/microbench.py padding --block-m 16,32,64,128 --gpu H200
+Sections: calibrate (always), padding, gemm, skew, payback, dispatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+SECTIONS = ("padding", "gemm", "skew", "payback", "dispatch")
+
+
+# ---------------------------------------------------------------------------------------- sizes
+@dataclass(frozen=True)
+class Sizes:
+    """Problem sizes of one run; `full()` for a Hopper GPU, `dry()` for the CPU interpreter."""
+
+    hidden: int                 # padding/skew/dispatch expert shape (Qwen3-30B-A3B: 2048 x 768)
+    intermediate: int
+    padding_experts: int
+    padding_rows: tuple[int, ...]
+    block_ms: tuple[int, ...]
+    gemm_hidden: int            # gemm/payback expert shape (Qwen3-235B-A22B: 4096 x 1536, 36 MiB)
+    gemm_intermediate: int
+    gemm_rows: tuple[int, ...]
+    skew_experts: int
+    skew_gpus: int
+    skew_total_rows: int
+    payback_rows: int           # rows of each hot expert (C9: 128 tokens x top-8 over 8 hot experts)
+    payback_block_m: int        # C9: 64, so a hot expert's rows halve from two M-tiles to one
+    dispatch_tokens: int        # tokens of the Qwen3 trace step (0 = all)
+    calib_matmul: int
+    calib_copy_bytes: int
+    block_n: int = 128
+    block_k: int = 64
+    reps: int = 10
+
+    @classmethod
+    def full(cls) -> "Sizes":
+        return cls(hidden=2048, intermediate=768, padding_experts=8,
+                   padding_rows=(1, 8, 16, 17, 32, 33, 64, 65, 128, 129, 256, 512, 1024, 2048, 4096),
+                   block_ms=(16, 32, 64, 128), gemm_hidden=4096, gemm_intermediate=1536,
+                   gemm_rows=(64, 128, 256, 512, 1024, 2048, 4096), skew_experts=128, skew_gpus=8,
+                   skew_total_rows=16384, payback_rows=128, payback_block_m=64, dispatch_tokens=0, calib_matmul=8192,
+                   calib_copy_bytes=1 << 30)
+
+    @classmethod
+    def dry(cls) -> "Sizes":
+        return cls(hidden=64, intermediate=128, padding_experts=4, padding_rows=(1, 17, 33),
+                   block_ms=(16, 32), gemm_hidden=64, gemm_intermediate=128, gemm_rows=(16, 64),
+                   skew_experts=16, skew_gpus=4, skew_total_rows=256, payback_rows=64, payback_block_m=32, dispatch_tokens=64,
+                   calib_matmul=256, calib_copy_bytes=1 << 22, block_k=64, reps=2)
+
+
+# ---------------------------------------------------------------------------------------- timing
+class Timer:
+    """The one timing helper: median seconds of `fn` over `reps` runs after a warm-up.
+
+    On a GPU each run is timed with CUDA events after flushing L2 (a 256 MiB write), so weights
+    are read from HBM as the model assumes. On a CPU, `time.perf_counter`.
+    """
+
+    def __init__(self, device, reps: int):
+        import torch
+
+        self.torch, self.device, self.reps = torch, device, reps
+        self.cuda = device.type == "cuda"
+        self.flush = torch.empty(256 << 20, dtype=torch.int8, device=device) if self.cuda else None
+
+    def __call__(self, fn, reps: int | None = None) -> float:
+        torch, reps = self.torch, reps or self.reps
+        times = []
+        if self.cuda:
+            fn()  # warm-up (and Triton compile)
+            torch.cuda.synchronize()
+            for _ in range(reps):
+                self.flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+        else:
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+
+# ---------------------------------------------------------------------------------------- context
+@dataclass
+class Context:
+    """What every section needs: device, sizes, timer, the GPU part, measured rates."""
+
+    device: object
+    sizes: Sizes
+    timer: Timer
+    gpu_part: object
+    on_gpu: bool
+    flops_per_s: float = 0.0        # measured dense BF16 matmul
+    copy_bytes_per_s: float = 0.0   # measured device-to-device copy (read + write)
+    alpha_s: float = 0.0            # measured cost of a tiny copy (launch overhead)
+    checks: list = field(default_factory=list)
+
+    @property
+    def timing(self) -> str:
+        return "gpu" if self.on_gpu else "CPU timings (torch reference path)"
+
+
+def environment(ctx: Context) -> dict:
+    """GPU name, SM count, clocks (nvidia-smi), versions: recorded with every result."""
+    import torch
+    import triton
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "platform": platform.platform(), "cpu_count": os.cpu_count(),
+           "device": str(ctx.device), "timing": ctx.timing,
+           "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"), "gpu_part": ctx.gpu_part.name}
+    if ctx.on_gpu:
+        props = torch.cuda.get_device_properties(ctx.device)
+        env.update(gpu_name=props.name, sm_count=props.multi_processor_count,
+                   gpu_memory_bytes=props.total_memory, compute_capability=f"{props.major}.{props.minor}")
+        env["nvidia_smi"] = _nvidia_smi()
+    return env
+
+
+def _nvidia_smi() -> dict:
+    query = "name,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,driver_version,temperature.gpu"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return {}
+    return dict(zip(query.split(","), (v.strip() for v in out.split(","))))
+
+
+def calibrate(ctx: Context) -> dict:
+    """Measured rates the calibrated predictions use: dense BF16 matmul FLOP/s, copy bytes/s, alpha."""
+    torch = ctx.timer.torch
+    n = ctx.sizes.calib_matmul
+    dtype = torch.bfloat16 if ctx.on_gpu else torch.float32
+    a = torch.randn(n, n, device=ctx.device, dtype=dtype)
+    b = torch.randn(n, n, device=ctx.device, dtype=dtype)
+    t_mm = ctx.timer(lambda: torch.matmul(a, b))
+    src = torch.empty(ctx.sizes.calib_copy_bytes, dtype=torch.uint8, device=ctx.device)
+    dst = torch.empty_like(src)
+    t_copy = ctx.timer(lambda: dst.copy_(src))
+    tiny_src = torch.empty(4096, dtype=torch.uint8, device=ctx.device)
+    tiny_dst = torch.empty_like(tiny_src)
+    ctx.alpha_s = ctx.timer(lambda: tiny_dst.copy_(tiny_src))
+    ctx.flops_per_s = 2 * n ** 3 / t_mm
+    # a copy reads and writes every byte: HBM traffic is 2x the size; the copy *rate* is size/time
+    ctx.copy_bytes_per_s = src.numel() / t_copy
+    hbm_bytes_per_s = 2 * src.numel() / t_copy
+    del a, b, src, dst
+    return {"matmul_n": n, "matmul_dtype": str(dtype), "matmul_s": t_mm, "dense_flops_per_s": ctx.flops_per_s,
+            "copy_bytes": ctx.sizes.calib_copy_bytes, "copy_s": t_copy, "copy_bytes_per_s": ctx.copy_bytes_per_s,
+            "hbm_bytes_per_s": hbm_bytes_per_s, "alpha_s": ctx.alpha_s,
+            "catalog_flops_per_s": ctx.gpu_part.flops_per_s, "catalog_hbm_bytes_per_s": ctx.gpu_part.memory_bytes_per_s}
+
+
+# ---------------------------------------------------------------------------------------- expert work
+class ExpertBank:
+    """Random BF16 weights for `experts` experts of one shape, reused by every run of that shape."""
+
+    def __init__(self, ctx: Context, experts: int, hidden: int, intermediate: int, seed: int = 0):
+        torch = ctx.timer.torch
+        gen = torch.Generator(device=ctx.device).manual_seed(seed)
+        dtype = torch.bfloat16
+        self.hidden, self.intermediate = hidden, intermediate
+        self.w13 = (torch.randn(experts, 2 * intermediate, hidden, device=ctx.device, generator=gen)
+                    / hidden ** 0.5).to(dtype)
+        self.w2 = (torch.randn(experts, hidden, intermediate, device=ctx.device, generator=gen)
+                   / intermediate ** 0.5).to(dtype)
+
+
+def run_expert_work(ctx: Context, bank: ExpertBank, rows_per_expert, block_m: int, check: bool = False,
+                    padded: bool = True) -> dict:
+    """Time the grouped expert MLP on `rows_per_expert` rows; count padded rows from the kernel's layout.
+
+    On a GPU: the Triton kernel. On a CPU: the torch reference is timed; with `check` the Triton
+    kernel also runs once in the interpreter and must match the reference.
+    """
+    torch = ctx.timer.torch
+    from moe_place.kernels.align import layout_from_rows
+    from moe_place.kernels.grouped_gemm import expert_mlp, expert_mlp_torch
+
+    rows = np.asarray(rows_per_expert, dtype=np.int64)
+    experts = len(rows)
+    layout = layout_from_rows(rows, block_m, device=ctx.device)
+    w13, w2 = bank.w13[:experts], bank.w2[:experts]
+    x = torch.randn(layout.num_pairs, bank.hidden, device=ctx.device).to(torch.bfloat16)
+    num_warps = 8 if block_m >= 128 else 4
+
+    def kernel():
+        return expert_mlp(x, w13, w2, layout, padded=padded, block_n=ctx.sizes.block_n, block_k=ctx.sizes.block_k,
+                          num_warps=num_warps)
+
+    def reference():
+        return expert_mlp_torch(x, w13, w2, layout.rows_per_expert)
+
+    if check:
+        got, want = kernel().float(), reference()
+        err = float((got - want).abs().max()) if got.numel() else 0.0
+        scale = float(want.abs().max()) if want.numel() else 1.0
+        ok = err <= 0.05 * max(scale, 1.0)
+        ctx.checks.append({"what": f"expert_mlp rows={rows.tolist()[:4]}... block_m={block_m}", "max_abs_err": err,
+                           "ref_max_abs": scale, "ok": ok})
+        if not ok:
+            raise AssertionError(f"grouped GEMM differs from the torch reference: max error {err} (scale {scale})")
+    measured = ctx.timer(kernel if ctx.on_gpu else reference)
+    return {"measured_s": measured, "valid_rows": int(rows.sum()), "kernel_padded_rows": layout.num_padded_rows,
+            "tiles": layout.num_tiles}
+
+
+def predict_s(ctx: Context, rows_per_expert, hidden: int, intermediate: int, block_m: int, catalog: bool = False) -> float:
+    """The cost model's time for one GPU's grouped GEMM (formula 1 with formulas 4 and 5)."""
+    from moe_place.cost.gemm import expert_time_s
+
+    flops = ctx.gpu_part.flops_per_s if catalog else ctx.flops_per_s
+    hbm = ctx.gpu_part.memory_bytes_per_s if catalog else 2 * ctx.copy_bytes_per_s
+    return expert_time_s(np.asarray(rows_per_expert), hidden, intermediate, 2, flops, hbm, weights="tiles",
+                         block_m=block_m, block_n=ctx.sizes.block_n)
+
+
+def _ratio(measured: float, predicted: float) -> float | None:
+    return measured / predicted if predicted > 0 else None
+
+
+# ---------------------------------------------------------------------------------------- sections
+def section_padding(ctx: Context) -> dict:
+    """Padding staircase: E experts with r rows each, BLOCK_M swept; useful vs executed TFLOP/s."""
+    from moe_place.cost.gemm import padded_rows
+    from moe_place.kernels.grouped_gemm import mlp_flops
+
+    s = ctx.sizes
+    bank = ExpertBank(ctx, s.padding_experts, s.hidden, s.intermediate)
+    rows_out = []
+    for block_m in s.block_ms:
+        for i, r in enumerate(s.padding_rows):
+            rows = [r] * s.padding_experts
+            m = run_expert_work(ctx, bank, rows, block_m, check=(i == 0 or not ctx.on_gpu and r == s.padding_rows[-1]))
+            predicted_padded = padded_rows(rows, block_m)
+            assert m["kernel_padded_rows"] == predicted_padded, "kernel layout and cost model disagree on padding"
+            pred, pred_cat = (predict_s(ctx, rows, s.hidden, s.intermediate, block_m, catalog=c) for c in (False, True))
+            useful = mlp_flops(m["valid_rows"], s.hidden, s.intermediate)
+            executed = mlp_flops(m["kernel_padded_rows"], s.hidden, s.intermediate)
+            rows_out.append({"block_m": block_m, "rows_per_expert": r, "experts": s.padding_experts,
+                             "valid_rows": m["valid_rows"], "padded_rows_kernel": m["kernel_padded_rows"],
+                             "padded_rows_predicted": predicted_padded,
+                             "padding_ratio": m["kernel_padded_rows"] / m["valid_rows"],
+                             "useful_tflops": useful / m["measured_s"] / 1e12,
+                             "executed_tflops": executed / m["measured_s"] / 1e12,
+                             "measured_s": m["measured_s"], "predicted_s": pred, "predicted_catalog_s": pred_cat,
+                             "ratio": _ratio(m["measured_s"], pred)})
+    return {"hidden": s.hidden, "intermediate": s.intermediate, "block_n": s.block_n, "block_k": s.block_k,
+            "rows": rows_out}
+
+
+def section_gemm(ctx: Context) -> dict:
+    """Grouped GEMM vs dense torch.matmul (same rows, one expert's weights) in BF16."""
+    torch = ctx.timer.torch
+    from moe_place.kernels.grouped_gemm import mlp_flops
+
+    s = ctx.sizes
+    experts = 8
+    bank = ExpertBank(ctx, experts, s.gemm_hidden, s.gemm_intermediate, seed=1)
+    out = []
+    for i, r in enumerate(s.gemm_rows):
+        rows = [r] * experts
+        block_m = 64 if r < 256 else 128
+        m = run_expert_work(ctx, bank, rows, block_m, check=(i == 0))
+        x = torch.randn(r * experts, s.gemm_hidden, device=ctx.device).to(torch.bfloat16)
+        w13, w2 = bank.w13[0], bank.w2[0]
+        if not ctx.on_gpu:
+            x, w13, w2 = x.float(), w13.float(), w2.float()
+
+        def dense():
+            gate_up = torch.matmul(x, w13.T)
+            act = torch.nn.functional.silu(gate_up[:, :s.gemm_intermediate]) * gate_up[:, s.gemm_intermediate:]
+            return torch.matmul(act, w2.T)
+
+        t_dense = ctx.timer(dense)
+        flops = mlp_flops(m["valid_rows"], s.gemm_hidden, s.gemm_intermediate)
+        pred = predict_s(ctx, rows, s.gemm_hidden, s.gemm_intermediate, block_m)
+        out.append({"rows_per_expert": r, "experts": experts, "block_m": block_m, "grouped_s": m["measured_s"],
+                    "dense_s": t_dense, "grouped_tflops": flops / m["measured_s"] / 1e12,
+                    "dense_tflops": flops / t_dense / 1e12, "grouped_over_dense": t_dense / m["measured_s"],
+                    "measured_s": m["measured_s"], "predicted_s": pred, "ratio": _ratio(m["measured_s"], pred)})
+    return {"hidden": s.gemm_hidden, "intermediate": s.gemm_intermediate, "block_n": s.block_n,
+            "block_k": s.block_k, "rows": out}
+
+
+def skew_loads(ctx: Context) -> dict[str, np.ndarray]:
+    """Loads per logical expert with the same total: uniform, Zipf(1.0), one hot expert, real Qwen3 layers."""
+    s = ctx.sizes
+    total, experts = s.skew_total_rows, s.skew_experts
+    rng = np.random.default_rng(0)
+    zipf = 1.0 / np.arange(1, experts + 1)
+    hot = np.full(experts, 0.75 / (experts - 1))
+    hot[0] = 0.25
+    loads = {"uniform": np.full(experts, 1.0 / experts), "zipf": rng.permutation(zipf / zipf.sum()), "hot_expert": hot}
+    from moe_place.traces.bundled import bundled_path
+    from moe_place.traces.load import load_trace
+
+    trace = load_trace(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))
+    counts = trace.step_counts()[0]  # [layers, 128] of the first recording
+    skew = counts.max(axis=1) / counts.mean(axis=1)
+    for name, layer in (("qwen3_most_skewed_layer", int(np.argmax(skew))), ("qwen3_median_layer", int(np.argsort(skew)[len(skew) // 2]))):
+        share = counts[layer].astype(np.float64)
+        if experts != share.size:  # dry run: fold the 128 experts onto fewer
+            share = share.reshape(experts, -1).sum(axis=1)
+        loads[f"{name}_{layer}"] = share / share.sum()
+    return {name: _integer_rows(p, total) for name, p in loads.items()}
+
+
+def _integer_rows(share: np.ndarray, total: int) -> np.ndarray:
+    """Largest-remainder rounding of `share * total` to integers summing to `total`."""
+    raw = share * total
+    rows = np.floor(raw).astype(np.int64)
+    rows[np.argsort(-(raw - rows), kind="stable")[:total - rows.sum()]] += 1
+    return rows
+
+
+def slot_rows(load: np.ndarray, phy2log: np.ndarray) -> np.ndarray:
+    """int64 `[P]`: rows of each slot when an expert's rows are dealt round-robin over its replicas."""
+    out = np.zeros(phy2log.size, dtype=np.int64)
+    for expert in range(load.size):
+        slots = np.flatnonzero(phy2log == expert)
+        share, extra = divmod(int(load[expert]), slots.size)
+        out[slots] = share
+        out[slots[:extra]] += 1
+    return out
+
+
+def section_skew(ctx: Context) -> dict:
+    """Busiest-rank time vs balanced at equal total rows; EP ranks emulated one after another."""
+    from moe_place.analysis.replicate_hottest import replicate_hottest
+    from moe_place.cost.gemm import layer_time
+    from moe_place.placement import Placement
+
+    s = ctx.sizes
+    experts, gpus = s.skew_experts, s.skew_gpus
+    per_gpu = experts // gpus
+    block_m = 64
+    bank = ExpertBank(ctx, per_gpu + 1, s.hidden, s.intermediate, seed=2)
+    cases = []
+    loads = skew_loads(ctx)
+    for name, load in loads.items():
+        placements = {"contiguous": Placement.contiguous(1, experts, gpus)}
+        if name.startswith("qwen3") or name == "hot_expert":
+            placements["replicate_hottest+1"] = replicate_hottest(load[None, :].astype(np.float64), gpus, 1)
+        for pname, placement in placements.items():
+            slots = slot_rows(load, placement.phy2log[0]).reshape(gpus, -1)
+            measured = [run_expert_work(ctx, bank, slots[g], block_m, check=(g == 0 and not cases))["measured_s"]
+                        for g in range(gpus)]
+            predicted = layer_time([slots[g] for g in range(gpus)], s.hidden, s.intermediate, 2, ctx.flops_per_s,
+                                   2 * ctx.copy_bytes_per_s, weights="tiles", block_m=block_m, block_n=s.block_n).times_s
+            cases.append({"load": name, "placement": pname, "rows_per_gpu": slots.sum(axis=1).tolist(),
+                          "measured_per_gpu_s": measured, "predicted_per_gpu_s": predicted.tolist(),
+                          "busiest_measured_s": max(measured), "busiest_predicted_s": float(predicted.max()),
+                          "mean_measured_s": float(np.mean(measured))})
+    balanced = next(c for c in cases if c["load"] == "uniform")
+    for c in cases:
+        c["skew_measured"] = c["busiest_measured_s"] / balanced["busiest_measured_s"]
+        c["skew_predicted"] = c["busiest_predicted_s"] / balanced["busiest_predicted_s"]
+        c["ratio"] = c["skew_measured"] / c["skew_predicted"]
+        c["busiest_ratio"] = _ratio(c["busiest_measured_s"], c["busiest_predicted_s"])
+    return {"experts": experts, "gpus": gpus, "total_rows": s.skew_total_rows, "block_m": block_m,
+            "hidden": s.hidden, "intermediate": s.intermediate, "cases": cases}
+
+
+def section_payback(ctx: Context) -> dict:
+    """SPEC C9 shape: 8 hot experts on GPU 0; replicate 7 to GPUs 1..7 so GPU 0 keeps 128 + 7x64 rows."""
+    torch = ctx.timer.torch
+    from moe_place.cost.payback import Copy, payback
+    from moe_place.cost.topology import build_cluster
+
+    s = ctx.sizes
+    hidden, inter, block_m = s.gemm_hidden, s.gemm_intermediate, s.payback_block_m
+    bank = ExpertBank(ctx, 8, hidden, inter, seed=3)
+    r = s.payback_rows
+    before, after = [r] * 8, [r] + [r // 2] * 7
+    t_before = run_expert_work(ctx, bank, before, block_m, check=True)["measured_s"]
+    t_after = run_expert_work(ctx, bank, after, block_m)["measured_s"]
+    dt_measured = t_before - t_after
+    dt_predicted = predict_s(ctx, before, hidden, inter, block_m) - predict_s(ctx, after, hidden, inter, block_m)
+    dt_catalog = (predict_s(ctx, before, hidden, inter, block_m, catalog=True)
+                  - predict_s(ctx, after, hidden, inter, block_m, catalog=True))
+    # copies: 7 experts' weights (w13 + w2 of one expert), one after another, device to device
+    expert_bytes = (bank.w13[0].numel() + bank.w2[0].numel()) * bank.w13.element_size()
+    dst13, dst2 = torch.empty_like(bank.w13[:7]), torch.empty_like(bank.w2[:7])
+
+    def copy_seven():
+        for e in range(7):
+            dst13[e].copy_(bank.w13[e + 1])
+            dst2[e].copy_(bank.w2[e + 1])
+
+    t_copy = ctx.timer(copy_seven)
+    copy_bw = 7 * expert_bytes / t_copy
+    copies = [Copy(0, g, float(expert_bytes)) for g in range(1, 8)]
+    # the model with the rates calibrated in this run: copy bandwidth of a 1 GiB copy, alpha of a tiny
+    # copy per launch (two launches per expert: w13 and w2)
+    calibrated = build_cluster(ctx.gpu_part, 1, 8, nvlink_bytes_per_s=ctx.copy_bytes_per_s)
+    model = payback(calibrated, copies, dt_predicted, alpha_s=2 * ctx.alpha_s)
+    model_measured_dt = payback(calibrated, copies, dt_measured, alpha_s=2 * ctx.alpha_s) if dt_measured > 0 else None
+    nvlink = payback(build_cluster(ctx.gpu_part, 1, 8), copies, dt_catalog, alpha_s=5e-6)
+    n_min_measured = int(np.floor(t_copy / dt_measured)) + 1 if dt_measured > 0 else None
+    n = np.arange(0, 65)
+    return {"hidden": hidden, "intermediate": inter, "block_m": block_m, "block_n": s.block_n,
+            "rows_before": before, "rows_after": after, "expert_bytes": expert_bytes,
+            "t_before_s": t_before, "t_after_s": t_after,
+            "saving_measured_s": dt_measured, "saving_predicted_s": dt_predicted, "saving_catalog_s": dt_catalog,
+            "saving_ratio": _ratio(dt_measured, dt_predicted),
+            "copy_measured_s": t_copy, "copy_bytes_per_s": copy_bw, "copy_predicted_s": model.copy_time_s,
+            "copy_ratio": _ratio(t_copy, model.copy_time_s), "copy_model_bytes_per_s": ctx.copy_bytes_per_s,
+            "copy_path": "device-to-device on one GPU (stands in for the NVLink copy)",
+            "n_min_measured": n_min_measured, "n_min_predicted": model.n_min,
+            "n_min_model_with_measured_saving": model_measured_dt.n_min if model_measured_dt else None,
+            "nvlink_catalog": {"copy_s": nvlink.copy_time_s, "saving_s": dt_catalog, "n_min": nvlink.n_min},
+            "curve": {"batches": n.tolist(), "measured_net_s": (n * dt_measured - t_copy).tolist(),
+                      "predicted_net_s": model.net_gain_s(n).tolist(),
+                      "nvlink_catalog_net_s": nvlink.net_gain_s(n).tolist()}}
+
+
+def section_dispatch(ctx: Context) -> dict:
+    """Dispatch/combine per rank for a Qwen3 layer on EP ranks: bytes (checked) and local pack/combine time.
+
+    The all-to-all itself needs several GPUs; here each rank's send buffer is packed and its combine
+    run on this device, one rank after another. Bytes come from the kernels' send plans and are
+    compared with `moe_place.analysis.dispatch.dispatch_matrix` (the traffic matrix `a`); the
+    transfer time is the model's formula 3 on an NVLink node (a prediction, not measured here).
+    """
+    torch = ctx.timer.torch
+    from moe_place.analysis.dispatch import dispatch_matrix, token_sources
+    from moe_place.cost.topology import build_cluster
+    from moe_place.cost.traffic import phase_lower_bound
+    from moe_place.kernels.combine import combine, combine_torch
+    from moe_place.kernels.dispatch import gather_rows, gather_rows_torch, send_plan, split_tokens
+    from moe_place.placement import Placement
+    from moe_place.traces.bundled import bundled_path
+    from moe_place.traces.load import load_trace
+
+    s = ctx.sizes
+    gpus, hidden = 8, s.hidden
+    trace = load_trace(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))
+    ids_all = trace.topk_ids[0]
+    counts = trace.step_counts()[0]
+    layer = int(np.argmax(counts.max(axis=1) / counts.mean(axis=1)))
+    ids = ids_all[: s.dispatch_tokens or None, layer, :].astype(np.int64)
+    tokens, top_k = ids.shape
+    placement = Placement.contiguous(1, 128, gpus)
+    phy2log = torch.from_numpy(np.array(placement.phy2log[0])).to(ctx.device)
+    bounds = split_tokens(tokens, gpus)
+    a_model = dispatch_matrix(ids, token_sources(tokens, gpus, "blocks"), placement, 0, gpus)
+    dtype = torch.bfloat16
+    row_bytes = hidden * 2
+    x_all = torch.randn(tokens, hidden, device=ctx.device).to(dtype)
+    weights_all = torch.softmax(torch.randn(tokens, top_k, device=ctx.device), dim=1)
+    gather = gather_rows if ctx.on_gpu else gather_rows_torch
+    merge = combine if ctx.on_gpu else combine_torch
+    per_rank, a_kernel = [], np.zeros((gpus, gpus), dtype=np.int64)
+    for rank in range(gpus):
+        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+        ids_r = torch.from_numpy(ids[lo:hi]).to(ctx.device)
+        plan = send_plan(ids_r, phy2log, gpus, rank, "even")
+        a_kernel[rank] = plan.send_counts.cpu().numpy()
+        x, w = x_all[lo:hi], weights_all[lo:hi].contiguous()
+        token_of_row = plan.token_of_row
+        if rank == 0:  # the Triton kernels against the torch references (interpreter on a CPU)
+            sent = gather_rows(x, token_of_row)
+            ok = bool(torch.equal(sent, gather_rows_torch(x, token_of_row)))
+            err = float((combine(sent, plan.row_of_pair, w).float()
+                         - combine_torch(sent, plan.row_of_pair, w).float()).abs().max())
+            ok = ok and err < 3e-2 * max(1.0, float(sent.float().abs().max()))
+            ctx.checks.append({"what": "gather_rows/combine vs torch (rank 0)", "max_abs_err": err, "ok": ok})
+            if not ok:
+                raise AssertionError(f"dispatch/combine kernels differ from the torch reference (error {err})")
+        t_pack = ctx.timer(lambda: gather(x, token_of_row))
+        sent = gather(x, token_of_row)
+        t_combine = ctx.timer(lambda: merge(sent, plan.row_of_pair, w))
+        rows_sent = int(plan.send_counts.sum())
+        # local HBM model: pack reads and writes every sent row; combine reads k rows, writes 1 per token
+        pack_bytes = 2 * rows_sent * row_bytes
+        combine_bytes = (rows_sent + (hi - lo)) * row_bytes
+        per_rank.append({"rank": rank, "tokens": hi - lo, "send_rows": a_kernel[rank].tolist(),
+                         "send_bytes": int(a_kernel[rank].sum()) * row_bytes,
+                         "send_bytes_off_rank": int(a_kernel[rank].sum() - a_kernel[rank, rank]) * row_bytes,
+                         "recv_bytes_off_rank": 0,
+                         "send_bytes_model": float(a_model[rank].sum()) * row_bytes,
+                         "pack_measured_s": t_pack, "pack_predicted_s": pack_bytes / (2 * ctx.copy_bytes_per_s),
+                         "combine_measured_s": t_combine,
+                         "combine_predicted_s": combine_bytes / (2 * ctx.copy_bytes_per_s)})
+    for rank, row in enumerate(per_rank):
+        row["recv_bytes_off_rank"] = int(a_kernel[:, rank].sum() - a_kernel[rank, rank]) * row_bytes
+        row["pack_ratio"] = _ratio(row["pack_measured_s"], row["pack_predicted_s"])
+        row["combine_ratio"] = _ratio(row["combine_measured_s"], row["combine_predicted_s"])
+    bytes_match = bool(np.array_equal(a_kernel, a_model))
+    volume = a_kernel.astype(np.float64) * row_bytes
+    np.fill_diagonal(volume, 0.0)
+    bound = phase_lower_bound(build_cluster(ctx.gpu_part, 1, gpus), volume)
+    return {"layer": layer, "tokens": tokens, "top_k": top_k, "gpus": gpus, "row_bytes": row_bytes,
+            "placement": "contiguous", "split_policy": "even", "traffic_rows": a_kernel.tolist(),
+            "traffic_matches_model": bytes_match, "dispatch_transfer_predicted_s": bound.time_s,
+            "transfer_note": "NVLink all-to-all time is the model's formula 3 (needs 8 GPUs to measure)",
+            "per_rank": per_rank}
+
+
+# ---------------------------------------------------------------------------------------- tables
+def print_tables(result: dict, out=sys.stdout) -> None:
+    sec = result["sections"]
+    cal = result["calibration"]
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p(f"# moe-place microbench ({result['env']['timing']}; device {result['env'].get('gpu_name', result['env']['device'])})")
+    p(f"calibration: dense matmul {cal['dense_flops_per_s'] / 1e12:.2f} TFLOP/s, copy {cal['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
+      f"alpha {cal['alpha_s'] * 1e6:.1f} us; catalog {result['env']['gpu_part']}: "
+      f"{cal['catalog_flops_per_s'] / 1e12:.1f} TFLOP/s, {cal['catalog_hbm_bytes_per_s'] / 1e9:.0f} GB/s")
+    if "padding" in sec:
+        p("\n## padding staircase (measured / predicted with measured rates)")
+        p(f"{'BLOCK_M':>7} {'rows/exp':>8} {'padded':>7} {'pad x':>6} {'useful TF/s':>11} {'exec TF/s':>9} "
+          f"{'measured ms':>11} {'pred ms':>8} {'ratio':>6}")
+        for r in sec["padding"]["rows"]:
+            p(f"{r['block_m']:>7} {r['rows_per_expert']:>8} {r['padded_rows_kernel']:>7} {r['padding_ratio']:>6.2f} "
+              f"{r['useful_tflops']:>11.3f} {r['executed_tflops']:>9.3f} {r['measured_s'] * 1e3:>11.4f} "
+              f"{r['predicted_s'] * 1e3:>8.4f} {_fmt(r['ratio'])}")
+    if "gemm" in sec:
+        p("\n## grouped GEMM vs dense torch.matmul (same rows)")
+        p(f"{'rows/exp':>8} {'BLOCK_M':>7} {'grouped TF/s':>12} {'dense TF/s':>10} {'grouped/dense':>13} {'ratio':>6}")
+        for r in sec["gemm"]["rows"]:
+            p(f"{r['rows_per_expert']:>8} {r['block_m']:>7} {r['grouped_tflops']:>12.3f} {r['dense_tflops']:>10.3f} "
+              f"{r['grouped_over_dense']:>13.2f} {_fmt(r['ratio'])}")
+    if "skew" in sec:
+        p("\n## skew at equal total rows (busiest rank / balanced)")
+        p(f"{'load':<34} {'placement':<20} {'max rows':>8} {'skew meas':>9} {'skew pred':>9} {'ratio':>6}")
+        for c in sec["skew"]["cases"]:
+            p(f"{c['load']:<34} {c['placement']:<20} {max(c['rows_per_gpu']):>8} {c['skew_measured']:>9.3f} "
+              f"{c['skew_predicted']:>9.3f} {_fmt(c['ratio'])}")
+    if "payback" in sec:
+        b = sec["payback"]
+        p("\n## replica payback (SPEC C9 shape)")
+        p(f"saving per batch: measured {b['saving_measured_s'] * 1e3:.4f} ms, predicted {b['saving_predicted_s'] * 1e3:.4f} ms "
+          f"(ratio {_fmt(b['saving_ratio'])})")
+        p(f"copy 7 x {b['expert_bytes'] / 2**20:.1f} MiB: measured {b['copy_measured_s'] * 1e3:.4f} ms at "
+          f"{b['copy_bytes_per_s'] / 1e9:.1f} GB/s, model {b['copy_predicted_s'] * 1e3:.4f} ms")
+        p(f"N_min: measured {b['n_min_measured']}, predicted {b['n_min_predicted']} "
+          f"(model with the measured saving: {b['n_min_model_with_measured_saving']}); "
+          f"catalog NVLink 450 GB/s: {b['nvlink_catalog']['n_min']}")
+    if "dispatch" in sec:
+        d = sec["dispatch"]
+        p(f"\n## dispatch/combine per rank (Qwen3 layer {d['layer']}, {d['tokens']} tokens, {d['gpus']} ranks; "
+          f"traffic matches model: {d['traffic_matches_model']}; NVLink transfer bound {d['dispatch_transfer_predicted_s'] * 1e6:.1f} us)")
+        p(f"{'rank':>4} {'send MiB':>8} {'off-rank':>8} {'pack us':>8} {'pred':>8} {'combine us':>10} {'pred':>8}")
+        for r in d["per_rank"]:
+            p(f"{r['rank']:>4} {r['send_bytes'] / 2**20:>8.3f} {r['send_bytes_off_rank'] / 2**20:>8.3f} "
+              f"{r['pack_measured_s'] * 1e6:>8.1f} {r['pack_predicted_s'] * 1e6:>8.1f} "
+              f"{r['combine_measured_s'] * 1e6:>10.1f} {r['combine_predicted_s'] * 1e6:>8.1f}")
+    if result.get("checks"):
+        bad = [c for c in result["checks"] if not c["ok"]]
+        p(f"\nkernel checks vs torch reference: {len(result['checks']) - len(bad)}/{len(result['checks'])} ok")
+
+
+def _fmt(x) -> str:
+    return f"{x:>6.2f}" if x is not None else f"{'-':>6}"
+
+
+# ---------------------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="microbench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("section", nargs="?", default="all", choices=("all",) + SECTIONS)
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU interpreter (checks, not speed)")
+    parser.add_argument("--gpu", default=None, help="catalog part for predictions (default: detected, else 'H100 SXM')")
+    parser.add_argument("--block-m", default=None, help="BLOCK_M values of the padding sweep, e.g. 16,32,64,128")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per measurement")
+    parser.add_argument("--output-json", default=None, help="write the results here (JSON)")
+    return parser
+
+
+def run(args) -> dict:
+    if args.dry_run or not _cuda_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+    import torch
+
+    from moe_place.cost.hardware import builtin_catalog
+
+    on_gpu = torch.cuda.is_available() and not args.dry_run
+    device = torch.device("cuda" if on_gpu else "cpu")
+    sizes = Sizes.full() if on_gpu else Sizes.dry()
+    if args.block_m:
+        sizes = Sizes(**{**asdict(sizes), "block_ms": tuple(int(v) for v in args.block_m.split(","))})
+    if args.reps:
+        sizes = Sizes(**{**asdict(sizes), "reps": args.reps})
+    part_name = args.gpu or (_detect_part(torch.cuda.get_device_name(device)) if on_gpu else "H100 SXM")
+    part = builtin_catalog().gpu(part_name)
+    torch.manual_seed(0)
+    ctx = Context(device, sizes, Timer(device, sizes.reps), part, on_gpu)
+    started = time.time()
+    result = {"kind": "moe-place-microbench", "version": 1, "env": environment(ctx), "sizes": asdict(sizes),
+              "calibration": calibrate(ctx), "sections": {}}
+    chosen = SECTIONS if args.section == "all" else (args.section,)
+    for name in chosen:
+        t0 = time.time()
+        result["sections"][name] = globals()[f"section_{name}"](ctx)
+        result["sections"][name]["wall_s"] = time.time() - t0
+    result["checks"] = ctx.checks
+    result["wall_s"] = time.time() - started
+    return result
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _detect_part(device_name: str) -> str:
+    name = device_name.upper()
+    for key, part in (("H200", "H200"), ("H100", "H100 SXM"), ("H800", "H800"), ("H20", "H20"), ("B200", "B200"),
+                      ("A100-SXM4-40GB", "A100 40GB PCIe"), ("A100", "A100 80GB SXM")):
+        if key in name:
+            return part
+    return "H100 SXM"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.reps is not None and args.reps < 1:
+        print("microbench: error: --reps: expected an integer >= 1", file=sys.stderr)
+        return 2
+    result = run(args)
+    print_tables(result)
+    if args.output_json:
+        from moe_place.io import write_json_atomic
+
+        write_json_atomic(args.output_json, result)
+        print(f"wrote {args.output_json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
