@@ -143,3 +143,17 @@ def test_score_placement_and_copies_for_move():
     # GPU 1 gets expert 0 from GPU 0 over NVLink (not from GPU 2 across servers); GPU 2 gets expert 5 from GPU 1
     assert copies_for_move(old, new, model, topo) == [Copy(0, 1, w), Copy(1, 2, w)]
     assert copies_for_move(old, old, model, topo) == []
+
+
+def test_pool_stability_section(capsys, tmp_path):
+    text = (SCENARIOS / "c6_hot.toml").read_text() + "\n[pool]\nrate_batches_per_s = 1000\n"
+    path = tmp_path / "pool.toml"
+    path.write_text(text)
+    report = run_json(capsys, path)
+    pool = report["pool"]
+    # dispatch and combine use opposite directions of the hot GPU's NIC: one batch's 40 MiB per direction
+    assert pool["binding"] in ("link leaf1->nic8", "link nic8->leaf1")
+    assert pool["max_rate_batches_per_s"] == pytest.approx(1 / report["dispatch"]["time_s"])
+    assert pool["stable"] is True
+    path.write_text(text.replace("rate_batches_per_s = 1000", "rate_batches_per_s = 1200"))
+    assert run_json(capsys, path)["pool"]["stable"] is False

@@ -46,10 +46,12 @@ name = "..."                      # optional label
 [capacity]  replica_layers = [94, 8] (one extra expert per layer on a GPU), resident_per_layer = [32, 16],
             gpu_memory_gb = 80
 [nic]       nic = "ConnectX-7" | gbit_per_s + messages_per_s, message_bytes = [8192, 4096]
+[pool]      rate_batches_per_s = 1000 (formula 9: every expert GPU's FLOPs and every link's bytes per batch
+            of the [workload], times the rate, against its capacity)
 """
 
 SECTIONS = ("name", "spec_row", "hardware", "topology", "model", "workload", "pipeline", "payback", "offload",
-            "capacity", "nic")
+            "capacity", "nic", "pool")
 
 
 @dataclass(frozen=True)
@@ -315,6 +317,8 @@ def predict(sc: Scenario) -> dict:
             report["dispatch"] = {**_phase_json(dispatch), "row_bytes": d_bytes}
             report["combine"] = {**_phase_json(combine), "row_bytes": c_bytes}
             stages = {"dispatch": dispatch.time_s, "compute": layer.time_s, "combine": combine.time_s}
+        if "pool" in sc.data:
+            report["pool"] = _pool(sc, layer, workload, table, here)
         report["stages_s"] = stages
         report["barrier_total_s"] = float(sum(stages.values()))
         report["binds"] = max(stages, key=stages.get)
@@ -329,6 +333,27 @@ def predict(sc: Scenario) -> dict:
     if "nic" in sc.data:
         report["nic"] = _nic(sc)
     return report
+
+
+def _pool(sc: Scenario, layer: gemm.LayerTime, workload: Workload, table: dict, here: str) -> dict:
+    pool_table = sc.section("pool")
+    rate = get_number(pool_table, "rate_batches_per_s", f"{sc.path}: pool")
+    topo = _need_topology(sc)
+    names = [f"gpu{g} flops" for g in range(len(layer.per_gpu))]
+    demand = [w.flops for w in layer.per_gpu]
+    capacity = [topo.gpu.flops_per_s] * len(layer.per_gpu)
+    if workload.a_full is not None:
+        v_d, v_c = traffic.phase_volumes_bytes(workload.a_full, _row_bytes(sc, table, "dispatch", here),
+                                               _row_bytes(sc, table, "combine", here))
+        loads = topo.link_loads_bytes(v_d + v_c)
+        for (u, v), load in sorted(loads.items()):
+            names.append(f"link {u}->{v}")
+            demand.append(load)
+            capacity.append(topo.graph.edges[u, v]["capacity"])
+    result = offload.pool_stability(rate, demand, capacity, names)
+    return {"rate_batches_per_s": rate, "stable": result.stable, "binding": result.binding,
+            "max_utilization": float(result.utilization.max()),
+            "max_rate_batches_per_s": result.max_rate_batches_per_s}
 
 
 def _pipeline(sc: Scenario, stages: dict[str, float]) -> dict:
