@@ -23,9 +23,9 @@ def _value(key: str, value) -> str:
     if key.endswith("_per_s"):
         return f"{value:,.6g} /s"
     if key.endswith("_s"):
-        return f"{value * 1e3:.8g} ms" if abs(value) >= 1e-4 else f"{value * 1e6:.6g} us"
+        return f"{value * 1e3:.10g} ms" if abs(value) >= 1e-4 else f"{value * 1e6:.8g} us"
     if key.endswith("bytes"):
-        return f"{value:,.0f} B ({value / 2**20:,.6g} MiB)"
+        return f"{value:,.0f} B ({value / 2**20:,.6g} MiB)" if value >= 2**20 else f"{value:,.6g} B"
     if key.endswith("flops"):
         return f"{value / 1e9:,.6g} GFLOP"
     return f"{value:.6g}"
