@@ -1,0 +1,128 @@
+"""`moe-place replay TRACE --controller static|periodic-eplb|ours`: replay a multi-step trace
+through an online controller and the cost model (expert-layer time + migration time)."""
+
+from __future__ import annotations
+
+import argparse
+
+from moe_place.cli.options import layer_selection, non_negative_int, positive_float, positive_int
+
+HELP = "replay a multi-step trace through a re-planning controller and the cost model"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", nargs="?", metavar="TRACE", help="a trace file (any format load_trace reads)")
+    parser.add_argument("--synthetic", metavar="SPEC",
+                        help="replay the drifting domain-mixture generator instead, e.g. 'drift:steps=6000,seed=0' "
+                             "(keys: steps, layers, experts, top_k, tokens, domains, drift, skew, shared, "
+                             "concentration, seed)")
+    parser.add_argument("--controller", choices=("static", "periodic-eplb", "ours"), default="ours")
+    cluster = parser.add_argument_group("cluster (named as for `plan`)")
+    cluster.add_argument("--gpus", type=positive_int, default=8, help="EP size G (default 8)")
+    cluster.add_argument("--nodes", type=positive_int, default=1, help="servers (default 1)")
+    cluster.add_argument("--redundant", type=non_negative_int, default=None,
+                         help="redundant slots per layer (default: one per GPU)")
+    cluster.add_argument("--hardware", default="H100", help="GPU part of the catalog (default H100)")
+    cluster.add_argument("--model", default=None,
+                         help="expert shape preset for time and copy size (default: from the trace, else Qwen3-30B-A3B)")
+    cluster.add_argument("--nic-gbit", type=positive_float, default=400.0, help="NIC per GPU, Gbit/s (default 400)")
+    cluster.add_argument("--copy-schedule", choices=("serial", "parallel"), default="serial",
+                         help="copies one after another (SPEC formula 7, default) or all at once")
+    cluster.add_argument("--layers", type=layer_selection, default=None, help="trace layer positions, e.g. 0-3")
+    ctl = parser.add_argument_group("controllers")
+    ctl.add_argument("--window", type=positive_int, default=1000,
+                     help="steps of the start-up plan and of periodic-eplb's window (default 1000)")
+    ctl.add_argument("--step-interval", type=positive_int, default=3000, help="periodic-eplb: steps between re-plans")
+    ctl.add_argument("--check-every", type=positive_int, default=16, help="ours: steps between checks (default 16)")
+    ctl.add_argument("--horizon", type=positive_int, default=32, help="ours: steps the predictor looks back")
+    ctl.add_argument("--predictor", choices=("last", "ema", "scenarios"), default="last")
+    ctl.add_argument("--hysteresis", type=positive_float, default=2.0,
+                     help="ours: a move must pay back within 1/H of the hot spots' expected life (default 2)")
+    ctl.add_argument("--max-moved-slots", type=non_negative_int, default=4, help="ours: slot changes per layer")
+    ctl.add_argument("--max-mib", type=positive_float, default=None, help="ours: MiB copied per rebalance at most")
+    ctl.add_argument("--drain-steps", type=non_negative_int, default=1,
+                     help="batches in flight that finish on the old map before a switch (default 1)")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
+    parser.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE (atomically)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    import numpy as np
+
+    from moe_place.errors import InputError
+    from moe_place.io import write_json_atomic
+    from moe_place.online.controller import make_controller
+    from moe_place.online.costing import cluster_cost
+    from moe_place.online.replay import initial_placement, parse_synthetic, replay
+
+    if (args.trace is None) == (args.synthetic is None):
+        raise InputError("replay", "a TRACE file or --synthetic SPEC (exactly one)")
+    if args.synthetic:
+        counts, source = parse_synthetic(args.synthetic)
+        model_hint = ""
+    else:
+        from moe_place.traces.load import load_trace
+
+        trace = load_trace(args.trace)
+        counts, source, model_hint = np.asarray(trace.step_counts()), str(args.trace), trace.meta.model
+    if args.layers is not None:
+        bad = [p for p in args.layers if p >= counts.shape[1]]
+        if bad:
+            raise InputError("--layers", f"positions in [0, {counts.shape[1]})", bad[0])
+        counts = counts[:, args.layers]
+    steps, layers, experts = counts.shape
+    redundant = args.gpus if args.redundant is None else args.redundant
+    physical = experts + redundant
+    if physical % args.gpus:
+        raise InputError("--redundant", f"a count making {experts} + R slots divisible by --gpus {args.gpus}", redundant)
+    cost = cluster_cost(args.gpus, args.nodes, args.hardware, _model_name(args.model, model_hint),
+                        nic_gbit_per_s=args.nic_gbit, copy_schedule=args.copy_schedule)
+    options: dict = {}
+    if args.controller == "periodic-eplb":
+        options = dict(window_size=args.window, step_interval=args.step_interval)
+    elif args.controller == "ours":
+        from moe_place.online.window import Predictor
+
+        options = dict(check_every=args.check_every, predictor=Predictor(args.predictor, horizon=args.horizon),
+                       hysteresis=args.hysteresis, max_moved_slots=args.max_moved_slots,
+                       max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
+    controller = make_controller(args.controller, cost, layers, experts, **options)
+    start = initial_placement(counts, args.gpus, physical, args.nodes, window=args.window)
+    result = replay(counts, controller, cost, start, drain_steps=args.drain_steps)
+    doc = {**result.to_json(per_step=not args.no_per_step), "trace": source, "layers": layers, "experts": experts,
+           "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "hardware": cost.gpu.name,
+           "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": args.copy_schedule}
+    if args.out:
+        write_json_atomic(args.out, doc)
+    if args.format == "json":
+        print(json.dumps(doc))
+        return 0
+    print(f"controller            {doc['controller']}")
+    print(f"steps                 {doc['steps']} ({layers} layers x {experts} experts on {args.gpus} x "
+          f"{cost.gpu.name}, {args.nodes} node(s), {physical} slots)")
+    print(f"rebalances            {doc['rebalances']}")
+    print(f"bytes moved           {doc['bytes_moved'] / 2**20:.1f} MiB ({doc['slots_moved']} slots changed)")
+    print(f"expert-layer time     {doc['total_expert_time_s'] * 1e3:.3f} ms")
+    print(f"migration time        {doc['total_migration_time_s'] * 1e3:.3f} ms")
+    print(f"total time            {doc['total_time_s'] * 1e3:.3f} ms")
+    print(f"mean balancedness     {doc['mean_balancedness']:.4f}")
+    return 0
+
+
+def _model_name(explicit: str | None, hint: str) -> str:
+    """The expert-shape preset: `--model`, else one named in the trace's model string, else Qwen3-30B-A3B."""
+    if explicit:
+        return explicit
+    from moe_place.cost.models import ALIASES, PRESETS
+
+    low = hint.lower()
+    for preset in PRESETS:
+        if preset.lower() in low:
+            return preset
+    for alias, preset in ALIASES.items():
+        if alias in low:
+            return preset
+    return "Qwen3-30B-A3B"

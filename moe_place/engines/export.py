@@ -1,0 +1,84 @@
+"""Write a plan in an engine's format (what `moe-place export` does), atomically.
+
+engine "sglang": `moe_place.engines.sglang` (`--init-expert-location` file, .json or .pt).
+engine "vllm":   `moe_place.engines.vllm.export_document` (.json, for the moe-place policy).
+engine "eplb":   DeepSeek EPLB's `(phy2log, log2phy, logcnt)`, int64, as `.pt` (torch.save of a
+                 dict of tensors) or `.npz` (numpy arrays of the same names).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from moe_place.engines import sglang, vllm
+from moe_place.errors import InputError
+from moe_place.io import write_atomic
+from moe_place.placement import Placement
+
+SUFFIXES = {"sglang": (".json", ".pt"), "vllm": (".json",), "eplb": (".pt", ".npz")}
+
+
+def read_plan_placement(path: str | Path) -> tuple[Placement, tuple[int, ...]]:
+    """The placement and model layer ids of a plan file (`moe_place.solvers.planfile`)."""
+    from moe_place.solvers.planfile import read_plan
+
+    plan = read_plan(path)
+    placement = plan.placement if hasattr(plan, "placement") else plan
+    layer_ids = tuple(getattr(plan, "layer_ids", ()) or ())
+    return placement, layer_ids
+
+
+def export_plan(placement: Placement, layer_ids: tuple[int, ...], engine: str, out: Path, *,
+                num_model_layers: int | None = None, dense_layer_ids: tuple[int, ...] = ()) -> dict:
+    """Write `placement` for `engine` to `out`; returns a summary (with `warnings`)."""
+    out = Path(out)
+    if engine not in SUFFIXES:
+        raise InputError("--engine", f"one of {', '.join(SUFFIXES)}", engine)
+    if out.suffix not in SUFFIXES[engine]:
+        raise InputError(f"--out {out}", f"a file name ending in {' or '.join(SUFFIXES[engine])} for {engine}",
+                         out.suffix or "no suffix")
+    summary = {"engine": engine, "out": str(out), "num_gpus": placement.num_gpus,
+               "num_logical_experts": placement.num_logical_experts,
+               "num_physical_experts": placement.num_physical_experts, "warnings": []}
+    if engine == "sglang":
+        location = sglang.init_expert_location(placement, layer_ids, num_model_layers=num_model_layers,
+                                               dense_layer_ids=dense_layer_ids)
+        sglang.write_init_expert_location(out, location)
+        summary["num_model_layers"] = int(location.physical_to_logical_map.shape[0])
+        summary["planned_layers"] = len(location.planned_layers)
+        summary["trivial_layers"] = len(location.trivial_layers)
+        summary["ep_num_redundant_experts"] = placement.num_physical_experts - placement.num_logical_experts
+        if location.unplanned_moe_layers:
+            summary["warnings"].append(
+                f"{len(location.unplanned_moe_layers)} model layers are not in the plan and get the trivial "
+                f"row (first: {location.unplanned_moe_layers[0]}); pass --dense-layers if they are dense")
+        summary["launch"] = (f"--ep-size {placement.num_gpus} --ep-num-redundant-experts "
+                             f"{summary['ep_num_redundant_experts']} --init-expert-location {out}")
+    elif engine == "vllm":
+        write_atomic(out, json.dumps(vllm.export_document(placement, layer_ids)) + "\n")
+        summary["num_layers"] = placement.num_layers
+        summary["launch"] = (f"{vllm.STATIC_PLAN_ENV}={out} with moe_place.engines.vllm installed; "
+                             f"--eplb-config '{{\"num_redundant_experts\": "
+                             f"{placement.num_physical_experts - placement.num_logical_experts}}}'")
+    else:
+        write_eplb_tensors(out, placement)
+        summary["num_layers"] = placement.num_layers
+    return summary
+
+
+def write_eplb_tensors(out: Path, placement: Placement) -> None:
+    """`phy2log`, `log2phy` (-1 padded to max(logcnt)), `logcnt` as int64, .pt or .npz."""
+    arrays = {"phy2log": np.asarray(placement.phy2log), "log2phy": np.asarray(placement.log2phy),
+              "logcnt": np.asarray(placement.logcnt)}
+    buffer = io.BytesIO()
+    if out.suffix == ".npz":
+        np.savez(buffer, **arrays)
+    else:
+        import torch
+
+        torch.save({k: torch.from_numpy(np.array(v, dtype=np.int64)) for k, v in arrays.items()}, buffer)
+    write_atomic(out, buffer.getvalue())

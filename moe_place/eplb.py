@@ -1,0 +1,157 @@
+"""Drop-in for DeepSeek EPLB's `rebalance_experts`, backed by moe-place's solvers.
+
+Code that calls DeepSeek's balancer switches by changing one import:
+
+    # from eplb import rebalance_experts
+    from moe_place.eplb import rebalance_experts
+    phy2log, log2phy, logcnt = rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)
+
+Same arguments, same result shapes and dtypes (torch int64 on the CPU):
+- `phy2log` `[layers, num_replicas]`: the logical expert of each physical slot; slot `p` lives
+  on GPU `p // (num_replicas / num_gpus)`.
+- `log2phy` `[layers, E, max(logcnt)]`: the slots of each logical expert in ascending order,
+  padded with -1.
+- `logcnt` `[layers, E]`: replicas per logical expert.
+
+What differs from DeepSeek's routine: the plan comes from `moe_place.solvers.solve` (the fast
+heuristic by default; "cpsat" proves optimality on small layers), no GPU holds two replicas of
+one expert, and the policy choice follows EPLB's rule (hierarchical when `num_groups` is a
+multiple of `num_nodes`, global otherwise) only through the problem's `num_groups`.
+The solver and its time limit are chosen by keyword or by the environment:
+`MOE_PLACE_SOLVER` (default "fast") and `MOE_PLACE_TIME_LIMIT` (seconds).
+
+torch is imported lazily: importing this module needs only numpy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from moe_place.errors import InputError
+from moe_place.placement import Placement
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+SOLVER_ENV = "MOE_PLACE_SOLVER"
+TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"
+DEFAULT_SOLVER = "fast"
+
+
+def solver_settings(solver: str | None = None, time_limit_s: float | None = None) -> tuple[str, float | None]:
+    """The solver name and time limit: keywords first, then `MOE_PLACE_SOLVER` / `MOE_PLACE_TIME_LIMIT`."""
+    name = solver or os.environ.get(SOLVER_ENV) or DEFAULT_SOLVER
+    if time_limit_s is None and os.environ.get(TIME_LIMIT_ENV):
+        text = os.environ[TIME_LIMIT_ENV]
+        try:
+            time_limit_s = float(text)
+        except ValueError:
+            raise InputError(TIME_LIMIT_ENV, "a number of seconds", text) from None
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise InputError("time_limit_s", "a positive number of seconds", time_limit_s)
+    return name, time_limit_s
+
+
+def weight_to_numpy(weight: Any) -> np.ndarray:
+    """float64 `[layers, E]` from a torch tensor (any dtype/device) or an array-like."""
+    if hasattr(weight, "detach"):  # a torch tensor: copy to the host first
+        weight = weight.detach().to("cpu").double().numpy()
+    loads = np.asarray(weight, dtype=np.float64)
+    if loads.ndim != 2 or 0 in loads.shape:
+        raise InputError("weight", "a non-empty 2-D array [layers, num_logical_experts]", f"shape {loads.shape}")
+    return loads
+
+
+def effective_topology(num_experts: int, num_groups: int | None, num_nodes: int, num_gpus: int) -> tuple[int | None, int]:
+    """`(num_groups, num_nodes)` as EPLB would use them.
+
+    EPLB plans hierarchically (expert groups packed onto nodes) only when `num_groups` is a
+    multiple of `num_nodes`; otherwise it plans globally, as if there were one group and one
+    node. Engines pass `num_groups` 0 or 1 for models without expert groups, and vLLM falls back
+    to one node when `num_gpus % num_nodes != 0`; both are accepted here the same way.
+    """
+    if num_nodes < 1 or num_gpus % num_nodes:
+        num_nodes = 1
+    if not num_groups or num_groups < 1 or num_experts % num_groups or num_groups % num_nodes:
+        return None, num_nodes
+    return num_groups, num_nodes
+
+
+def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None, num_nodes: int, num_gpus: int, *,
+                   solver: str | None = None, time_limit_s: float | None = None,
+                   current: Placement | None = None, max_moved_slots: int | None = None,
+                   move_cost_weight: float = 0.0, seed: int = 0) -> Placement:
+    """Plan a placement for `loads` (float64 `[layers, E]` or `[windows, layers, E]`) with our solvers.
+
+    With `current`, the solver keeps unchanged experts in their slots (migration-aware mode).
+    """
+    from moe_place.problem import PlacementProblem
+    from moe_place.solvers import solve
+
+    loads = np.asarray(loads, dtype=np.float64)
+    if loads.ndim == 2:
+        loads = loads[None]
+    num_experts = loads.shape[-1]
+    if num_gpus < 1:
+        raise InputError("num_gpus", "an integer >= 1", num_gpus)
+    if num_replicas < num_experts or num_replicas % num_gpus:
+        raise InputError("num_replicas", f"a multiple of num_gpus={num_gpus} that is at least {num_experts}",
+                         num_replicas)
+    groups, nodes = effective_topology(num_experts, num_groups, num_nodes, num_gpus)
+    if current is not None and current.num_nodes != nodes:
+        current = Placement(current.phy2log, current.num_logical_experts, current.num_gpus, nodes,
+                            allow_colocated=current.allow_colocated)
+    name, limit = solver_settings(solver, time_limit_s)
+    problem = PlacementProblem(loads=loads, num_gpus=num_gpus, num_physical=num_replicas, num_nodes=nodes,
+                               num_groups=groups, current=current, max_moved_slots=max_moved_slots,
+                               move_cost_weight=move_cost_weight, seed=seed)
+    return solve(problem, solver=name, time_limit_s=limit).placement
+
+
+def placement_tensors(placement: Placement, log2phy_width: int | None = None):
+    """`(phy2log, log2phy, logcnt)` as CPU torch int64 tensors.
+
+    log2phy_width: pad `log2phy` with -1 to this many columns (vLLM's default policy uses
+    `num_redundant + 1`); None keeps `max(logcnt)` as DeepSeek EPLB does.
+    """
+    import torch
+
+    log2phy = np.asarray(placement.log2phy)
+    if log2phy_width is not None:
+        if log2phy_width < log2phy.shape[-1]:
+            raise InputError("log2phy_width", f"at least max(logcnt)={log2phy.shape[-1]}", log2phy_width)
+        pad = np.full(log2phy.shape[:-1] + (log2phy_width - log2phy.shape[-1],), -1, dtype=np.int64)
+        log2phy = np.concatenate([log2phy, pad], axis=-1)
+    as_tensor = lambda a: torch.from_numpy(np.array(a, dtype=np.int64))  # noqa: E731 - a writable copy
+    return as_tensor(placement.phy2log), as_tensor(log2phy), as_tensor(placement.logcnt)
+
+
+def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
+                      *, solver: str | None = None, time_limit_s: float | None = None, seed: int = 0):
+    """DeepSeek EPLB's entry point, planned by moe-place.
+
+    Parameters:
+        weight: `[layers, num_logical_experts]` load statistics (any numeric dtype, any device).
+        num_replicas: physical experts per layer, a multiple of `num_gpus`.
+        num_groups: expert groups (hierarchical policy when a multiple of `num_nodes`).
+        num_nodes: server nodes; `num_gpus` must be a multiple of it.
+        num_gpus: GPUs (EP ranks).
+        solver / time_limit_s: override `MOE_PLACE_SOLVER` / `MOE_PLACE_TIME_LIMIT`.
+        seed: for randomised solver choices; same inputs and seed give the same plan.
+
+    Returns:
+        phy2log: int64 `[layers, num_replicas]`, the logical expert of each slot.
+        log2phy: int64 `[layers, num_logical_experts, max(logcnt)]`, the slots of each expert, -1 padded.
+        logcnt: int64 `[layers, num_logical_experts]`, replicas per expert.
+    All three on the CPU, as EPLB returns them.
+    """
+    loads = weight_to_numpy(weight)
+    placement = plan_placement(loads, num_replicas, num_groups, num_nodes, num_gpus,
+                               solver=solver, time_limit_s=time_limit_s, seed=seed)
+    return placement_tensors(placement)
+
+
+__all__ = ["rebalance_experts"]

@@ -1,0 +1,207 @@
+"""Online controllers: when to re-plan, and what to move.
+
+Every controller sees the per-step counts `[layers, E]` as the engine records them (`observe`)
+and, after each step, may return a `Decision` (a new map) for the map the engine will run
+(`decide`). The replay (or an engine hook) pays for the copies and switches maps through
+`MapSwitch`, so a controller never has to worry about in-flight batches.
+
+- `StaticController`: never moves (the map planned once, offline).
+- `PeriodicEplbController`: vLLM's cadence (window 1000 steps, a rebalance every `step_interval`
+  = 3000 steps, the first after a quarter interval) with a full DeepSeek EPLB re-plan that
+  ignores the map in use, so it pays for every slot it changes.
+- `PaybackController` ("ours"): every `check_every` steps it predicts the coming load, asks the
+  solver for a migration-aware plan (unchanged experts keep their slots, at most
+  `max_moved_slots` changes per layer), and keeps only the layers whose copies pay back
+  (SPEC formula 7: `N_min = floor(T_copy/dt) + 1` batches) within the expected remaining life of
+  the current hot spots (measured persistence) divided by `hysteresis` (> 1 keeps it from
+  flapping), best gain/cost first, within `max_bytes` per rebalance. Copies come from the cheapest replica (same GPU,
+  same node, then across nodes), so moves that stay inside a node are cheaper to pay back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from moe_place.cost.payback import n_min
+from moe_place.eplb import plan_placement
+from moe_place.errors import InputError
+from moe_place.online.costing import ReplayCost
+from moe_place.online.window import HotSpotTracker, Predictor, SlidingWindow
+from moe_place.placement import Placement
+
+CONTROLLERS = ("static", "periodic-eplb", "ours")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A new map and why.
+
+    placement: the full new map (valid; layers not in `layers` are unchanged).
+    layers: the layers whose row changes.
+    predicted_saving_s: expected expert time saved per step (prediction, new vs current map).
+    expected_steps: how many steps the saving is expected to last.
+    copy_time_s: predicted time of the copies.
+    """
+
+    placement: Placement
+    layers: tuple[int, ...]
+    predicted_saving_s: float = 0.0
+    expected_steps: float = 0.0
+    copy_time_s: float = 0.0
+
+
+class Controller(Protocol):
+    name: str
+
+    def observe(self, step: int, counts: np.ndarray) -> None:
+        """Record the counts `[layers, E]` of batch `step`."""
+
+    def decide(self, step: int, current: Placement) -> Decision | None:
+        """After batch `step`: a new map to switch to from `current`, or None."""
+
+
+@dataclass
+class StaticController:
+    name: str = "static"
+
+    def observe(self, step: int, counts: np.ndarray) -> None:
+        return None
+
+    def decide(self, step: int, current: Placement) -> Decision | None:
+        return None
+
+
+@dataclass
+class PeriodicEplbController:
+    """vLLM's default EPLB cadence with DeepSeek's EPLB (`moe_place.solvers.eplb`)."""
+
+    num_layers: int
+    num_experts: int
+    window_size: int = 1000
+    step_interval: int = 3000
+    num_groups: int = 1
+    name: str = "periodic-eplb"
+    _window: SlidingWindow = field(init=False, repr=False)
+    _progress: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.step_interval < 1:
+            raise InputError("step_interval", "an integer >= 1", self.step_interval)
+        self._window = SlidingWindow(self.window_size, self.num_layers, self.num_experts)
+        self._progress = self.step_interval - self.step_interval // 4  # first rebalance after a quarter
+
+    def observe(self, step: int, counts: np.ndarray) -> None:
+        self._window.push(counts)
+        self._progress += 1
+
+    def decide(self, step: int, current: Placement) -> Decision | None:
+        if self._progress < self.step_interval:
+            return None
+        self._progress = 0
+        from moe_place.solvers.eplb import eplb_rebalance
+
+        phy2log = eplb_rebalance(self._window.total(), current.num_physical_experts, self.num_groups,
+                                 current.num_nodes, current.num_gpus)
+        new = Placement(np.asarray(phy2log), current.num_logical_experts, current.num_gpus, current.num_nodes,
+                        allow_colocated=True)
+        return Decision(new, tuple(range(current.num_layers)))
+
+
+@dataclass
+class PaybackController:
+    """Re-plan only what pays back (see the module note)."""
+
+    cost: ReplayCost
+    num_layers: int
+    num_experts: int
+    check_every: int = 16
+    predictor: Predictor = field(default_factory=Predictor)
+    tracker: HotSpotTracker = field(default_factory=HotSpotTracker)
+    hysteresis: float = 2.0
+    min_relative_saving: float = 0.02
+    max_moved_slots: int = 4
+    max_bytes: int | None = None
+    move_cost_weight: float = 0.0
+    cooldown_steps: int = 0
+    num_groups: int | None = None
+    solver: str = "fast"
+    name: str = "ours"
+    _window: SlidingWindow = field(init=False, repr=False)
+    _last_switch: int = field(default=-(10 ** 9), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.check_every < 1:
+            raise InputError("check_every", "an integer >= 1", self.check_every)
+        if self.hysteresis < 0:
+            raise InputError("hysteresis", "a number >= 0", self.hysteresis)
+        need = self.predictor.horizon * (self.predictor.num_scenarios if self.predictor.kind == "scenarios" else 1)
+        self._window = SlidingWindow(max(need, self.predictor.horizon), self.num_layers, self.num_experts)
+        self.tracker.interval_steps = self.check_every
+
+    def observe(self, step: int, counts: np.ndarray) -> None:
+        self._window.push(counts)
+        self.predictor.observe(counts)
+
+    def decide(self, step: int, current: Placement) -> Decision | None:
+        if (step + 1) % self.check_every or self._window.num_steps < self.predictor.horizon:
+            return None
+        recent = self._window.last(self.predictor.horizon).mean(axis=0)
+        self.tracker.update(step, recent)
+        if step - self._last_switch < self.cooldown_steps:
+            return None
+        predicted = self.predictor.predict(self._window)          # [K, layers, E] per step
+        expected_load = predicted.mean(axis=0)
+        current_s = self.cost.layer_times_s(current, expected_load)
+        candidate = plan_placement(predicted, current.num_physical_experts, self.num_groups, current.num_nodes,
+                                   current.num_gpus, solver=self.solver, current=current,
+                                   max_moved_slots=self.max_moved_slots, move_cost_weight=self.move_cost_weight)
+        saving_s = current_s - self.cost.layer_times_s(candidate, expected_load)
+        excess = np.clip(recent - self.tracker.hot_factor * recent.mean(axis=-1, keepdims=True), 0, None)
+        duration = self.tracker.expected_duration_steps(excess)
+        chosen = self._choose_layers(current, candidate, saving_s, current_s, duration)
+        if not chosen:
+            return None
+        rows = np.array(current.phy2log)
+        rows[list(chosen)] = candidate.phy2log[list(chosen)]
+        new = Placement(rows, current.num_logical_experts, current.num_gpus, current.num_nodes,
+                        allow_colocated=current.allow_colocated)
+        copies = self.cost.copies(current, new, np.array(chosen))
+        self._last_switch = step
+        return Decision(new, tuple(chosen), float(saving_s[list(chosen)].sum()), duration,
+                        self.cost.migration_time_s(copies))
+
+    def _choose_layers(self, current: Placement, candidate: Placement, saving_s: np.ndarray, current_s: np.ndarray,
+                       duration: float) -> list[int]:
+        """Layers that pay back their copies (N_min) within `duration / hysteresis` steps, best gain/cost
+        first, within the byte cap."""
+        scored = []
+        for layer in np.flatnonzero(saving_s > self.min_relative_saving * current_s):
+            copies = self.cost.copies(current, candidate, np.array([layer]))
+            if not copies:
+                continue
+            copy_s = self.cost.migration_time_s(copies)
+            pays_back_after = n_min(copy_s, float(saving_s[layer]))  # batches (SPEC formula 7)
+            if pays_back_after is not None and self.hysteresis * pays_back_after <= duration:
+                ratio = saving_s[layer] * duration / max(copy_s, 1e-12)
+                scored.append((ratio, int(layer), len(copies) * self.cost.expert_bytes))
+        chosen, spent = [], 0
+        for _, layer, num_bytes in sorted(scored, reverse=True):
+            if self.max_bytes is not None and spent + num_bytes > self.max_bytes:
+                continue
+            chosen.append(layer)
+            spent += num_bytes
+        return sorted(chosen)
+
+
+def make_controller(kind: str, cost: ReplayCost, num_layers: int, num_experts: int, **options) -> Controller:
+    """A controller by name (`static`, `periodic-eplb`, `ours`) with its options."""
+    if kind == "static":
+        return StaticController()
+    if kind == "periodic-eplb":
+        return PeriodicEplbController(num_layers, num_experts, **options)
+    if kind == "ours":
+        return PaybackController(cost, num_layers, num_experts, **options)
+    raise InputError("--controller", f"one of {', '.join(CONTROLLERS)}", kind)

@@ -1,0 +1,243 @@
+"""Replay a multi-step trace through a controller and the cost model.
+
+Each step: the map in use serves the step's counts (busiest-GPU expert time of every layer,
+summed over layers); the controller observes the counts and may decide a new map; the copies
+it needs are paid for as a stall (SPEC formula 7, `ReplayCost.migration_time_s`) and the map
+switches after the in-flight batches drain (`MapSwitch`). Totals: expert-layer time +
+migration time. Every controller starts from the same map (by default planned from the first
+`window` steps, as an offline plan loaded at start-up would be).
+
+Hindsight bounds: `hindsight_static` plans once for the whole trace (knowing it all);
+`hindsight_per_step` plans every step for that step's own counts with free migration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_place.eplb import plan_placement
+from moe_place.errors import InputError
+from moe_place.online.controller import Controller
+from moe_place.online.costing import ReplayCost
+from moe_place.online.switch import MapSwitch
+from moe_place.placement import Placement
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Per-step and total figures of one replay.
+
+    expert_time_s / balancedness / bytes_moved / copy_time_s: float64 or int64 `[steps]`
+    (bytes and copy time on the step a rebalance was decided). bytes_moved counts copies between
+    GPUs; slots_moved counts every slot whose expert changed (a copy within a GPU included);
+    peak_staging_bytes is the most buffer memory one switch held (both maps live until the drain).
+    balancedness: mean over layers of mean/max GPU load (vLLM's metric) under the map in use.
+    """
+
+    controller: str
+    expert_time_s: np.ndarray
+    balancedness: np.ndarray
+    bytes_moved: np.ndarray
+    copy_time_s: np.ndarray
+    rebalance_steps: tuple[int, ...]
+    slots_moved: int
+    peak_staging_bytes: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.expert_time_s)
+
+    @property
+    def rebalances(self) -> int:
+        return len(self.rebalance_steps)
+
+    @property
+    def total_bytes_moved(self) -> int:
+        return int(self.bytes_moved.sum())
+
+    @property
+    def total_expert_time_s(self) -> float:
+        return float(self.expert_time_s.sum())
+
+    @property
+    def total_migration_time_s(self) -> float:
+        return float(self.copy_time_s.sum())
+
+    @property
+    def total_time_s(self) -> float:
+        return self.total_expert_time_s + self.total_migration_time_s
+
+    def cumulative_time_s(self) -> np.ndarray:
+        return np.cumsum(self.expert_time_s + self.copy_time_s)
+
+    def to_json(self, per_step: bool = True) -> dict:
+        out = {
+            "controller": self.controller,
+            "steps": self.steps,
+            "rebalances": self.rebalances,
+            "rebalance_steps": list(self.rebalance_steps),
+            "slots_moved": self.slots_moved,
+            "bytes_moved": self.total_bytes_moved,
+            "peak_staging_bytes": self.peak_staging_bytes,
+            "total_expert_time_s": self.total_expert_time_s,
+            "total_migration_time_s": self.total_migration_time_s,
+            "total_time_s": self.total_time_s,
+            "mean_balancedness": float(self.balancedness.mean()) if self.steps else 0.0,
+        }
+        if per_step:
+            out["per_step"] = [
+                {"step": i, "expert_time_s": float(self.expert_time_s[i]), "balancedness": float(self.balancedness[i]),
+                 "bytes_moved": int(self.bytes_moved[i]), "copy_time_s": float(self.copy_time_s[i])}
+                for i in range(self.steps)]
+        return out
+
+
+def check_counts_3d(counts: np.ndarray) -> np.ndarray:
+    counts = np.asarray(counts)
+    if counts.ndim != 3 or 0 in counts.shape:
+        raise InputError("trace counts", "a non-empty array [steps, layers, experts]", f"shape {counts.shape}")
+    return counts.astype(np.float64)
+
+
+def initial_placement(counts: np.ndarray, num_gpus: int, num_physical: int, num_nodes: int = 1,
+                      window: int = 1000, num_groups: int | None = None, solver: str = "fast") -> Placement:
+    """The start-up map: planned from the first `window` steps (an offline plan)."""
+    counts = check_counts_3d(counts)
+    return plan_placement(counts[:window].sum(axis=0), num_physical, num_groups, num_nodes, num_gpus, solver=solver)
+
+
+def balancedness_of(placement: Placement, counts: np.ndarray) -> float:
+    """Mean over layers of mean/max GPU load (1 when perfectly balanced; 1 for an empty step)."""
+    loads = placement.gpu_loads(counts)
+    peak = loads.max(axis=1)
+    ratio = np.divide(loads.mean(axis=1), peak, out=np.ones_like(peak), where=peak > 0)
+    return float(ratio.mean())
+
+
+def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial: Placement,
+           drain_steps: int = 1) -> ReplayResult:
+    """Run `controller` over `counts [steps, layers, E]` starting from the map `initial`."""
+    counts = check_counts_3d(counts)
+    steps, layers, experts = counts.shape
+    if (initial.num_layers, initial.num_logical_experts) != (layers, experts):
+        raise InputError("initial placement", f"{layers} layers x {experts} experts",
+                         f"{initial.num_layers} x {initial.num_logical_experts}")
+    if initial.num_gpus != cost.num_gpus:
+        raise InputError("initial placement", f"{cost.num_gpus} GPUs (the cluster)", initial.num_gpus)
+    switch = MapSwitch(initial, drain_steps=drain_steps)
+    expert_s = np.zeros(steps)
+    balance = np.zeros(steps)
+    moved_bytes = np.zeros(steps, dtype=np.int64)
+    copy_s = np.zeros(steps)
+    rebalance_steps: list[int] = []
+    slots_moved = peak_staging = 0
+    for step in range(steps):
+        in_use = switch.map_for_step(step)
+        expert_s[step] = cost.step_time_s(in_use, counts[step])
+        balance[step] = balancedness_of(in_use, counts[step])
+        controller.observe(step, counts[step])
+        if switch.busy:
+            continue
+        decision = controller.decide(step, switch.latest)
+        if decision is None:
+            continue
+        copies = cost.copies(switch.latest, decision.placement)
+        if not copies:
+            continue
+        staging = sum(c.num_bytes for c in copies)
+        switch.schedule(decision.placement, step, staging_bytes=staging)
+        moved_bytes[step] = sum(c.num_bytes for c in copies if c.src_gpu != c.dst_gpu)
+        copy_s[step] = cost.migration_time_s(copies)
+        rebalance_steps.append(step)
+        slots_moved += len(copies)
+        peak_staging = max(peak_staging, staging)
+    return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
+                        slots_moved, peak_staging)
+
+
+def hindsight_static(counts: np.ndarray, cost: ReplayCost, num_physical: int, num_nodes: int = 1,
+                     num_groups: int | None = None, solver: str = "fast") -> ReplayResult:
+    """Bound: one map planned from the whole trace, never moved, no migration paid."""
+    from moe_place.online.controller import StaticController
+
+    counts = check_counts_3d(counts)
+    plan = plan_placement(counts.sum(axis=0), num_physical, num_groups, num_nodes, cost.num_gpus, solver=solver)
+    result = replay(counts, StaticController(), cost, plan)
+    return ReplayResult("hindsight-static", result.expert_time_s, result.balancedness, result.bytes_moved,
+                        result.copy_time_s, (), 0, 0)
+
+
+def hindsight_per_step(counts: np.ndarray, cost: ReplayCost, num_physical: int, num_nodes: int = 1,
+                       num_groups: int | None = None, solver: str = "fast") -> ReplayResult:
+    """Bound: every step runs on a map planned for its own counts; migration is free."""
+    counts = check_counts_3d(counts)
+    steps = counts.shape[0]
+    expert_s, balance = np.zeros(steps), np.zeros(steps)
+    for step in range(steps):
+        plan = plan_placement(counts[step], num_physical, num_groups, num_nodes, cost.num_gpus, solver=solver)
+        expert_s[step] = cost.step_time_s(plan, counts[step])
+        balance[step] = balancedness_of(plan, counts[step])
+    zeros = np.zeros(steps)
+    return ReplayResult("hindsight-per-step", expert_s, balance, np.zeros(steps, dtype=np.int64), zeros, (), 0, 0)
+
+
+# ---------------------------------------------------------------------- synthetic traces
+SYNTHETIC_KINDS = ("drift",)
+SYNTHETIC_DEFAULTS = {"steps": 6000, "layers": 8, "experts": 64, "top_k": 8, "tokens": 4096, "domains": 6,
+                      "drift": 0.12, "skew": 0.8, "shared": 0.0, "concentration": 2.0, "hot": 0.0, "seed": 0}
+# `preset=deepseek-r1` starts from the traces helper's calibrated DeepSeek-R1 mixture (58 layers by default
+# there; `layers` still applies)
+SYNTHETIC_PRESETS = ("deepseek-r1",)
+
+
+def parse_synthetic(spec: str) -> tuple[np.ndarray, dict]:
+    """Counts `[steps, layers, E]` of the drifting domain-mixture generator from `drift:key=value,...`.
+
+    Keys (defaults in `SYNTHETIC_DEFAULTS`): steps, layers, experts, top_k, tokens (per step),
+    domains, drift (std of the mixture-logit random walk per step), skew, shared, concentration,
+    hot (one hot expert per domain and layer at `hot` x the mean weight; 0: none), seed, and
+    `preset=deepseek-r1` (the traces helper's calibrated DeepSeek-R1 mixture: 256 experts, top-8,
+    4 domains, shared 0.9, hot experts 9-22x; other keys override it). Returns the counts and the
+    resolved parameters.
+    """
+    from moe_place.traces.synthetic import DEEPSEEK_R1, domain_mixture_counts
+
+    kind, _, rest = str(spec).partition(":")
+    if kind not in SYNTHETIC_KINDS:
+        raise InputError("--synthetic", f"'{SYNTHETIC_KINDS[0]}:key=value,...'", repr(spec))
+    params = dict(SYNTHETIC_DEFAULTS)
+    hot_range = None
+    items = [p.strip() for p in rest.split(",") if p.strip()]
+    for item in items:
+        if item.startswith("preset="):
+            name = item.partition("=")[2]
+            if name not in SYNTHETIC_PRESETS:
+                raise InputError("--synthetic preset", f"one of {', '.join(SYNTHETIC_PRESETS)}", repr(name))
+            params.update(experts=DEEPSEEK_R1["num_experts"], top_k=DEEPSEEK_R1["top_k"],
+                          domains=DEEPSEEK_R1["num_domains"], drift=DEEPSEEK_R1["drift"],
+                          concentration=DEEPSEEK_R1["concentration"], shared=DEEPSEEK_R1["shared"])
+            params["preset"] = name
+            params["skew"] = float(np.mean(DEEPSEEK_R1["skew"]))
+            skew_range, hot_range = DEEPSEEK_R1["skew"], DEEPSEEK_R1["hot_factor"]
+    for item in items:
+        if item.startswith("preset="):
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or key not in params:
+            raise InputError("--synthetic", f"key=value pairs with keys among {', '.join(params)}", repr(item))
+        try:
+            params[key] = type(params[key])(value) if not isinstance(params[key], float) else float(value)
+        except ValueError:
+            raise InputError(f"--synthetic {key}", f"a {type(params[key]).__name__}", repr(value)) from None
+    skew = params["skew"]
+    if "preset" in params and "skew=" not in rest:
+        skew = skew_range
+    if params["hot"] > 0:
+        hot_range = (params["hot"], params["hot"])
+    counts = domain_mixture_counts(params["steps"], params["layers"], params["experts"], params["top_k"],
+                                   params["tokens"], num_domains=params["domains"], skew=skew,
+                                   drift=params["drift"], concentration=params["concentration"],
+                                   shared=params["shared"], hot_factor=hot_range, seed=params["seed"])
+    return counts, {"kind": kind, **params}

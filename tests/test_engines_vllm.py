@@ -1,0 +1,222 @@
+"""vLLM adapter: the policy's interface (both released signatures) and the reversible registration.
+
+vLLM is not a test dependency: the registration is tested against a stand-in module tree with
+the same names vLLM uses (`vllm.distributed.eplb.policy.EPLB_POLICIES`, `AbstractEplbPolicy`,
+`vllm.config.parallel.EPLBPolicyOption`, `EPLBConfig.policy`); when the real vLLM is importable
+the last test runs against it too.
+"""
+
+import abc
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from moe_place.engines import vllm as adapter  # noqa: E402
+from moe_place.placement import Placement  # noqa: E402
+
+
+def _fake_vllm(monkeypatch, returns_tuple: bool):
+    """Install stand-in modules named like vLLM's; returns (policy module, parallel config module)."""
+    annotation = "tuple[torch.Tensor, torch.Tensor, torch.Tensor]" if returns_tuple else "torch.Tensor"
+
+    class AbstractEplbPolicy(abc.ABC):
+        @classmethod
+        @abc.abstractmethod
+        def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                              old_global_expert_indices=None):
+            raise NotImplementedError
+
+    AbstractEplbPolicy.rebalance_experts.__func__.__annotations__["return"] = annotation
+
+    class DefaultEplbPolicy(AbstractEplbPolicy):
+        @classmethod
+        def rebalance_experts(cls, *args, **kwargs):
+            raise AssertionError("the built-in policy should not run")
+
+    policy = types.ModuleType("vllm.distributed.eplb.policy")
+    policy.AbstractEplbPolicy = AbstractEplbPolicy
+    policy.EPLB_POLICIES = {"default": DefaultEplbPolicy}
+    parallel = types.ModuleType("vllm.config.parallel")
+    parallel.EPLBPolicyOption = typing.Literal["default"]
+
+    @dataclass
+    class EPLBConfig:
+        window_size: int = 1000
+        policy: parallel.EPLBPolicyOption = "default"
+
+    parallel.EPLBConfig = EPLBConfig
+    for name in ("vllm", "vllm.distributed", "vllm.distributed.eplb", "vllm.config"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.eplb.policy", policy)
+    monkeypatch.setitem(sys.modules, "vllm.config.parallel", parallel)
+    return policy, parallel
+
+
+def test_install_default_replaces_the_built_in_policy_in_place_and_uninstall_restores_it(monkeypatch):
+    policy_mod, parallel = _fake_vllm(monkeypatch, returns_tuple=False)
+    registry = policy_mod.EPLB_POLICIES
+    original = registry["default"]
+    handle = adapter.install()
+    assert policy_mod.EPLB_POLICIES is registry  # same dict: modules that imported it see the change
+    assert issubclass(registry["default"], adapter.MoePlaceEplbPolicy)
+    assert issubclass(registry["default"], policy_mod.AbstractEplbPolicy)
+    assert typing.get_args(parallel.EPLBPolicyOption) == ("default",)  # nothing else touched
+    adapter.uninstall(handle)
+    assert registry == {"default": original}
+    adapter.uninstall(handle)  # a second uninstall is a no-op
+    assert registry == {"default": original}
+
+
+def test_install_under_a_new_name_widens_the_policy_option_and_is_reversible(monkeypatch):
+    policy_mod, parallel = _fake_vllm(monkeypatch, returns_tuple=False)
+    before_option = parallel.EPLBPolicyOption
+    before_field = parallel.EPLBConfig.__dataclass_fields__["policy"].type
+    with adapter.registered(name="moe_place") as handle:
+        assert set(policy_mod.EPLB_POLICIES) == {"default", "moe_place"}
+        # what vLLM's policy package asserts at import: registry keys == the literal's values
+        assert set(policy_mod.EPLB_POLICIES) == set(typing.get_args(parallel.EPLBPolicyOption))
+        assert "moe_place" in typing.get_args(parallel.EPLBConfig.__annotations__["policy"])
+        assert "moe_place" in typing.get_args(parallel.EPLBConfig.__dataclass_fields__["policy"].type)
+        assert handle.active
+    assert set(policy_mod.EPLB_POLICIES) == {"default"}
+    assert parallel.EPLBPolicyOption is before_option
+    assert parallel.EPLBConfig.__annotations__["policy"] is before_option
+    assert parallel.EPLBConfig.__dataclass_fields__["policy"].type is before_field
+
+
+def test_install_without_vllm_is_an_input_error(monkeypatch):
+    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
+    with pytest.raises(adapter.InputError, match="vllm"):
+        adapter.install()
+    registry = {"default": object}
+    with adapter.registered(name="x", policies=registry):  # an explicit registry needs no vLLM
+        assert issubclass(registry["x"], adapter.MoePlaceEplbPolicy)
+    assert set(registry) == {"default"}
+
+
+def test_plugin_entry_point_installs_only_when_asked_and_only_once(monkeypatch):
+    policy_mod, _ = _fake_vllm(monkeypatch, returns_tuple=False)
+    original = policy_mod.EPLB_POLICIES["default"]
+    monkeypatch.delenv(adapter.PLUGIN_ENV, raising=False)
+    adapter.register_plugin()
+    assert policy_mod.EPLB_POLICIES["default"] is original
+    monkeypatch.setenv(adapter.PLUGIN_ENV, "default")
+    adapter.register_plugin()
+    installed = policy_mod.EPLB_POLICIES["default"]
+    assert issubclass(installed, adapter.MoePlaceEplbPolicy)
+    adapter.register_plugin()  # vLLM may load plugins several times per process
+    assert policy_mod.EPLB_POLICIES["default"] is installed
+
+
+@pytest.mark.parametrize("returns_tuple", [True, False])
+def test_return_style_is_read_off_the_installed_abstract_policy(monkeypatch, returns_tuple):
+    _fake_vllm(monkeypatch, returns_tuple)
+    monkeypatch.delenv(adapter.RETURNS_ENV, raising=False)
+    assert adapter.return_style("auto") == ("tuple" if returns_tuple else "phy2log")
+    monkeypatch.setenv(adapter.RETURNS_ENV, "tuple")
+    assert adapter.return_style("auto") == "tuple"
+
+
+def test_return_style_without_vllm_defaults_to_the_tuple(monkeypatch):
+    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
+    monkeypatch.delenv(adapter.RETURNS_ENV, raising=False)
+    assert adapter.return_style("auto") == "tuple"
+    with pytest.raises(adapter.InputError):
+        adapter.make_policy(returns="both")
+
+
+def test_current_placement_rejects_unusable_old_maps():
+    old = torch.tensor([[0, 1, 2, 3, 0, 1]])
+    assert adapter.current_placement(old, 4, 2, (1, 6)).phy2log.tolist() == [[0, 1, 2, 3, 0, 1]]
+    assert adapter.current_placement(None, 4, 2, (1, 6)) is None
+    assert adapter.current_placement(torch.tensor([[0, 1, 2, 3, -1, -1]]), 4, 2, (1, 6)) is None  # ranks changing
+    assert adapter.current_placement(old, 4, 2, (1, 8)) is None  # slot count changed
+    assert adapter.current_placement(torch.tensor([[0, 0, 2, 3, 0, 3]]), 4, 2, (1, 6)) is None  # expert 1 missing
+
+
+# ---------------------------------------------------------------------- the policy itself (solver-backed)
+def _weight(layers=3, experts=16, seed=0):
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.zipf(1.5, size=(layers, experts)).clip(max=10_000).astype(np.int64))
+
+
+def _check_maps(phy2log, log2phy, logcnt, layers, experts, replicas):
+    assert phy2log.shape == (layers, replicas) and phy2log.dtype == torch.int64 and phy2log.device.type == "cpu"
+    assert log2phy.shape == (layers, experts, replicas - experts + 1) and log2phy.dtype == torch.int64
+    assert logcnt.shape == (layers, experts) and logcnt.dtype == torch.int64
+    p, l2p, cnt = phy2log.numpy(), log2phy.numpy(), logcnt.numpy()
+    for layer in range(layers):
+        np.testing.assert_array_equal(np.bincount(p[layer], minlength=experts), cnt[layer])
+        for e in range(experts):
+            slots = l2p[layer, e]
+            valid = slots[slots >= 0]
+            assert len(valid) == cnt[layer, e] and (slots[len(valid):] == -1).all()  # -1 padding at the end
+            assert (p[layer, valid] == e).all()
+
+
+@pytest.mark.parametrize("style", ["tuple", "phy2log"])
+def test_policy_returns_the_maps_vllm_expects(monkeypatch, style):
+    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
+    policy = adapter.make_policy(returns=style)
+    weight = _weight()
+    out = policy.rebalance_experts(weight.to(torch.float32), 24, 1, 1, 4)
+    if style == "phy2log":
+        assert isinstance(out, torch.Tensor)
+        placement = Placement(out.numpy(), 16, 4)
+        out = adapter.placement_tensors(placement, log2phy_width=24 - 16 + 1)
+    _check_maps(*out, layers=3, experts=16, replicas=24)
+
+
+def test_policy_keeps_unchanged_experts_in_their_slots(monkeypatch):
+    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
+    policy = adapter.make_policy(returns="phy2log")
+    first = policy.rebalance_experts(_weight(seed=0), 24, 1, 1, 4)
+    drifted = _weight(seed=1)
+    fresh = policy.rebalance_experts(drifted, 24, 1, 1, 4)
+    aware = policy.rebalance_experts(drifted, 24, 1, 1, 4, first)
+    moved_fresh = int((fresh != first).sum())
+    moved_aware = int((aware != first).sum())
+    assert moved_aware <= moved_fresh
+    # same load as the map was planned for: nothing needs to move
+    again = policy.rebalance_experts(_weight(seed=0), 24, 1, 1, 4, first)
+    assert int((again != first).sum()) <= moved_aware
+    capped = adapter.make_policy(returns="phy2log", max_moved_slots=2)
+    limited = capped.rebalance_experts(drifted, 24, 1, 1, 4, first)
+    assert ((limited != first).sum(dim=1) <= 2).all()
+
+
+def test_static_plan_file_is_returned_at_every_rebalance(tmp_path, monkeypatch):
+    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
+    plan = Placement(np.array([[0, 1, 2, 3, 0, 2], [3, 2, 1, 0, 1, 3]]), 4, 2)
+    path = tmp_path / "static.json"
+    path.write_text(json.dumps(adapter.export_document(plan)))
+    monkeypatch.setenv(adapter.STATIC_PLAN_ENV, str(path))
+    policy = adapter.make_policy(returns="tuple")
+    phy2log, log2phy, logcnt = policy.rebalance_experts(torch.ones(2, 4), 6, 1, 1, 2)
+    np.testing.assert_array_equal(phy2log.numpy(), plan.phy2log)
+    _check_maps(phy2log, log2phy, logcnt, layers=2, experts=4, replicas=6)
+    with pytest.raises(adapter.InputError, match="3 layers"):
+        policy.rebalance_experts(torch.ones(3, 4), 6, 1, 1, 2)
+
+
+def test_against_the_real_vllm_policy_class():
+    policy_pkg = pytest.importorskip("vllm.distributed.eplb.policy")
+    abstract = policy_pkg.AbstractEplbPolicy
+    policy = adapter.make_policy()
+    assert issubclass(policy, abstract)
+    out = policy.rebalance_experts(_weight().float(), 24, 1, 1, 4)
+    phy2log = out[0] if isinstance(out, tuple) else out
+    assert phy2log.shape == (3, 24) and phy2log.dtype == torch.int64
+    assert adapter.return_style() == adapter.style_of(abstract.rebalance_experts)
+    registry = policy_pkg.EPLB_POLICIES
+    before = dict(registry)
+    with adapter.registered():
+        assert issubclass(registry["default"], adapter.MoePlaceEplbPolicy)
+    assert registry == before
