@@ -157,3 +157,18 @@ def test_pool_stability_section(capsys, tmp_path):
     assert pool["stable"] is True
     path.write_text(text.replace("rate_batches_per_s = 1000", "rate_batches_per_s = 1200"))
     assert run_json(capsys, path)["pool"]["stable"] is False
+
+
+def test_one_degraded_direction_slows_only_its_phase(capsys, tmp_path):
+    text = (SCENARIOS / "c6_hot.toml").read_text().replace(
+        "200 GB/s between nodes\"", "200 GB/s between nodes\"\nlinks = [{from = \"nic8\", to = \"leaf1\", gb_per_s = 25}]")
+    path = tmp_path / "degraded.toml"
+    path.write_text(text)
+    report = run_json(capsys, path)
+    assert round(report["dispatch"]["time_s"] * 1e3, 3) == 0.839  # leaf1 -> nic8 still 50 GB/s
+    assert report["combine"]["time_s"] == pytest.approx(40 * 2**20 / 25e9)  # GPU 8 sends its 40 MiB at 25 GB/s
+    assert "link nic8->leaf1" in report["combine"]["binding"]
+    path.write_text(text.replace('from = "nic8"', 'from = "nic99"'))
+    capsys.readouterr()
+    assert main(["predict", str(path)]) == 2
+    assert "links[0]" in capsys.readouterr().err

@@ -25,6 +25,7 @@ name = "..."                      # optional label
 [hardware]  parts_file = "my_parts.toml" (optional extra parts), efficiency = 0.5 (GPU compute and HBM)
 [topology]  spec = "2 nodes x 8 H100, NVLink 450 GB/s, 400 Gbit/s NIC per GPU, 200 GB/s between nodes"
             | file = "topo.toml" | gpu/nodes/gpus_per_node/nvlink_gb_per_s/nic_gbit_per_s/inter_node_gb_per_s/...
+            links = [{from = "nic8", to = "leaf1", gb_per_s = 25}]  (optional: set single link directions)
 [model]     preset = "Qwen3-235B-A22B" (+ overrides) | hidden/intermediate/num_experts/top_k/num_moe_layers/dtype
 [workload]  exactly one of
               dispatch = [[a_ij]] + sources = [GPU ids of rows] + groups = [GPU ids of columns]

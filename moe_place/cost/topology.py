@@ -312,16 +312,18 @@ def topology_from_table(table: dict, catalog: Catalog | None = None, where: str 
 
     Either `spec = "2 nodes x 8 H100, ..."`, or keys: gpu, nodes, gpus_per_node, nvlink_gb_per_s,
     nic_gbit_per_s (or nic_gb_per_s), inter_node_gb_per_s, pcie_gb_per_s, host_pcie_gb_per_s,
-    or `file = "topo.toml"` holding one of these in a [topology] table.
+    or `file = "topo.toml"` holding one of these in a [topology] table. Either form takes
+    `links = [{from, to, gb_per_s}]` to set single link directions (see `with_link_overrides`).
     """
     catalog = catalog or builtin_catalog()
     if "file" in table:
         data = read_table_file(table["file"])
         return topology_from_table(data.get("topology", data), catalog, str(table["file"]))
+    links = table.get("links", [])
     if "spec" in table:
-        return parse_topology_spec(str(table["spec"]), catalog)
+        return with_link_overrides(parse_topology_spec(str(table["spec"]), catalog), links, where)
     known = {"gpu", "nodes", "gpus_per_node", "nvlink_gb_per_s", "nic_gbit_per_s", "nic_gb_per_s",
-             "inter_node_gb_per_s", "pcie_gb_per_s", "host_pcie_gb_per_s"}
+             "inter_node_gb_per_s", "pcie_gb_per_s", "host_pcie_gb_per_s", "links"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise InputError(f"{where}.{unknown[0]}", f"'spec', 'file' or one of {sorted(known)}")
@@ -338,7 +340,34 @@ def topology_from_table(table: dict, catalog: Catalog | None = None, where: str 
         options["nic_bytes_per_s"] = gbit_per_s(get_number(table, "nic_gbit_per_s", where))
     nodes = table.get("nodes", 1)
     per = table.get("gpus_per_node", 8)
-    return build_cluster(gpu, nodes, per, **options)
+    return with_link_overrides(build_cluster(gpu, nodes, per, **options), links, where)
+
+
+def with_link_overrides(topology: Topology, links: list, where: str = "topology") -> Topology:
+    """A copy of `topology` with the bandwidth of single link directions replaced.
+
+    links: `[{from = "leaf0", to = "spine", gb_per_s = 50}, ...]` (or `gbit_per_s`), one direction each,
+    e.g. a degraded NIC or an asymmetric uplink. The edge must exist in the graph.
+    """
+    if not links:
+        return topology
+    if not isinstance(links, list):
+        raise InputError(f"{where}.links", "a list of {from, to, gb_per_s} tables", type(links).__name__)
+    graph = nx.DiGraph(topology.graph)
+    for i, link in enumerate(links):
+        here = f"{where}.links[{i}]"
+        if not isinstance(link, dict) or "from" not in link or "to" not in link:
+            raise InputError(here, "a table with from, to and gb_per_s (or gbit_per_s)", repr(link))
+        u, v = str(link["from"]), str(link["to"])
+        if not graph.has_edge(u, v):
+            raise InputError(here, f"an existing link direction (nodes like gpu0, nvswitch0, nic0, leaf0, spine, "
+                                   f"host0)", f"{u}->{v}")
+        if "gbit_per_s" in link:
+            capacity = gbit_per_s(get_number(link, "gbit_per_s", here))
+        else:
+            capacity = gb_per_s(get_number(link, "gb_per_s", here))
+        graph.edges[u, v]["capacity"] = capacity
+    return Topology(graph, topology.gpu, topology.num_servers, topology.gpus_per_server)
 
 
 def load_topology(path: str | Path, catalog: Catalog | None = None) -> Topology:
