@@ -140,3 +140,17 @@ def test_table_format_prints_units(capsys):
     assert main(["predict", str(SCENARIOS / "c6_hot.toml")]) == 0
     out = capsys.readouterr().out
     assert "dispatch.time_s" in out and "0.8388608 ms" in out and "binds" in out and "GB/s" in out
+
+
+def test_c9_payback_from_command_line_flags(capsys):
+    capsys.readouterr()
+    assert main(["payback", "--topology", "2 nodes x 8 H100, 400 Gbit/s NIC per GPU", "--saving-ms", "0.24046821",
+                 "--alpha-us", "5", "--case", "NVLink=0:1,0:2,0:3,0:4,0:5,0:6,0:7",
+                 "--case", "NIC=8:1,8:2,8:3,8:4,8:5,8:6,8:7", "--free-mib", "64", "--format", "json"]) == 0
+    nvlink, nic = json.loads(capsys.readouterr().out)["payback"]["cases"]
+    assert (round(nvlink["copy_time_s"] * 1e3, 8), nvlink["n_min"]) == (0.62220256, 3)
+    assert (round(nic["copy_time_s"] * 1e3, 8), nic["n_min"]) == (5.31982304, 23)
+    assert main(["payback", "--topology", "8 H100", "--saving-ms", "1", "--case", "x=0:1", "--free-mib", "35"]) == 2
+    assert "replica does not fit" in capsys.readouterr().err
+    assert main(["payback", "--saving-ms", "1"]) == 2
+    assert "--topology" in capsys.readouterr().err

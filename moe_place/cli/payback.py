@@ -1,31 +1,88 @@
-"""`moe-place payback SCENARIO`: copy time, saving per batch, N_min and net-gain curve of a replica move."""
+"""`moe-place payback`: copy time, saving per batch, N_min and net-gain curve of a replica move.
+
+Either a scenario file with a [payback] section, or the move on the command line:
+    moe-place payback --topology "2 nodes x 8 H100, 400 Gbit/s NIC per GPU" --model Qwen3-235B-A22B \\
+        --saving-ms 0.24046821 --alpha-us 5 --case "NVLink=0:1,0:2,0:3" --case "NIC=8:1,8:2,8:3" --plot gain.png
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
-HELP = "replica payback of a scenario's [payback] section: copy time, saving per batch, N_min, net gain"
+from moe_place.cli.options import int_list, positive_float, positive_int
+
+HELP = "replica payback: copy time over the real path, saving per batch, N_min, net-gain curve (--plot)"
+
+
+def _case(text: str) -> dict:
+    """`NAME=SRC:DST,SRC:DST` -> {"name", "copies"}."""
+    match = re.fullmatch(r"\s*([^=]+)=\s*(\d+:\d+(?:\s*,\s*\d+:\d+)*)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected NAME=SRC:DST,SRC:DST (GPU indices), got {text!r}")
+    pairs = [[int(x) for x in pair.split(":")] for pair in re.split(r"\s*,\s*", match.group(2))]
+    return {"name": match.group(1).strip(), "copies": pairs}
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario file (.toml or .json) with a [payback] section")
+    parser.add_argument("scenario", metavar="SCENARIO", nargs="?", help="scenario file (.toml/.json) with [payback]")
+    parser.add_argument("--topology", metavar="SPEC", help='e.g. "2 nodes x 8 H100, 400 Gbit/s NIC per GPU"')
+    parser.add_argument("--model", metavar="PRESET", default="Qwen3-235B-A22B", help="expert shape (copy size)")
+    parser.add_argument("--saving-ms", type=positive_float, metavar="MS", help="time saved per batch by the move")
+    parser.add_argument("--case", type=_case, action="append", metavar="NAME=SRC:DST,...",
+                        help="one copy plan (repeat to compare paths)")
+    parser.add_argument("--alpha-us", type=_non_negative_float, default=0.0, metavar="US", help="startup per copy")
+    parser.add_argument("--parallel", action="store_true", help="start all copies at once (default: one after another)")
+    parser.add_argument("--free-mib", type=_non_negative_float, metavar="MIB", help="free memory per receiving GPU")
+    parser.add_argument("--batches", type=int_list, default=[16, 64], metavar="N1,N2", help="report net gain here")
+    parser.add_argument("--max-batches", type=positive_int, default=64, metavar="N", help="curve length (default 64)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
-    parser.add_argument("--plot", metavar="FILE.png", help="also draw net gain vs batches per copy path (PNG)")
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw net gain vs batches per copy plan (PNG)")
     parser.add_argument("--output", metavar="FILE", help="write the table/JSON to FILE instead of stdout")
+
+
+def _scenario(args: argparse.Namespace):
+    from moe_place.cost.scenario import load_scenario, scenario_from_table
+    from moe_place.errors import InputError
+
+    if args.scenario is not None:
+        scenario = load_scenario(args.scenario)
+        if "payback" not in scenario.data:
+            raise InputError(f"{args.scenario}: [payback]", "a payback section", "nothing")
+        return scenario
+    missing = [flag for flag, value in (("--topology", args.topology), ("--saving-ms", args.saving_ms),
+                                        ("--case", args.case)) if value is None]
+    if missing:
+        raise InputError(missing[0], "a value (or a SCENARIO file)", "nothing")
+    section = {"saving_per_batch_ms": args.saving_ms, "alpha_us": args.alpha_us, "cases": args.case,
+               "mode": "parallel" if args.parallel else "serial", "batches": args.batches,
+               "max_batches": args.max_batches}
+    if args.free_mib is not None:
+        section["free_mib"] = args.free_mib
+    data = {"name": "command line", "model": {"preset": args.model}, "topology": {"spec": args.topology},
+            "payback": section}
+    return scenario_from_table(data, "command line")
 
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.cost.plot import render_payback_png
     from moe_place.cost.report import format_report
-    from moe_place.cost.scenario import load_scenario, payback_report
-    from moe_place.errors import InputError
+    from moe_place.cost.scenario import payback_report
     from moe_place.io import write_atomic
 
-    scenario = load_scenario(args.scenario)
-    if "payback" not in scenario.data:
-        raise InputError(f"{args.scenario}: [payback]", "a payback section", "nothing")
+    scenario = _scenario(args)
     result = payback_report(scenario)
     batches = list(range(result["max_batches"] + 1))
     curves = {case["name"]: [n * result["saving_per_batch_s"] - case["copy_time_s"] for n in batches]

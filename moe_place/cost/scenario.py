@@ -83,7 +83,12 @@ class Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
-    data = read_table_file(path)
+    return scenario_from_table(read_table_file(path), path)
+
+
+def scenario_from_table(data: dict, path: str | Path = "scenario") -> Scenario:
+    """A scenario from its parsed table; `path` names it in errors and anchors relative file names."""
+    path = Path(path)
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise InputError(f"{path}: {unknown[0]}", f"one of the sections {list(SECTIONS)}")
