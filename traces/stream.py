@@ -7,7 +7,8 @@ member of an `.npz` (our format, `moe_place.traces.npz`) chunk by chunk, validat
   `.npy` header give the data offset, then `readinto` fills one reused chunk buffer at a time;
 - a compressed (deflated) member is decompressed chunk by chunk through `zipfile`;
 - a plain `.npy` file is memory-mapped (`stream_npy_counts`).
-Memory: one chunk of ids and its keys (`chunk_tokens * layers * k` elements each), the counts
+Memory: one chunk of ids and its keys (`chunk_tokens * layers * k` elements each, about 256K by
+default), the counts
 `[steps, layers, experts]`, and the `step` array if present (8 bytes per token, 1/(layers*k)
 of the ids at int64: that member is read whole).
 """
@@ -22,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.traces.count import DEFAULT_CHUNK_TOKENS, DispatchCounter
+from moe_place.traces.count import DispatchCounter, chunk_tokens_for
 from moe_place.traces.model import Trace
 from moe_place.traces.npz import (_meta, check_meta_against_ids, check_num_experts, open_npz, read_header,
                                   read_member, step_index)
@@ -40,8 +41,11 @@ def token_bytes(path: str | Path) -> int:
         return 0
 
 
-def stream_npz_counts(path: str | Path, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Trace:
-    """A count-level Trace `[steps, layers, experts]` from a token-level npz, read in chunks."""
+def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None) -> Trace:
+    """A count-level Trace `[steps, layers, experts]` from a token-level npz, read in chunks.
+
+    chunk_tokens: tokens per chunk (default: about 256K ids, `count.chunk_tokens_for`).
+    """
     path = Path(path)
     with open_npz(path) as npz:
         header = read_header(npz, path)
@@ -50,6 +54,7 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
         step = read_member(npz, path, "step") if "step" in header.keys else None
     with IdsReader(path) as reader:
         tokens, num_layers, k = reader.shape
+        chunk_tokens = chunk_tokens_for(num_layers, k, chunk_tokens)
         if tokens == 0 or num_layers == 0 or k == 0:
             raise InputError(f"{path}: topk_ids", "at least one token, layer and expert per token",
                              f"shape {reader.shape}")
@@ -75,7 +80,7 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 
 
 def stream_npy_counts(path: str | Path, num_experts: int | None = None,
-                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> np.ndarray:
+                      chunk_tokens: int | None = None) -> np.ndarray:
     """int64 `[layers, experts]` counts of a plain `.npy` of ids `[tokens, layers, k]`, memory-mapped."""
     path = Path(path)
     try:
@@ -84,6 +89,7 @@ def stream_npy_counts(path: str | Path, num_experts: int | None = None,
         raise InputError(str(path), "a readable .npy file", str(exc)[:200]) from None
     if ids.ndim != 3 or ids.dtype.kind not in "iu" or 0 in ids.shape:
         raise InputError(str(path), "a non-empty integer array [tokens, layers, k]", f"{ids.dtype} shape {ids.shape}")
+    chunk_tokens = chunk_tokens_for(ids.shape[1], ids.shape[2], chunk_tokens)
     if num_experts is None:
         num_experts = max(int(ids[s:s + chunk_tokens].max()) for s in range(0, ids.shape[0], chunk_tokens)) + 1
     counter = DispatchCounter(ids.shape[1], num_experts, ids.shape[2], str(path))
