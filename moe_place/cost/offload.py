@@ -9,7 +9,6 @@ GPU `C_G`, HBM `B_H`, hidden `h`, activation bytes `b`):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
