@@ -113,6 +113,6 @@ def _is_torch_zip(path: Path) -> bool:
     try:
         with zipfile.ZipFile(path) as zf:
             return any(name.endswith("data.pkl") for name in zf.namelist())
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+    except READ_ERRORS:  # a damaged archive: the npz reader reports it
         return False
 
