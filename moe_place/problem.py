@@ -79,6 +79,9 @@ class PlacementProblem:
         if self.num_physical % self.num_gpus:
             raise InputError("num_physical", f"a multiple of num_gpus={self.num_gpus} (equal slots per GPU)",
                              self.num_physical)
+        if self.num_physical > experts * self.num_gpus:
+            raise InputError("num_physical", f"at most {experts} slots per GPU (one per expert: no GPU may hold "
+                             f"two replicas of one expert)", f"{self.num_physical // self.num_gpus} per GPU")
         if self.num_groups is not None and (self.num_groups < 1 or experts % self.num_groups):
             raise InputError("num_groups", f"a divisor of the {experts} experts", self.num_groups)
         if self.split not in SPLIT_POLICIES:

@@ -202,8 +202,9 @@ class EplbSolver:
         colocated = has_colocation(phy2log, problem.num_gpus)
         objective = window_objective(problem, layer, phy2log)
         bound = window_lower_bound(problem, layer)
-        return LayerSolution(phy2log, "heuristic", objective, min(bound, objective), time.perf_counter() - start,
-                             {"colocated": colocated})
+        bound = min(bound, objective)
+        status = "optimal" if objective <= bound * (1 + 1e-9) else "heuristic"  # met the bound: proved
+        return LayerSolution(phy2log, status, objective, bound, time.perf_counter() - start, {"colocated": colocated})
 
 
 def has_colocation(phy2log: np.ndarray, num_gpus: int) -> bool:

@@ -1,0 +1,463 @@
+"""`fast`: a deterministic construction + local search for one layer, in milliseconds.
+
+Model: the even split (SOLVER-NOTES.md), exactly `S = P/G` slots per GPU, never two replicas of
+one expert on one GPU. With several windows it plans on their summed loads and reports the
+problem's window objective.
+
+1. Start. The better of (a) replica counts from the min-max apportionment (bounds.apportion,
+   capped at `G` replicas) packed by conflict-aware LPT (pieces heaviest first, each to the
+   lightest GPU with a free slot that does not hold its expert) and (b) DeepSeek EPLB's plan
+   when it has no co-located replicas. So `fast` starts no worse than `eplb`.
+2. Target packing. For targets `T` between the lower bound and the best plan so far
+   (bisection): start from the fewest replicas `ceil(w/T)`, pack pieces heaviest first into the
+   lightest GPU where they fit under `T`; a piece that fits nowhere makes its expert take one
+   more replica (all its pieces shrink) while spare slots remain; spare slots left at the end
+   go to the heaviest piece that fits. This finds plans whose replica counts differ from the
+   apportionment (e.g. 196.67 on [600, 560, 120, 120, 20, 10, 10, 10], 8 GPUs x 2 slots).
+3. Local search around the busiest GPU `g`, best improvement, until no move lowers
+   `(max load, number of GPUs at the max)`: swap a slot of `g` with a slot elsewhere; move a
+   replica of an expert on `g` to another expert (re-split); give an expert on `g` one more
+   replica in place of a replica of another expert elsewhere. Vectorised with numpy.
+
+Migration-aware mode (`problem.current` given): starts from the current plan and keeps its slot
+positions; only moves (step 3) that lower `busiest load + move_cost_weight * moved slots` are
+taken, never past `max_moved_slots`. Unmoved experts keep their slots.
+
+Deterministic: no randomness and no wall-clock decisions unless a `time_limit_s` cuts the
+search short (it then returns the best plan so far).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import ClassVar
+
+import numpy as np
+
+from moe_place.problem import PlacementProblem
+from moe_place.solvers.base import LayerSolution, register
+from moe_place.solvers.bounds import apportion, layer_lower_bound, window_lower_bound
+from moe_place.solvers.evaluate import window_objective
+
+_TOL = 1e-12  # relative tolerance of load comparisons
+STOP_GAP = 1e-4  # a plan this close to the lower bound is good enough (auto mode hands the rest to cpsat)
+
+
+# ---------------------------------------------------------------------- construction
+def lpt_pack(loads: np.ndarray, replicas: np.ndarray, num_gpus: int) -> np.ndarray:
+    """int64 `[G, S]`: pieces `w[e]/r[e]` heaviest first, each to the lightest open GPU without `e`.
+
+    loads: float64 `[E]`; replicas: int `[E]`, `1 <= r[e] <= G`, `sum r = G*S`.
+    A piece that finds only GPUs holding its expert is co-located, then repaired by a swap.
+    """
+    experts = loads.size
+    slots = int(replicas.sum()) // num_gpus
+    share = loads / replicas
+    order = sorted(range(experts), key=lambda e: (-share[e], e))
+    heap = [(0.0, g) for g in range(num_gpus)]
+    content: list[list[int]] = [[] for _ in range(num_gpus)]
+    load = [0.0] * num_gpus
+    for e in order:
+        for _ in range(int(replicas[e])):
+            skipped = []
+            while heap and e in content[heap[0][1]]:
+                skipped.append(heapq.heappop(heap))
+            if heap:
+                _, g = heapq.heappop(heap)
+            else:  # only GPUs holding e have room: co-locate now, repair below
+                skipped.sort()
+                _, g = skipped.pop(0)
+            content[g].append(e)
+            load[g] += share[e]
+            if len(content[g]) < slots:
+                heapq.heappush(heap, (load[g], g))
+            for item in skipped:
+                heapq.heappush(heap, item)
+    table = np.array(content, dtype=np.int64)
+    _repair_colocation(table, share)
+    return table
+
+
+def _repair_colocation(table: np.ndarray, share: np.ndarray) -> None:
+    """Swap co-located replicas away (in place): always possible when every `r[e] <= G`."""
+    num_gpus = table.shape[0]
+    while True:
+        dup = None
+        for g in range(num_gpus):
+            row = table[g]
+            values, counts = np.unique(row, return_counts=True)
+            if (counts > 1).any():
+                dup = (g, int(values[counts > 1][0]))
+                break
+        if dup is None:
+            return
+        g, e = dup
+        i = int(np.flatnonzero(table[g] == e)[0])
+        load = share[table].sum(axis=1)
+        best = None
+        for h in range(num_gpus):
+            if h == g or e in table[h]:
+                continue
+            for j, f in enumerate(table[h]):
+                if f in table[g]:
+                    continue
+                worst = max(load[g] - share[e] + share[f], load[h] - share[f] + share[e])
+                if best is None or worst < best[0]:
+                    best = (worst, h, j)
+        assert best is not None, "a replica count above the number of GPUs"
+        _, h, j = best
+        table[g, i], table[h, j] = table[h, j], table[g, i]
+
+
+def target_pack(loads: np.ndarray, num_gpus: int, slots: int, target: float) -> np.ndarray | None:
+    """int64 `[G, S]` with every GPU at most `target`, or None when this greedy finds none.
+
+    Pieces start at the fewest replicas `max(1, ceil(w/T))`; see step 2 of the module docstring.
+    Pure Python with two heaps (pieces by size, GPUs by load; stale entries skipped lazily).
+    """
+    experts = loads.size
+    limit = target * (1 + _TOL)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(target > 0, loads / target, np.where(loads > 0, np.inf, 0.0))
+    if not np.isfinite(ratio).all():
+        return None
+    replicas = np.maximum(1, np.ceil(ratio - _TOL)).astype(np.int64)
+    if replicas.max() > num_gpus or replicas.sum() > num_gpus * slots:
+        return None
+    spare = num_gpus * slots - int(replicas.sum())
+    w = loads.tolist()
+    r = replicas.tolist()
+    pending = list(r)                                  # pieces of each expert not placed yet
+    load = [0.0] * num_gpus
+    content: list[list[int]] = [[] for _ in range(num_gpus)]
+    holders: list[list[int]] = [[] for _ in range(experts)]
+    gpu_heap = [(0.0, g) for g in range(num_gpus)]     # (load, gpu); stale when load changed
+    piece_heap = [(-w[e] / r[e], e) for e in range(experts)]
+    heapq.heapify(piece_heap)
+    while piece_heap:
+        neg, e = piece_heap[0]
+        piece = w[e] / r[e]
+        if pending[e] == 0 or -neg != piece:
+            heapq.heappop(piece_heap)
+            if pending[e] and -neg != piece:
+                heapq.heappush(piece_heap, (-piece, e))
+            continue
+        skipped, chosen = [], -1
+        while gpu_heap:
+            gl, g = gpu_heap[0]
+            if gl != load[g] or len(content[g]) >= slots:
+                heapq.heappop(gpu_heap)      # stale or full
+                continue
+            if e in content[g]:
+                skipped.append(heapq.heappop(gpu_heap))
+                continue
+            chosen = g
+            break
+        for item in skipped:
+            heapq.heappush(gpu_heap, item)
+        if chosen >= 0 and load[chosen] + piece <= limit:
+            heapq.heappop(gpu_heap)
+            content[chosen].append(e)
+            holders[e].append(chosen)
+            load[chosen] += piece
+            heapq.heappush(gpu_heap, (load[chosen], chosen))
+            pending[e] -= 1
+            continue
+        if spare == 0 or r[e] >= num_gpus:
+            return None
+        spare -= 1  # split e once more: its placed pieces shrink, one more piece to place
+        smaller = w[e] / (r[e] + 1)
+        for g in holders[e]:
+            load[g] -= piece - smaller
+            heapq.heappush(gpu_heap, (load[g], g))
+        r[e] += 1
+        pending[e] += 1
+        heapq.heappush(piece_heap, (-smaller, e))
+    if spare:
+        counts = np.array(r, dtype=np.float64)
+        load_arr = np.array(load)
+        for g in range(num_gpus):  # spare slots: one more replica of the heaviest piece that fits
+            while len(content[g]) < slots:
+                allowed = counts < num_gpus
+                allowed[content[g]] = False
+                grown = loads / (counts + 1)
+                fits = allowed & (load_arr[g] + grown <= limit)
+                if fits.any():
+                    e = int(np.argmax(np.where(fits, loads / counts, -1.0)))
+                else:
+                    e = int(np.argmin(np.where(allowed, grown, np.inf)))
+                load_arr[holders[e]] -= loads[e] / counts[e] - grown[e]
+                counts[e] += 1
+                content[g].append(e)
+                holders[e].append(g)
+                load_arr[g] += grown[e]
+    return np.array(content, dtype=np.int64)
+
+
+# ---------------------------------------------------------------------- local search
+class _State:
+    """A layer plan under change: slots `[G, S]`, counts `[G, E]`, replicas, shares, loads."""
+
+    def __init__(self, loads: np.ndarray, table: np.ndarray):
+        self.w = loads
+        self.table = table.copy()
+        self.num_gpus, self.slots = table.shape
+        self.count = np.zeros((self.num_gpus, loads.size), dtype=np.int64)
+        np.add.at(self.count, (np.repeat(np.arange(self.num_gpus), self.slots), self.table.ravel()), 1)
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.replicas = self.count.sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.share = np.where(self.replicas > 0, self.w / np.maximum(self.replicas, 1), 0.0)
+        self.load = self.share[self.table].sum(axis=1)
+
+    def set_slot(self, g: int, i: int, expert: int) -> None:
+        self.count[g, self.table[g, i]] -= 1
+        self.table[g, i] = expert
+        self.count[g, expert] += 1
+
+
+def local_search(loads: np.ndarray, table: np.ndarray, bound: float, current: np.ndarray | None = None,
+                 move_cost: float = 0.0, max_moved: int | None = None, max_iterations: int | None = None,
+                 deadline: float | None = None, stop_gap: float = STOP_GAP) -> np.ndarray:
+    """Improve a plan `[G, S]` by the moves of step 3; returns the new `[G, S]` table.
+
+    Stops when no move improves, after `max_iterations` moves, past `deadline`
+    (time.perf_counter seconds) or once the busiest load is within `stop_gap` of `bound`.
+    """
+    state = _State(np.asarray(loads, dtype=np.float64), table)
+    G, S = state.num_gpus, state.slots
+    iterations = max_iterations if max_iterations is not None else 20 * G * S + 100
+    migrating = current is not None
+    moved = int((state.table != current).sum()) if migrating else 0
+    for _ in range(iterations):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        load = state.load
+        g = int(np.argmax(load))
+        top = float(load[g])
+        tol = _TOL * max(top, 1e-300)
+        if top <= bound * (1 + stop_gap):
+            break
+        others = np.delete(load, g)
+        second = float(others.max()) if others.size else 0.0
+        move = _best_move(state, g, top, tol, current, moved, move_cost, max_moved, second)
+        if move is None:
+            break
+        kind, args, delta_moved = move
+        if kind == "swap":
+            i, h, j = args
+            a, b = state.table[g, i], state.table[h, j]
+            state.set_slot(g, i, b)
+            state.set_slot(h, j, a)
+        else:
+            h, j, expert = args
+            state.set_slot(h, j, expert)
+        moved += delta_moved
+        state.refresh()
+    return state.table
+
+
+def _best_move(state: _State, g: int, top: float, tol: float, current: np.ndarray | None, moved: int,
+               move_cost: float, max_moved: int | None, second: float):
+    """The best improving move around the busiest GPU `g`, or None."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _best_move_inner(state, g, top, tol, current, moved, move_cost, max_moved, second)
+
+
+def _best_move_inner(state: _State, g: int, top: float, tol: float, current: np.ndarray | None, moved: int,
+                     move_cost: float, max_moved: int | None, second: float):
+    table, count, share, load, w = state.table, state.count, state.share, state.load, state.w
+    G, S = table.shape
+    replicas = state.replicas
+    on_g = table[g]                                   # [S] experts on the busiest GPU
+    share_g = share[on_g]                             # [S]
+    held = count > 0                                  # [G, E]
+    candidates = []                                   # (score, kind, args, delta_moved)
+
+    # 1. swaps: slot (g, i) <-> slot (h, j)
+    share_all = share[table]                           # [G, S]
+    new_g = top - share_g[:, None, None] + share_all[None]                  # [S, G, S]
+    new_h = load[None, :, None] - share_all[None] + share_g[:, None, None]  # [S, G, S]
+    ok = (~held[g][table])[None] & (~held[:, on_g].T)[:, :, None]
+    score = np.maximum(new_g, new_h)
+    delta = None
+    if current is not None:
+        cur = current
+        d_g = (table[None] != cur[g][:, None, None]).astype(np.int64) - (on_g != cur[g])[:, None, None]
+        d_h = (on_g[:, None, None] != cur[None]).astype(np.int64) - (table != cur)[None].astype(np.int64)
+        delta = d_g + d_h
+    _collect(candidates, "swap", score, ok, delta)
+    if current is None and candidates and candidates[0][0] < top - tol:
+        i, h, j = candidates[0][2]  # an improving swap: take it before pricing re-splits
+        return "swap", (i, h, j), 0
+
+    # 2. re-split: slot (g, i) changes from expert a to expert b (a keeps >= 1 replica)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        grown_a = np.where(replicas[on_g] > 1, w[on_g] / np.maximum(replicas[on_g] - 1, 1), np.inf)  # [S]
+        shrunk_b = w / (replicas + 1)                                                              # [E]
+    rise_a = grown_a - share_g                                                                     # [S]
+    holder_load = np.where(held[:, on_g].T, load[None, :], -np.inf)                                # [S, G]
+    holder_load[:, g] = -np.inf
+    worst_a = holder_load.max(axis=1) + rise_a                                                     # [S]
+    new_g2 = top - share_g[:, None] + shrunk_b[None, :]                                            # [S, E]
+    score2 = np.maximum(new_g2, worst_a[:, None])
+    ok2 = (replicas[on_g] > 1)[:, None] & (~held[g])[None, :] & (replicas < G)[None, :]
+    delta2 = None
+    if current is not None:
+        experts = np.arange(w.size)
+        delta2 = (experts[None, :] != current[g][:, None]).astype(np.int64) - (on_g != current[g])[:, None]
+    _collect(candidates, "resplit_out", score2, ok2, delta2)
+
+    # 3. re-split: slot (h, j) changes from expert c to expert a = on_g[i] (a gains a replica)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        smaller_a = w[on_g] / (replicas[on_g] + 1)                                                 # [S]
+        grown_c = np.where(replicas > 1, w / np.maximum(replicas - 1, 1), np.inf)                  # [E]
+    drop_a = share_g - smaller_a                                                                   # [S]
+    rise_c = grown_c - share                                                                       # [E]
+    c = table                                                                                      # [G, S]
+    new_g3 = top - drop_a[:, None, None] + (held[g][c] * rise_c[c])[None]                          # [S, G, S]
+    new_h3 = (load[:, None] - share[c])[None] + smaller_a[:, None, None]                           # [S, G, S]
+    # the busiest other holder of c after it grows (not h, not g)
+    worst_c = _max_holder_excluding(held, load, g, c) + rise_c[c]                                  # [G, S]
+    score3 = np.maximum(np.maximum(new_g3, new_h3), worst_c[None])
+    ok3 = ((replicas[c] > 1) & (np.arange(G)[:, None] != g))[None] & (~held[:, on_g].T)[:, :, None] \
+        & (replicas[on_g] < G)[:, None, None]
+    delta3 = None
+    if current is not None:
+        delta3 = (on_g[:, None, None] != current[None]).astype(np.int64) - (table != current)[None].astype(np.int64)
+    _collect(candidates, "resplit_in", score3, ok3, delta3)
+
+    best = None
+    for score_value, kind, index, d in candidates:
+        if current is None:
+            if score_value >= top - tol:
+                continue
+            value = score_value
+        else:
+            if max_moved is not None and moved + d > max_moved:
+                continue
+            value = max(score_value, second) + move_cost * (moved + d)
+            if value >= top + move_cost * moved - tol or score_value >= top - tol:
+                continue
+        if best is None or value < best[0]:
+            best = (value, kind, index, d)
+    if best is None:
+        return None
+    _, kind, index, d = best
+    if kind == "swap":
+        i, h, j = index
+        return "swap", (i, h, j), d
+    if kind == "resplit_out":
+        i, b = index
+        return "resplit", (g, i, b), d
+    i, h, j = index
+    return "resplit", (h, j, int(on_g[i])), d
+
+
+def _collect(candidates: list, kind: str, score: np.ndarray, ok: np.ndarray, delta: np.ndarray | None) -> None:
+    """Append the best valid entry of `score` (and, when migrating, the best per moved-slot change)."""
+    masked = np.where(ok, score, np.inf)
+    if delta is None:
+        flat = int(np.argmin(masked))
+        if np.isfinite(masked.flat[flat]):
+            candidates.append((float(masked.flat[flat]), kind, np.unravel_index(flat, masked.shape), 0))
+        return
+    for d in (-2, -1, 0, 1, 2):
+        sel = np.where(delta == d, masked, np.inf)
+        flat = int(np.argmin(sel))
+        if np.isfinite(sel.flat[flat]):
+            candidates.append((float(sel.flat[flat]), kind, np.unravel_index(flat, sel.shape), d))
+
+
+def _max_holder_excluding(held: np.ndarray, load: np.ndarray, g: int, experts: np.ndarray) -> np.ndarray:
+    """`[G, S]`: for the expert c in slot (h, j), the largest load of a GPU holding c, not g or h."""
+    columns = np.arange(held.shape[1])
+    masked = np.where(held, load[:, None], -np.inf)  # [G, E]
+    masked[g] = -np.inf
+    first_gpu = np.argmax(masked, axis=0)             # [E]
+    first = masked[first_gpu, columns]
+    masked[first_gpu, columns] = -np.inf
+    second = masked.max(axis=0)
+    h = np.arange(held.shape[0])[:, None]
+    return np.where(first_gpu[experts] == h, second[experts], first[experts])
+
+
+# ---------------------------------------------------------------------- the solver
+def fast_layer(loads: np.ndarray, num_gpus: int, num_physical: int, *, eplb_row: np.ndarray | None = None,
+               current: np.ndarray | None = None, move_cost: float = 0.0, max_moved: int | None = None,
+               bound: float | None = None, deadline: float | None = None,
+               bisection_steps: int = 8, max_iterations: int | None = None) -> np.ndarray:
+    """int64 `[P]`: a plan for one layer's loads `[E]` (steps 1-3 of the module docstring)."""
+    loads = np.asarray(loads, dtype=np.float64)
+    slots = num_physical // num_gpus
+    if bound is None:
+        bound = layer_lower_bound(loads, num_gpus, num_physical)
+    if current is not None:
+        table = np.asarray(current, dtype=np.int64).reshape(num_gpus, slots)
+        return local_search(loads, table, bound, table.copy(), move_cost, max_moved, deadline=deadline).ravel()
+
+    def busiest(table: np.ndarray) -> float:
+        return float((loads / np.bincount(table.ravel(), minlength=loads.size))[table].sum(axis=1).max())
+
+    replicas = apportion(loads[None], num_physical, cap=num_gpus)[0]
+    best = lpt_pack(loads, replicas, num_gpus)
+    if eplb_row is not None:
+        candidate = np.asarray(eplb_row, dtype=np.int64).reshape(num_gpus, slots)
+        if _no_colocation(candidate) and busiest(candidate) < busiest(best):
+            best = candidate
+    best_value = busiest(best)
+    lo, hi = bound, best_value
+    if num_physical == loads.size:
+        bisection_steps = 0  # one replica each: nothing to re-split
+    for _ in range(bisection_steps):  # step 2: target packing between the bound and the best
+        if hi <= lo * (1 + STOP_GAP) or (deadline is not None and time.perf_counter() > deadline):
+            break
+        target = 0.5 * (lo + hi)
+        packed = target_pack(loads, num_gpus, slots, target)
+        if packed is None:
+            lo = target
+            continue
+        value = busiest(packed)
+        if value < best_value:
+            best, best_value = packed, value
+        hi = min(hi, value) if value <= target * (1 + _TOL) else min(hi, target)
+    best = local_search(loads, best, bound, max_iterations=max_iterations, deadline=deadline)
+    return np.sort(best, axis=1).ravel()
+
+
+def _no_colocation(table: np.ndarray) -> bool:
+    ordered = np.sort(table, axis=1)
+    return not (ordered[:, 1:] == ordered[:, :-1]).any()
+
+
+@register
+class FastSolver:
+    """Construction + target packing + local search (module docstring); no proof of optimality
+    unless the plan meets the lower bound."""
+
+    name: ClassVar[str] = "fast"
+
+    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
+        from moe_place.solvers.eplb import eplb_rebalance
+
+        start = time.perf_counter()
+        deadline = None if time_limit_s is None else start + time_limit_s
+        loads = problem.planning_loads()[layer]
+        current = problem.current_row(layer)
+        eplb_row = None
+        if current is None:
+            eplb_row = eplb_rebalance(loads[None], problem.num_physical, problem.num_groups or 1,
+                                      problem.num_nodes, problem.num_gpus)[0]
+        phy2log = fast_layer(loads, problem.num_gpus, problem.num_physical, eplb_row=eplb_row, current=current,
+                             move_cost=problem.move_cost_weight, max_moved=problem.max_moved_slots,
+                             deadline=deadline)
+        objective = window_objective(problem, layer, phy2log)
+        bound = min(window_lower_bound(problem, layer), objective)
+        status = "optimal" if objective <= bound * (1 + 1e-9) else "heuristic"
+        detail = {}
+        if current is not None:
+            detail["moved_slots"] = int((phy2log != current).sum())
+        return LayerSolution(phy2log, status, objective, bound, time.perf_counter() - start, detail)
