@@ -20,6 +20,7 @@ rows_lists = st.lists(st.integers(0, 300), min_size=1, max_size=12)
 
 
 # ---------------------------------------------------------------------- padding (formula 4)
+@settings(derandomize=True)
 @given(rows_lists, st.sampled_from([1, 16, 32, 64, 128]))
 def test_padding_equals_row_by_row_count(rows, block_m):
     counted = counted_all = 0
@@ -54,7 +55,7 @@ def simulated_tile_bytes(rows, h, inter, b, block_m, block_n):
     return total
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(st.lists(st.integers(0, 200), min_size=1, max_size=5), st.sampled_from([16, 32, 64]),
        st.sampled_from([32, 64, 128]), st.sampled_from([(256, 128), (512, 96), (384, 192)]))
 def test_tile_traffic_matches_tile_walk(rows, block_m, block_n, shape):
@@ -67,11 +68,12 @@ def test_tile_row_bytes_seed_value():
     assert gemm.tile_row_bytes(4096, 1536, 2, 128) == 309_248
 
 
+@settings(derandomize=True)
 @given(st.lists(rows_lists, min_size=1, max_size=6))
 def test_layer_waits_for_busiest_gpu(rows_per_gpu):
     layer = gemm.layer_time(rows_per_gpu, 512, 256, 2, 1e12, 1e11, weights="once")
     each = [gemm.expert_time_s(r, 512, 256, 2, 1e12, 1e11, weights="once") for r in rows_per_gpu]
-    assert layer.time_s == max(each) >= layer.mean_s
+    assert layer.time_s == max(each) >= layer.mean_s * (1 - 1e-12)
     assert layer.busiest_gpu == int(np.argmax(each))
 
 
@@ -109,7 +111,7 @@ def fluid_schedule_s(topology, volume):
     return now
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(st.integers(1, 3), st.integers(1, 3), st.booleans(), st.integers(0, 2**31 - 1))
 def test_bound_never_exceeds_simulated_schedule(servers, per_server, nvlink, seed):
     rng = np.random.default_rng(seed)
@@ -147,12 +149,14 @@ def test_cut_capacity_from_graph_matches_networkx_min_cut():
 
 
 # ---------------------------------------------------------------------- pipeline (formula 6)
+@settings(derandomize=True)
 @given(st.lists(st.floats(0.0, 5.0), min_size=1, max_size=5), st.integers(1, 8))
 def test_pipeline_formula_matches_event_simulation(stages, q):
     assert math.isclose(pipeline.pipeline_time_s(stages, q), pipeline.simulate_pipeline_s(stages, q),
                         rel_tol=1e-9, abs_tol=1e-12)
 
 
+@settings(derandomize=True)
 @given(st.lists(st.floats(0.01, 5.0), min_size=2, max_size=5), st.integers(2, 6), st.data())
 def test_breakeven_slowdown_brings_pipeline_back_to_serial(stages, q, data):
     slowed = data.draw(st.lists(st.integers(0, len(stages) - 1), min_size=1, unique=True))
@@ -163,6 +167,7 @@ def test_breakeven_slowdown_brings_pipeline_back_to_serial(stages, q, data):
 
 
 # ---------------------------------------------------------------------- payback (formula 7)
+@settings(derandomize=True)
 @given(st.floats(1e-4, 10.0), st.floats(1e-4, 1.0))
 def test_n_min_is_first_batch_that_pays(copy, saving):
     n = n_min(copy, saving)
