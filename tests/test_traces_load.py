@@ -150,3 +150,13 @@ def test_random_json_loads_or_raises_input_error(tmp_path, obj):
     path = tmp_path / "h.json"
     path.write_text(json.dumps(obj))
     _check(path)
+
+
+def test_pt_file_without_torch_is_a_clear_input_error(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    path = _write(tmp_path / "dump.pt", b"\x80\x02}q\x00.")
+    with pytest.raises(InputError, match="torch installed") as err:
+        load_trace(path)
+    assert str(path) in str(err.value)

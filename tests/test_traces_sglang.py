@@ -176,3 +176,45 @@ def test_not_a_dump_is_named(tmp_path):
     torch.save({"weights": torch.zeros(3)}, path)
     with pytest.raises(InputError, match="logical_count"):
         load_trace(path)
+
+
+def _tensor_or_junk():
+    from hypothesis import strategies as st
+
+    ints = st.lists(st.integers(-2, 9), min_size=0, max_size=12)
+    return st.one_of(
+        st.integers(-2, 5), st.none(), st.text(max_size=3),
+        ints.map(lambda v: torch.tensor(v, dtype=torch.int32)),
+        st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3), st.integers(-1, 8)).map(
+            lambda s: torch.full(s[:3], s[3], dtype=torch.int32)),
+        st.tuples(st.integers(0, 3), st.integers(0, 8)).map(lambda s: torch.randint(-1, 9, s)),
+    )
+
+
+def test_random_dumps_load_or_raise_input_error(tmp_path):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    record = st.dictionaries(st.sampled_from(["forward_pass_id", "rank", "global_physical_count", "topk_ids_of_layer"]),
+                             _tensor_or_junk(), max_size=4)
+    dump = st.one_of(
+        st.dictionaries(st.sampled_from(["rank", "logical_count"]), _tensor_or_junk(), max_size=2),
+        st.fixed_dictionaries({"records": st.lists(record, max_size=3),
+                               "last_physical_to_logical_map": _tensor_or_junk()}),
+        st.dictionaries(st.sampled_from(["expert_load_window", "physical_to_logical_map", "top_k"]),
+                        _tensor_or_junk(), max_size=3),
+        _tensor_or_junk())
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(obj=dump)
+    def check(obj):
+        path = tmp_path / "h.pt"
+        torch.save(obj, path)
+        try:
+            trace = load_trace(path)
+        except InputError as exc:
+            assert "\n" not in str(exc) and str(path) in str(exc)
+            return
+        assert trace.total_counts().sum() > 0
+
+    check()
