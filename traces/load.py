@@ -21,8 +21,9 @@ from moe_place.traces.model import Trace, located
 from moe_place.traces.npz import READ_ERRORS, _reason
 
 # Token-level npz traces whose `topk_ids` would take more than this are reduced to counts
-# while streaming (bounded memory) instead of being loaded whole.
-DEFAULT_MAX_TOKEN_BYTES = 1 << 30
+# while streaming (bounded memory) instead of being loaded whole: a 1M tokens x 61 layers x
+# top-8 int16 dump (976 MB) is streamed.
+DEFAULT_MAX_TOKEN_BYTES = 256 << 20
 SUPPORTED = ".npz (moe-place, vLLM window), .pt (SGLang dump, vLLM window), .csv, .json"
 
 
