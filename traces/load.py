@@ -18,7 +18,7 @@ from pathlib import Path
 from moe_place.errors import InputError
 from moe_place.traces.bundled import is_bundled, load_bundled
 from moe_place.traces.model import Trace, located
-from moe_place.traces.npz import READ_ERRORS, _reason
+from moe_place.traces.npz import READ_ERRORS, error_reason
 
 # Token-level npz traces whose `topk_ids` would take more than this are reduced to counts
 # while streaming (bounded memory) instead of being loaded whole: a 1M tokens x 61 layers x
@@ -46,7 +46,7 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
     except InputError:
         raise
     except READ_ERRORS as exc:
-        raise InputError(str(path), f"a readable {kind} file", _reason(exc)) from None
+        raise InputError(str(path), f"a readable {kind} file", error_reason(exc)) from None
     check_not_empty(trace, path)
     return trace
 
@@ -61,7 +61,7 @@ def detect_format(path: Path) -> str:
         with open(path, "rb") as fh:
             head = fh.read(8)
     except OSError as exc:
-        raise InputError(str(path), "a readable file", _reason(exc)) from None
+        raise InputError(str(path), "a readable file", error_reason(exc)) from None
     if not head:
         raise InputError(str(path), "a trace file", "an empty file")
     if is_bundled(path):

@@ -86,7 +86,7 @@ def open_npz(path: Path) -> Iterator[np.lib.npyio.NpzFile]:
     try:
         npz = np.load(path, allow_pickle=False)
     except READ_ERRORS as exc:
-        raise InputError(str(path), "a readable .npz file", _reason(exc)) from None
+        raise InputError(str(path), "a readable .npz file", error_reason(exc)) from None
     if not isinstance(npz, np.lib.npyio.NpzFile):
         raise InputError(str(path), "an .npz archive", "a single .npy array")
     try:
@@ -102,7 +102,7 @@ def read_member(npz, path: Path, key: str) -> np.ndarray:
     except InputError:
         raise
     except READ_ERRORS as exc:
-        raise InputError(f"{path}: {key}", "a readable array", _reason(exc)) from None
+        raise InputError(f"{path}: {key}", "a readable array", error_reason(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def counts_trace(counts: np.ndarray, header: NpzHeader, path: Path) -> Trace:
     top_k = header.top_k if header.top_k is not None else infer_top_k(counts)
     if top_k > num_experts:
         raise InputError(f"{path}: top_k", f"at most num_experts = {num_experts}", top_k)
-    meta = _meta(header, path, num_experts, top_k, counts.shape[1], str(counts.dtype), counts.shape[0])
+    meta = header_meta(header, path, num_experts, top_k, counts.shape[1], str(counts.dtype), counts.shape[0])
     return Trace(meta, counts=counts)
 
 
@@ -190,7 +190,7 @@ def token_trace(ids: np.ndarray, step: np.ndarray | None, header: NpzHeader, pat
     check_num_experts(num_experts, path)
     check_meta_against_ids(header, path, ids.shape[2], num_experts)
     groups = split_by_step(ids, step, path)
-    meta = _meta(header, path, num_experts, ids.shape[2], ids.shape[1], str(ids.dtype), len(groups))
+    meta = header_meta(header, path, num_experts, ids.shape[2], ids.shape[1], str(ids.dtype), len(groups))
     with located(path):
         return Trace(meta, topk_ids=groups)
 
@@ -250,8 +250,9 @@ def infer_top_k(counts: np.ndarray) -> int:
 
 
 # ---------------------------------------------------------------------- helpers
-def _meta(header: NpzHeader, path: Path, num_experts: int, top_k: int, num_layers: int, dtype: str,
-          num_steps: int) -> TraceMeta:
+def header_meta(header: NpzHeader, path: Path, num_experts: int, top_k: int, num_layers: int, dtype: str,
+                num_steps: int) -> TraceMeta:
+    """The TraceMeta of a file, its header cross-checked against the array sizes."""
     layer_ids = header.layer_ids if header.layer_ids is not None else tuple(range(num_layers))
     if len(layer_ids) != num_layers:
         raise InputError(f"{path}: layer_ids", f"{num_layers} entries (one per trace layer)", len(layer_ids))
@@ -288,7 +289,8 @@ def _str_scalar(npz, path: Path, key: str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _reason(exc: BaseException) -> str:
+def error_reason(exc: BaseException) -> str:
+    """One short line describing an exception from numpy/zipfile (for an InputError's `got`)."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = type(exc).__name__
     return f"{name}: {text}"[:200] if text else name

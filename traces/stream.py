@@ -25,8 +25,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.traces.count import DispatchCounter, chunk_tokens_for
 from moe_place.traces.model import Trace
-from moe_place.traces.npz import (_meta, check_meta_against_ids, check_num_experts, open_npz, read_header,
-                                  read_member, step_index)
+from moe_place.traces.npz import (check_meta_against_ids, check_num_experts, error_reason, header_meta, open_npz,
+                                  read_header, read_member, step_index)
 
 IDS_MEMBER = "topk_ids.npy"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header, 30 bytes
@@ -75,7 +75,7 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None) -> Trac
             else:
                 _add_by_step(counter, chunk, index[start:start + chunk.shape[0]], counts, start)
         dtype = str(reader.dtype)
-    meta = _meta(header, path, num_experts, k, num_layers, dtype, num_steps)
+    meta = header_meta(header, path, num_experts, k, num_layers, dtype, num_steps)
     return Trace(meta, counts=counts)
 
 
@@ -86,7 +86,7 @@ def stream_npy_counts(path: str | Path, num_experts: int | None = None,
     try:
         ids = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise InputError(str(path), "a readable .npy file", str(exc)[:200]) from None
+        raise InputError(str(path), "a readable .npy file", error_reason(exc)) from None
     if ids.ndim != 3 or ids.dtype.kind not in "iu" or 0 in ids.shape:
         raise InputError(str(path), "a non-empty integer array [tokens, layers, k]", f"{ids.dtype} shape {ids.shape}")
     chunk_tokens = chunk_tokens_for(ids.shape[1], ids.shape[2], chunk_tokens)
@@ -154,7 +154,7 @@ class IdsReader:
                 raise ValueError(f"npy format version {version}")
             shape, fortran_order, dtype = reader(self._file)
         except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
-            raise InputError(self.where, "a readable .npy header", str(exc)[:200]) from None
+            raise InputError(self.where, "a readable .npy header", error_reason(exc)) from None
         if dtype.kind not in "iu" or len(shape) != 3:
             raise InputError(self.where, "an integer array [tokens, layers, k]", f"{dtype} shape {shape}")
         if fortran_order:
@@ -172,7 +172,7 @@ class IdsReader:
             try:
                 got = self._file.readinto(memoryview(view.reshape(-1).view(np.uint8)))
             except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
-                raise InputError(self.where, "a readable array", str(exc)[:200]) from None
+                raise InputError(self.where, "a readable array", error_reason(exc)) from None
             if got != view.nbytes:
                 raise InputError(self.where, f"{tokens} tokens of data", f"a truncated file (ends in token {start})")
             yield start, view

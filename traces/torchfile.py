@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_place.errors import InputError
+from moe_place.traces.npz import error_reason
 
 
 def load_torch_file(path: Path) -> Any:
@@ -21,8 +22,7 @@ def load_torch_file(path: Path) -> Any:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types (RuntimeError, UnpicklingError, EOFError...)
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise InputError(str(path), "a readable torch.save file", reason) from None
+        raise InputError(str(path), "a readable torch.save file", error_reason(exc)) from None
     return _to_numpy(obj, torch)
 
 
