@@ -27,9 +27,7 @@ def read_plan_placement(path: str | Path) -> tuple[Placement, tuple[int, ...]]:
     from moe_place.solvers.planfile import read_plan
 
     plan = read_plan(path)
-    placement = plan.placement if hasattr(plan, "placement") else plan
-    layer_ids = tuple(getattr(plan, "layer_ids", ()) or ())
-    return placement, layer_ids
+    return plan.placement, tuple(plan.layer_ids)
 
 
 def export_plan(placement: Placement, layer_ids: tuple[int, ...], engine: str, out: Path, *,
