@@ -1,14 +1,12 @@
 """The replicate-the-hottest baseline plan and the loss of a plan judged on the next window."""
 
-from functools import partial
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_place.analysis.balance import gpu_balance
-from moe_place.analysis.out_of_sample import out_of_sample
+from moe_place.analysis.out_of_sample import _gpu_loads, out_of_sample
 from moe_place.analysis.replicate_hottest import replicate_hottest
 from moe_place.errors import InputError
 from moe_place.placement import Placement
@@ -82,9 +80,21 @@ def test_a_moving_hot_spot_makes_the_old_plan_lose():
 
 def test_out_of_sample_accepts_another_planner_and_needs_two_windows():
     loads = np.random.default_rng(1).integers(0, 50, size=(3, 2, 16))
-    contiguous = partial(lambda loads, g: Placement.contiguous(loads.shape[0], loads.shape[1], g), g=4)
+    seen = []
+
+    def contiguous(loads):
+        seen.append(loads.shape)
+        return Placement.contiguous(loads.shape[0], loads.shape[1], 4)
+
     shift = out_of_sample(loads, 4, planner=contiguous, planner_name="contiguous")
     np.testing.assert_allclose(shift.out_of_sample, shift.contiguous)
     np.testing.assert_allclose(shift.in_sample, shift.contiguous)
+    assert seen == [(3 * 2, 16)]  # called once, windows x layers stacked
     with pytest.raises(InputError):
         out_of_sample(loads[:1], 4)
+
+
+def test_fast_gpu_loads_agree_with_placement():
+    loads = np.random.default_rng(4).zipf(1.3, size=(6, 32)).clip(max=5000).astype(float)
+    placement = replicate_hottest(loads, 8, redundant_per_gpu=2)
+    np.testing.assert_allclose(_gpu_loads(placement.phy2log, 8, loads), placement.gpu_loads(loads))

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
-from moe_place.analysis.balance import gpu_balance
-from moe_place.analysis.replicate_hottest import replicate_hottest
+from moe_place.analysis.profile import max_over_mean
+from moe_place.analysis.replicate_hottest import replicate_hottest_phy2log
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
@@ -55,20 +54,41 @@ def out_of_sample(window_load: np.ndarray, ep_size: int, planner: Planner | None
     """Judge plans made on each window on the next one.
 
     window_load: `[windows, layers, E]`, at least two windows.
-    planner: default `replicate_hottest(loads, ep_size, redundant_per_gpu=1)`.
+    planner: loads `[rows, E]` -> a placement of `rows` independent layers on `ep_size` GPUs; it
+        is called once with every window's layers stacked (`rows = windows * layers`). Default
+        `replicate_hottest(loads, ep_size, redundant_per_gpu=1)`.
     """
     loads = np.asarray(window_load, dtype=np.float64)
     if loads.ndim != 3 or loads.shape[0] < 2:
         raise InputError("window_load", "at least two windows [windows, layers, experts]", f"shape {loads.shape}")
     windows, layers, experts = loads.shape
-    plan = planner or partial(replicate_hottest, num_gpus=ep_size, redundant_per_gpu=1)
-    plans = [plan(loads[w]) for w in range(windows)]
-    contiguous = Placement.contiguous(layers, experts, ep_size)
-    judged = lambda placement, w: gpu_balance(placement, loads[w]).max_over_mean  # noqa: E731
-    return OutOfSample(
-        ep_size=ep_size,
-        planner=planner_name,
-        contiguous=np.stack([judged(contiguous, w) for w in range(1, windows)]),
-        out_of_sample=np.stack([judged(plans[w - 1], w) for w in range(1, windows)]),
-        in_sample=np.stack([judged(plans[w], w) for w in range(1, windows)]),
-    )
+    if experts % ep_size:
+        raise InputError("ep_size", f"a divisor of the {experts} experts", ep_size)
+    stacked = loads.reshape(windows * layers, experts)
+    if planner is None:
+        phy2log = replicate_hottest_phy2log(stacked, ep_size, redundant_per_gpu=1)
+    else:
+        placement = planner(stacked)
+        if placement.num_gpus != ep_size or placement.num_layers != windows * layers:
+            raise InputError("planner", f"a placement of {windows * layers} layers on {ep_size} GPUs")
+        phy2log = placement.phy2log
+    # row w*layers + l is layer l's plan made on window w; judged on window w (in sample) and w+1
+    next_loads = np.concatenate([loads[1:], loads[-1:]]).reshape(windows * layers, experts)
+    judged = lambda judged_loads: max_over_mean(_gpu_loads(phy2log, ep_size, judged_loads)).reshape(windows, layers)  # noqa: E731
+    # contiguous blocks: GPU g sums experts g*E/G .. (g+1)*E/G - 1 (what Placement.contiguous gives)
+    contiguous = max_over_mean(loads.reshape(windows, layers, ep_size, -1).sum(axis=-1))
+    return OutOfSample(ep_size=ep_size, planner=planner_name, contiguous=contiguous[1:],
+                       out_of_sample=judged(next_loads)[:-1], in_sample=judged(stacked)[1:])
+
+
+def _gpu_loads(phy2log: np.ndarray, num_gpus: int, expert_load: np.ndarray) -> np.ndarray:
+    """float64 `[rows, G]`: GPU loads of `phy2log [rows, P]` under the even split (as `Placement.gpu_loads`).
+
+    Computed here without building a `Placement`, whose `log2phy` would not fit in memory for
+    thousands of stacked layers with many replicas of one hot expert.
+    """
+    rows, experts = expert_load.shape
+    offsets = (np.arange(rows) * experts)[:, None]
+    replicas = np.bincount((phy2log + offsets).ravel(), minlength=rows * experts).reshape(rows, experts)
+    share = expert_load / np.maximum(replicas, 1)
+    return np.take_along_axis(share, phy2log, axis=1).reshape(rows, num_gpus, -1).sum(axis=-1)

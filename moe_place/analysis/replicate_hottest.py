@@ -22,6 +22,15 @@ from moe_place.placement import Placement
 
 def replicate_hottest(expert_load: np.ndarray, num_gpus: int, redundant_per_gpu: int = 1) -> Placement:
     """Placement of `[layers, E]` loads on `num_gpus` GPUs with `redundant_per_gpu` extra slots each."""
+    experts = np.asarray(expert_load).shape[-1]
+    return Placement(replicate_hottest_phy2log(expert_load, num_gpus, redundant_per_gpu), experts, num_gpus)
+
+
+def replicate_hottest_phy2log(expert_load: np.ndarray, num_gpus: int, redundant_per_gpu: int = 1) -> np.ndarray:
+    """int64 `[layers, E + G*redundant_per_gpu]`: the `phy2log` of `replicate_hottest`, unvalidated.
+
+    For callers that plan thousands of layers at once (see `out_of_sample`) and need no `log2phy`.
+    """
     loads = check_expert_load(expert_load)
     layers, experts = loads.shape
     if num_gpus < 1 or experts % num_gpus:
@@ -32,19 +41,19 @@ def replicate_hottest(expert_load: np.ndarray, num_gpus: int, redundant_per_gpu:
     phy2log = np.empty((layers, num_gpus, block + redundant_per_gpu), dtype=np.int64)
     phy2log[:, :, :block] = np.arange(experts).reshape(num_gpus, block)
     phy2log[:, :, block:] = _fill_redundant(loads, num_gpus, redundant_per_gpu)
-    return Placement(phy2log.reshape(layers, -1), experts, num_gpus)
+    return phy2log.reshape(layers, -1)
 
 
 def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> np.ndarray:
     """int64 `[layers, G, redundant_per_gpu]`: the expert in each extra slot (greedy, see module).
 
     load: float64 `[layers, E]`. All layers advance together, one extra slot per layer per pass.
+    GPU g holds expert e if e is in its block (`e // (E/G) == g`) or in its extra slots so far.
     """
     layers, experts = load.shape
     block = experts // num_gpus
     rows = np.arange(layers)
-    holds = np.zeros((layers, num_gpus, experts), dtype=bool)  # holds[l, g, e]: GPU g has a replica of e
-    holds[:, np.arange(experts) // block, np.arange(experts)] = True
+    home = np.arange(experts) // block
     replicas = np.ones((layers, experts))
     gpu_load = load.reshape(layers, num_gpus, block).sum(axis=2)
     free = np.full((layers, num_gpus), redundant_per_gpu)
@@ -55,16 +64,19 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
         # 1. the least loaded GPU with a free slot
         gpu = np.where(free > 0, gpu_load, np.inf).argmin(axis=1)
         # 2. the hottest expert it may hold that keeps it at or below the busiest GPU, else the coldest
-        may = ~holds[rows, gpu, :]
+        may = home[None, :] != gpu[:, None]
+        taken = extra[rows, gpu, :]
+        layer_of, slot = np.nonzero(taken >= 0)
+        may[layer_of, taken[layer_of, slot]] = False
         fits = may & (gpu_load[rows, gpu][:, None] + new_share <= gpu_load.max(axis=1)[:, None])
         expert = np.where(fits.any(axis=1), np.where(fits, share, -np.inf).argmax(axis=1),
                           np.where(may, new_share, np.inf).argmin(axis=1))
         assert may[rows, expert].all()  # redundant_per_gpu <= E - E/G leaves an expert to take
-        # 3. the expert's load is now split over one more replica
+        # 3. the expert's load is now split over one more replica: its holders give some away
+        holders = (np.arange(num_gpus)[None, :] == home[expert][:, None]) | (extra == expert[:, None, None]).any(axis=2)
         gained = new_share[rows, expert]
-        gpu_load -= holds[rows, :, expert] * (share[rows, expert] - gained)[:, None]
+        gpu_load -= holders * (share[rows, expert] - gained)[:, None]
         gpu_load[rows, gpu] += gained
-        holds[rows, gpu, expert] = True
         replicas[rows, expert] += 1
         extra[rows, gpu, redundant_per_gpu - free[rows, gpu]] = expert
         free[rows, gpu] -= 1

@@ -24,6 +24,10 @@ from moe_place.traces.model import Trace
 #: Version of the JSON written by `analysis_to_json`; bump when a key changes meaning.
 JSON_VERSION = 1
 
+#: Unless asked otherwise, steps are summed into windows so that there are at most this many
+#: (persistence and out-of-sample loss then cost the same on a 3-step and a 3000-step trace).
+MAX_DEFAULT_WINDOWS = 16
+
 
 @dataclass(frozen=True)
 class TraceAnalysis:
@@ -57,9 +61,16 @@ def default_top_n(trace: Trace) -> int:
     return trace.top_k
 
 
+def default_window_steps(num_steps: int) -> int:
+    """Steps per window: 1, or as many as keep the trace to `MAX_DEFAULT_WINDOWS` windows."""
+    return max(1, math.ceil(num_steps / MAX_DEFAULT_WINDOWS))
+
+
 def analyze_trace(trace: Trace, ep_sizes: Sequence[int] | None = None, top_n: int | None = None,
-                  window_steps: int = 1) -> TraceAnalysis:
-    """Analyze `trace`. ep_sizes: default `default_ep_sizes(E)`; top_n: default `top_k`."""
+                  window_steps: int | None = None) -> TraceAnalysis:
+    """Analyze `trace`. ep_sizes: default `default_ep_sizes(E)`; top_n: default `top_k`;
+    window_steps: default `default_window_steps(steps)`."""
+    window_steps = default_window_steps(trace.num_steps) if window_steps is None else int(window_steps)
     counts = trace.step_counts()
     total = trace.total_counts()
     sizes = tuple(ep_sizes) if ep_sizes is not None else default_ep_sizes(trace.num_experts)

@@ -19,8 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model layer ids to analyze, e.g. 0-3,10 (default: all)")
     parser.add_argument("--top-n", type=positive_int, metavar="N",
                         help="size of the hot set for top-N share and persistence (default: top_k)")
-    parser.add_argument("--window", type=positive_int, default=1, metavar="STEPS",
-                        help="steps summed per window for persistence and out-of-sample loss (default 1)")
+    parser.add_argument("--window", type=positive_int, metavar="STEPS",
+                        help="steps summed per window for persistence and out-of-sample loss "
+                             "(default 1, or enough for at most 16 windows)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG: load heatmap and EP-sweep curve")
     parser.add_argument("--output", metavar="FILE", help="write the table/JSON to FILE instead of stdout")
@@ -43,11 +44,11 @@ def run(args: argparse.Namespace) -> int:
     ep_sizes = check_ep_sizes(args.ep, trace.num_experts) if args.ep is not None else None
     if args.top_n is not None and args.top_n > trace.num_experts:
         raise InputError("--top-n", f"at most num_experts={trace.num_experts}", args.top_n)
-    if args.window > trace.num_steps:
+    if args.window is not None and args.window > trace.num_steps:
         raise InputError("--window", f"at most the {trace.num_steps} steps of the trace", args.window)
     analysis = analyze_trace(trace, ep_sizes, args.top_n, args.window)
     report = analysis_to_json(analysis)
-    text = json.dumps(report, indent=1) + "\n" if args.format == "json" else format_table(report)
+    text = json.dumps(report, indent=1, allow_nan=False) + "\n" if args.format == "json" else format_table(report)
     if args.plot:
         from moe_place.analysis.plot import render_png
 
