@@ -217,11 +217,9 @@ def run_expert_work(ctx: Context, bank: ExpertBank, rows_per_expert, block_m: in
     layout = layout_from_rows(rows, block_m, device=ctx.device)
     w13, w2 = bank.w13[:experts], bank.w2[:experts]
     x = torch.randn(layout.num_pairs, bank.hidden, device=ctx.device).to(torch.bfloat16)
-    num_warps = 8 if block_m >= 128 else 4
 
     def kernel():
-        return expert_mlp(x, w13, w2, layout, padded=padded, block_n=ctx.sizes.block_n, block_k=ctx.sizes.block_k,
-                          num_warps=num_warps)
+        return expert_mlp(x, w13, w2, layout, padded=padded, block_n=ctx.sizes.block_n, block_k=ctx.sizes.block_k)
 
     def reference():
         return expert_mlp_torch(x, w13, w2, layout.rows_per_expert)

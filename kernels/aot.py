@@ -36,6 +36,8 @@ class CompiledKernel:
     wgmma: int        # wgmma.mma_async instructions (Hopper tensor cores, warp-group MMA)
     mma_sync: int     # mma.sync instructions (Ampere-style tensor-core MMA)
     cp_async: int     # cp.async instructions (software-pipelined global->shared loads)
+    registers: int    # per thread (cuobjdump -res-usage); -1 when cuobjdump is missing
+    spill_bytes: int  # local memory per thread: > 0 means registers spilled
 
 
 def _compile(fn, pointer_types: dict, ints: list[str], constants: dict, arch: int, num_warps: int, num_stages: int):
@@ -55,8 +57,29 @@ def _compile(fn, pointer_types: dict, ints: list[str], constants: dict, arch: in
 
 def _summary(name: str, config: dict, compiled) -> CompiledKernel:
     ptx = compiled.asm["ptx"]
+    registers, spills = _resource_usage(compiled.asm["cubin"])
     return CompiledKernel(name, config, int(compiled.metadata.shared), ptx.count("wgmma.mma_async"),
-                          ptx.count("mma.sync"), ptx.count("cp.async.cg") + ptx.count("cp.async.ca"))
+                          ptx.count("mma.sync"), ptx.count("cp.async.cg") + ptx.count("cp.async.ca"), registers, spills)
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int]:
+    """(registers per thread, local-memory bytes per thread) from the triton wheel's cuobjdump."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return -1, -1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([str(tool), "-res-usage", str(path)], capture_output=True, text=True, timeout=60).stdout
+    regs, local = re.search(r"REG:(\d+)", text), re.search(r"LOCAL:(\d+)", text)
+    return (int(regs.group(1)) if regs else -1), (int(local.group(1)) if local else -1)
 
 
 def grouped_gemm_configs(quick: bool) -> list[dict]:
@@ -77,7 +100,7 @@ def compile_all(arch: int = 90, quick: bool = False) -> list[CompiledKernel]:
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter patches triton.language and cannot compile")
     from moe_place.kernels.combine import _combine_kernel
     from moe_place.kernels.dispatch import _gather_rows_kernel
-    from moe_place.kernels.grouped_gemm import _grouped_gemm_kernel
+    from moe_place.kernels.grouped_gemm import _grouped_gemm_kernel, default_num_warps
 
     results = []
     for cfg in grouped_gemm_configs(quick):
@@ -85,20 +108,20 @@ def compile_all(arch: int = 90, quick: bool = False) -> list[CompiledKernel]:
         pointers = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": "*bf16", "a_scale_ptr": "*fp32",
                     "b_scale_ptr": "*fp32", "tile_expert_ptr": "*i64", "tile_row_start_ptr": "*i64",
                     "tile_row_end_ptr": "*i64", "padded_row_ids_ptr": "*i64"}
-        ints = ["N", "K", "stride_am", "stride_be", "stride_bn", "stride_cm"]
+        ints = ["N", "K", "stride_am", "stride_be", "stride_bn", "stride_cm", "num_tiles"]
         constants = {"stride_ak": 1, "stride_bk": 1, "stride_cn": 1, "HAS_SCALE": dtype != "bf16", "UPCAST": False,
-                     **{k: v for k, v in cfg.items() if k != "dtype"}}
-        num_warps = 8 if cfg["BLOCK_M"] >= 128 else 4
+                     "GROUP_M": 8, **{k: v for k, v in cfg.items() if k != "dtype"}}
+        num_warps = default_num_warps(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["GATE_UP"])
         compiled = _compile(_grouped_gemm_kernel, pointers, ints, constants, arch, num_warps, 3)
         results.append(_summary("grouped_gemm", {**cfg, "num_warps": num_warps, "num_stages": 3}, compiled))
     gather = _compile(_gather_rows_kernel, {"src_ptr": "*bf16", "dst_ptr": "*bf16", "index_ptr": "*i64"},
-                      ["num_rows", "H", "stride_src", "stride_dst"], {"BLOCK_R": 64, "BLOCK_H": 1024}, arch, 4, 1)
-    results.append(_summary("gather_rows", {"BLOCK_R": 64, "BLOCK_H": 1024}, gather))
+                      ["num_rows", "H", "stride_src", "stride_dst"], {"BLOCK_R": 8, "BLOCK_H": 1024}, arch, 4, 1)
+    results.append(_summary("gather_rows", {"BLOCK_R": 8, "BLOCK_H": 1024}, gather))
     merge = _compile(_combine_kernel, {"y_ptr": "*bf16", "out_ptr": "*bf16", "row_of_pair_ptr": "*i64",
                                        "weight_ptr": "*fp32"},
                      ["num_tokens", "H", "stride_y", "stride_out", "stride_wt"],
-                     {"TOP_K": 8, "BLOCK_T": 32, "BLOCK_H": 1024}, arch, 4, 1)
-    results.append(_summary("combine", {"TOP_K": 8, "BLOCK_T": 32, "BLOCK_H": 1024}, merge))
+                     {"TOP_K": 8, "BLOCK_T": 8, "BLOCK_H": 1024}, arch, 4, 1)
+    results.append(_summary("combine", {"TOP_K": 8, "BLOCK_T": 8, "BLOCK_H": 1024}, merge))
     return results
 
 
@@ -112,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "json":
         print(json.dumps([asdict(r) for r in results], indent=1))
     else:
-        print(f"{'kernel':<13} {'config':<62} {'smem KiB':>8} {'wgmma':>6} {'mma':>5} {'cp.async':>8}")
+        print(f"{'kernel':<13} {'config':<62} {'smem KiB':>8} {'wgmma':>6} {'mma':>5} {'cp.async':>8} {'regs':>4} {'spill':>5}")
         for r in results:
             cfg = " ".join(f"{k}={v}" for k, v in r.config.items() if k not in ("BLOCK_N", "BLOCK_K", "num_stages"))
-            print(f"{r.kernel:<13} {cfg:<62} {r.shared_bytes / 1024:>8.1f} {r.wgmma:>6} {r.mma_sync:>5} {r.cp_async:>8}")
+            print(f"{r.kernel:<13} {cfg:<62} {r.shared_bytes / 1024:>8.1f} {r.wgmma:>6} {r.mma_sync:>5} {r.cp_async:>8} "
+                  f"{r.registers:>4} {r.spill_bytes:>5}")
     over = [r for r in results if args.arch == 90 and r.shared_bytes > HOPPER_SMEM_BYTES]
     return 1 if over else 0
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from moe_place.errors import InputError
+from moe_place.kernels.dispatch import ELEMENTS_PER_PROGRAM
 
 
 # ---------------------------------------------------------------------------------------- kernel
@@ -45,11 +46,12 @@ def _combine_kernel(
 
 # ---------------------------------------------------------------------------------------- wrapper
 def combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: torch.Tensor,
-            block_t: int = 32, block_h: int = 1024) -> torch.Tensor:
+            block_t: int | None = None, block_h: int = 1024) -> torch.Tensor:
     """Top-k weighted sum of expert outputs per token.
 
     y: `[rows, h]` expert outputs (unit column stride); row_of_pair: int `[T*k]` row of `y` for each
     pair; topk_weights: `[T, k]` (any float dtype). Returns `[T, h]` in y's dtype.
+    A program sums `block_t x block_h` outputs (default: 8192, an fp32 accumulator of ~64 registers/thread).
     """
     if y.ndim != 2 or y.stride(1) != 1:
         raise InputError("y", "a 2-D tensor [rows, h] with contiguous rows", f"shape {tuple(y.shape)}")
@@ -64,6 +66,7 @@ def combine(y: torch.Tensor, row_of_pair: torch.Tensor, topk_weights: torch.Tens
     if out.numel() == 0:
         return out
     block_h = min(block_h, triton.next_power_of_2(y.shape[1]))
+    block_t = block_t or max(1, ELEMENTS_PER_PROGRAM // block_h)
     grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(y.shape[1], block_h))
     _combine_kernel[grid](y, out, row_of_pair, topk_weights, num_tokens, y.shape[1], y.stride(0), out.stride(0),
                           topk_weights.stride(0), TOP_K=top_k, BLOCK_T=block_t, BLOCK_H=block_h)

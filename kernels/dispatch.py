@@ -30,6 +30,7 @@ from moe_place.errors import InputError
 from moe_place.kernels.align import ExpertLayout
 
 SPLIT_POLICIES = ("even", "local")
+ELEMENTS_PER_PROGRAM = 8192  # row-copy tile: rows x columns per program
 
 
 # ---------------------------------------------------------------------------------------- kernel
@@ -50,8 +51,11 @@ def _gather_rows_kernel(
 
 
 # ---------------------------------------------------------------------------------------- wrappers
-def gather_rows(src: torch.Tensor, index: torch.Tensor, block_r: int = 64, block_h: int = 1024) -> torch.Tensor:
-    """`src[index]` with a Triton kernel. src: `[n, h]` (unit column stride); index: int `[m]` in `[0, n)`."""
+def gather_rows(src: torch.Tensor, index: torch.Tensor, block_r: int | None = None, block_h: int = 1024) -> torch.Tensor:
+    """`src[index]` with a Triton kernel. src: `[n, h]` (unit column stride); index: int `[m]` in `[0, n)`.
+
+    A program copies `block_r x block_h` elements (default: 8192, about 64 registers per thread).
+    """
     if src.ndim != 2 or src.stride(1) != 1:
         raise InputError("src", "a 2-D tensor [rows, h] with contiguous rows", f"shape {tuple(src.shape)}")
     if index.ndim != 1 or index.dtype.is_floating_point:
@@ -62,6 +66,7 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, block_r: int = 64, block
     if out.numel() == 0:
         return out
     block_h = min(block_h, triton.next_power_of_2(src.shape[1]))
+    block_r = block_r or max(1, ELEMENTS_PER_PROGRAM // block_h)
     grid = (triton.cdiv(index.numel(), block_r), triton.cdiv(src.shape[1], block_h))
     _gather_rows_kernel[grid](src, out, index, index.numel(), src.shape[1], src.stride(0), out.stride(0),
                               BLOCK_R=block_r, BLOCK_H=block_h)

@@ -50,16 +50,23 @@ def _grouped_gemm_kernel(
     # sizes: N output columns, K reduction
     N, K,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-    # tile shape
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    num_tiles,
+    # tile shape; GROUP_M M-tiles are walked together over every N-tile, so neighbouring programs
+    # share activation rows and weight columns in L2 (tutorial 03's grouped ordering)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     # variants
     GATHER_ROWS: tl.constexpr,  # padded layout: row ids per tile from padded_row_ids (-1 = padding)
     GATE_UP: tl.constexpr,      # b holds [gate; up] (N_b = 2N): store silu(a@gate^T) * (a@up^T)
     HAS_SCALE: tl.constexpr,    # fp8 inputs: multiply the accumulators by a_scale * b_scale[expert]
     UPCAST: tl.constexpr,       # interpreter: do the arithmetic in fp32
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    programs_per_group = GROUP_M * num_pid_n
+    first_m = (pid // programs_per_group) * GROUP_M
+    group_m = tl.minimum(num_tiles - first_m, GROUP_M)
+    pid_m = first_m + (pid % programs_per_group) % group_m
+    pid_n = (pid % programs_per_group) // group_m
     expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
 
     # rows of this tile (all from one expert) and whether each is real or padding
@@ -124,13 +131,15 @@ def fp8_supported(device: torch.device | str) -> bool:
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, layout: ExpertLayout, *, gate_up: bool = False,
                  padded: bool = True, block_n: int = 64, block_k: int = 64, out_dtype: torch.dtype | None = None,
                  a_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
-                 upcast: bool | None = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+                 upcast: bool | None = None, group_m: int = 8, num_warps: int | None = None,
+                 num_stages: int = 3) -> torch.Tensor:
     """One grouped GEMM: row `r` of expert `e` gives `a[r] @ w[e]^T` (or silu*mul with `gate_up`).
 
     a: `[num_pairs, K]` rows in expert order (any row stride), bf16/fp16/fp32 or fp8 e4m3.
     w: `[E, N_w, K]`; with `gate_up`, `N_w = 2*N` (gate rows then up rows).
     layout: from `align` (its block_m is BLOCK_M).
     a_scale: fp32 `[1]`, w_scale: fp32 `[E]`, both required for fp8 inputs (dequantisation scales).
+    group_m: M-tiles walked together (L2 reuse); num_warps: default from `default_num_warps`.
     Returns `[num_pairs, N]` in `out_dtype` (default: a's dtype, bf16 for fp8 inputs).
     """
     num_experts, n_w, k_dim = _check_gemm(a, w, layout, gate_up, block_n, block_k)
@@ -148,23 +157,37 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, layout: ExpertLayout, *, gate
     if layout.num_tiles == 0 or n_out == 0:
         return out
     dummy = out  # never read when HAS_SCALE is False
-    grid = (layout.num_tiles, triton.cdiv(n_out, block_n))
+    grid = (layout.num_tiles * triton.cdiv(n_out, block_n),)
+    if num_warps is None:
+        num_warps = default_num_warps(layout.block_m, block_n, gate_up)
     _grouped_gemm_kernel[grid](
         a, w, out, a_scale if is_fp8 else dummy, w_scale if is_fp8 else dummy,
         layout.tile_expert, layout.tile_row_start, layout.tile_row_end, layout.padded_row_ids,
         n_out, k_dim,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        BLOCK_M=layout.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        layout.num_tiles,
+        BLOCK_M=layout.block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
         GATHER_ROWS=padded, GATE_UP=gate_up, HAS_SCALE=is_fp8, UPCAST=upcast,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
 
 
+def default_num_warps(block_m: int, block_n: int, gate_up: bool) -> int:
+    """Warps per program: about 64 fp32 accumulator registers per thread, 4..16 warps.
+
+    Compiled for sm_90 (`moe_place.kernels.aot`), BLOCK_N=128: gate+up at BLOCK_M=64 needs 8 warps and
+    at BLOCK_M=128 16 warps to stay under 255 registers per thread without spilling.
+    """
+    accumulators = block_m * block_n * (2 if gate_up else 1)
+    return int(min(16, max(4, triton.next_power_of_2(accumulators // (64 * 32)))))
+
+
 def expert_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, layout: ExpertLayout, *,
                padded: bool = True, block_n: int = 64, block_k: int = 64, upcast: bool | None = None,
                x_scale: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
-               w2_scale: torch.Tensor | None = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+               w2_scale: torch.Tensor | None = None, group_m: int = 8, num_warps: int | None = None,
+               num_stages: int = 3) -> torch.Tensor:
     """The expert MLP on rows in expert order: gate+up fused with SiLU*mul, then down.
 
     x: `[num_pairs, h]`; w13: `[E, 2I, h]`; w2: `[E, h, I]`. Returns `[num_pairs, h]` (bf16 for fp8).
@@ -175,8 +198,8 @@ def expert_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, layout: Exp
             or w2.shape[1] != w13.shape[2]:
         raise InputError("w13/w2", "w13 [E, 2I, h] and w2 [E, h, I]",
                          f"{tuple(w13.shape)} and {tuple(w2.shape)}")
-    common = dict(padded=padded, block_n=block_n, block_k=block_k, upcast=upcast, num_warps=num_warps,
-                  num_stages=num_stages)
+    common = dict(padded=padded, block_n=block_n, block_k=block_k, upcast=upcast, group_m=group_m,
+                  num_warps=num_warps, num_stages=num_stages)
     act = grouped_gemm(x, w13, layout, gate_up=True, a_scale=x_scale, w_scale=w13_scale, **common)
     if x.dtype == FP8_DTYPE:
         act, act_scale = quantize_fp8(act)

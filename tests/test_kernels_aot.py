@@ -2,7 +2,7 @@
 
 The interpreter checks results; this checks what only a GPU build shows: tensor-core instruction
 selection (wgmma for BLOCK_M >= 64, mma.sync below), the cp.async software pipeline, shared memory
-under the 227 KiB limit.
+under the 227 KiB limit, no register spills.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def test_kernels_compile_for_hopper():
     for r in gemms:
         assert r["shared_bytes"] <= 227 * 1024
         assert r["cp_async"] > 0, r  # loads are software-pipelined
+        assert r["spill_bytes"] in (0, -1), r  # default_num_warps keeps the accumulators in registers
         if r["config"]["BLOCK_M"] >= 64:
             assert r["wgmma"] > 0, r  # Hopper warp-group MMA
         else:
