@@ -88,7 +88,8 @@ def test_dispatch_matrix_splits_over_replicas():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 1000), st.sampled_from([(8, 2, 2), (12, 3, 3), (16, 4, 8)]), st.sampled_from(["blocks", "round_robin"]))
+@given(st.integers(0, 1000), st.sampled_from([(8, 2, 2), (12, 3, 3), (16, 4, 8)]),
+       st.sampled_from(["blocks", "round_robin"]))
 def test_dispatch_matrix_columns_are_the_gpu_rows(seed, sizes, layout):
     experts, gpus, redundant = sizes
     rng = np.random.default_rng(seed)

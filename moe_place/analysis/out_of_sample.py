@@ -74,7 +74,10 @@ def out_of_sample(window_load: np.ndarray, ep_size: int, planner: Planner | None
         phy2log = placement.phy2log
     # row w*layers + l is layer l's plan made on window w; judged on window w (in sample) and w+1
     next_loads = np.concatenate([loads[1:], loads[-1:]]).reshape(windows * layers, experts)
-    judged = lambda judged_loads: max_over_mean(_gpu_loads(phy2log, ep_size, judged_loads)).reshape(windows, layers)  # noqa: E731
+
+    def judged(judged_loads: np.ndarray) -> np.ndarray:
+        return max_over_mean(_gpu_loads(phy2log, ep_size, judged_loads)).reshape(windows, layers)
+
     # contiguous blocks: GPU g sums experts g*E/G .. (g+1)*E/G - 1 (what Placement.contiguous gives)
     contiguous = max_over_mean(loads.reshape(windows, layers, ep_size, -1).sum(axis=-1))
     return OutOfSample(ep_size=ep_size, planner=planner_name, contiguous=contiguous[1:],

@@ -99,7 +99,8 @@ def format_table(report: dict) -> str:
     lines += [head, "-" * len(head)]
     for e in eps:
         shift = e["out_of_sample"] or {}
-        window = [_fmt(_mean(shift[key])) if shift else "-" for key in ("contiguous", "planned_on_same", "planned_on_previous")]
+        keys = ("contiguous", "planned_on_same", "planned_on_previous")
+        window = [_fmt(_mean(shift[key])) if shift else "-" for key in keys]
         lines.append(
             f"{e['ep_size']:>5} {e['experts_per_gpu']:>11} {_fmt(e['mean_gpu_max_over_mean']):>6} "
             f"{_fmt(e['worst_gpu_max_over_mean']):>6} {e['worst_layer']:>7} {_fmt(e['vllm_balancedness'], '.3f'):>8} "
