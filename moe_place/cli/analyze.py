@@ -75,15 +75,16 @@ def format_table(report: dict) -> str:
     n = report["top_n"]
     lines = [
         f"{report['model']}  ({report['source']})",
-        f"{report['num_layers']} layers, {report['num_experts']} experts, top-{report['top_k']}, "
-        f"{report['tokens']:,} tokens, {report['steps']} steps ({report['windows']} windows of "
-        f"{report['window_steps']} step{'s' if report['window_steps'] > 1 else ''})",
+        f"{_plural(report['num_layers'], 'layer')}, {report['num_experts']} experts, top-{report['top_k']}, "
+        f"{report['tokens']:,} tokens, {_plural(report['steps'], 'step')} "
+        f"({_plural(report['windows'], 'window')} of {_plural(report['window_steps'], 'step')})",
         "",
     ]
     eps = report["ep"]
-    head = (f"{'layer':>5} {'max/mean':>8} {'CV':>5} {'zero':>4} {'top' + str(n) + ' share':>10} {'hot kept':>8} "
-            f"{'hot run':>7}  " + " ".join(f"{'EP' + str(e['ep_size']):>6}" for e in eps))
-    lines += [f"{'':<49}busiest/mean GPU (contiguous)" if eps else "", head, "-" * len(head)]
+    prefix = (f"{'layer':>5} {'max/mean':>8} {'CV':>5} {'zero':>4} {'top' + str(n) + ' share':>10} {'hot kept':>8} "
+              f"{'hot run':>7}  ")
+    head = prefix + " ".join(f"{'EP' + str(e['ep_size']):>6}" for e in eps)
+    lines += [" " * len(prefix) + "busiest/mean GPU (contiguous)", head, "-" * len(head)]
     for pos, layer in enumerate(report["layers"]):
         pers = layer["persistence"]
         lines.append(
@@ -106,6 +107,10 @@ def format_table(report: dict) -> str:
             f"{_fmt(e['worst_gpu_max_over_mean']):>6} {e['worst_layer']:>7} {_fmt(e['vllm_balancedness'], '.3f'):>8} "
             f"{_fmt(_mean(e['sglang_balancedness']), '.3f'):>10} | {window[0]:>6} {window[1]:>6} {window[2]:>8}")
     return "\n".join(lines) + "\n"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _mean(values: list) -> float | None:
