@@ -9,7 +9,8 @@
 # (`bench/microbench.py all`), (5) the markdown report with plots (`moe-place report`).
 # Writes bench/results/<tag>.json, <tag>.md (+ PNGs) and <tag>.log; the tag names the GPU and time.
 # Environment: PYTHON (default: .venv/bin/python when present, else python3), RESULTS (default
-# bench/results), BENCH_TIMEOUT seconds for the microbenchmarks (default 240).
+# bench/results), BENCH_TIMEOUT seconds for the microbenchmarks (default 180); the kernel tests get
+# 100 s, so the whole run stays under 5 minutes.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 RESULTS=${RESULTS:-bench/results}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-180}
 mkdir -p "$RESULTS"
 started=$(date +%s)
 step() { echo "== [$(( $(date +%s) - started ))s] $*" >&2; }
@@ -64,10 +65,11 @@ tag="${gpu}_$(date -u +%Y%m%dT%H%M%SZ)"
 log="$RESULTS/$tag.log"
 status=0
 
-# 3. kernel tests: on a GPU the @pytest.mark.gpu tests plus the kernel tests compiled for real
+# 3. kernel tests compiled for real (grouped GEMM bf16/fp8/fp32 and the @pytest.mark.gpu test); the
+#    gather/combine kernels are checked against torch inside the dispatch benchmark
 if [ -z "$DRY" ]; then
   step "GPU kernel tests"
-  timeout 120 "$PYTHON" -m pytest -q -x tests/test_kernels_gemm.py tests/test_kernels_dispatch.py 2>&1 | tee -a "$log" >&2
+  timeout 100 "$PYTHON" -m pytest -q -x tests/test_kernels_gemm.py 2>&1 | tee -a "$log" >&2
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check.sh: kernel tests failed (continuing to the benchmarks)" >&2; status=1; }
 fi
 

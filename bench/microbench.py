@@ -285,7 +285,7 @@ def section_padding(ctx: Context) -> dict:
 def section_gemm(ctx: Context) -> dict:
     """Grouped GEMM vs dense torch.matmul (same rows, one expert's weights) in BF16."""
     torch = ctx.timer.torch
-    from moe_place.kernels.grouped_gemm import mlp_flops
+    from moe_place.kernels.grouped_gemm import fp8_supported, mlp_flops
 
     s = ctx.sizes
     experts = 8
@@ -308,12 +308,31 @@ def section_gemm(ctx: Context) -> dict:
         t_dense = ctx.timer(dense)
         flops = mlp_flops(m["valid_rows"], s.gemm_hidden, s.gemm_intermediate)
         pred = predict_s(ctx, rows, s.gemm_hidden, s.gemm_intermediate, block_m)
-        out.append({"rows_per_expert": r, "experts": experts, "block_m": block_m, "grouped_s": m["measured_s"],
-                    "dense_s": t_dense, "grouped_tflops": flops / m["measured_s"] / 1e12,
-                    "dense_tflops": flops / t_dense / 1e12, "grouped_over_dense": t_dense / m["measured_s"],
-                    "measured_s": m["measured_s"], "predicted_s": pred, "ratio": _ratio(m["measured_s"], pred)})
+        row = {"rows_per_expert": r, "experts": experts, "block_m": block_m, "grouped_s": m["measured_s"],
+               "dense_s": t_dense, "grouped_tflops": flops / m["measured_s"] / 1e12,
+               "dense_tflops": flops / t_dense / 1e12, "grouped_over_dense": t_dense / m["measured_s"],
+               "measured_s": m["measured_s"], "predicted_s": pred, "ratio": _ratio(m["measured_s"], pred)}
+        if fp8_supported(ctx.device) and (ctx.on_gpu or i == 0):  # on a CPU: once, in the interpreter
+            t_fp8 = _time_fp8(ctx, bank, rows, block_m)
+            row.update(fp8_grouped_s=t_fp8, fp8_grouped_tflops=flops / t_fp8 / 1e12)
+        out.append(row)
     return {"hidden": s.gemm_hidden, "intermediate": s.gemm_intermediate, "block_n": s.block_n,
             "block_k": s.block_k, "rows": out}
+
+
+def _time_fp8(ctx: Context, bank: ExpertBank, rows, block_m: int) -> float:
+    """The same grouped MLP with FP8 e4m3 inputs (per-tensor activation, per-expert weight scales)."""
+    torch = ctx.timer.torch
+    from moe_place.kernels.align import layout_from_rows
+    from moe_place.kernels.grouped_gemm import expert_mlp, quantize_fp8
+
+    layout = layout_from_rows(rows, block_m, device=ctx.device)
+    experts = len(rows)
+    x8, xs = quantize_fp8(torch.randn(layout.num_pairs, bank.hidden, device=ctx.device))
+    w13, w13s = quantize_fp8(bank.w13[:experts], dim=0)
+    w2, w2s = quantize_fp8(bank.w2[:experts], dim=0)
+    return ctx.timer(lambda: expert_mlp(x8, w13, w2, layout, x_scale=xs, w13_scale=w13s, w2_scale=w2s,
+                                        block_n=ctx.sizes.block_n, block_k=ctx.sizes.block_k))
 
 
 def skew_loads(ctx: Context) -> dict[str, np.ndarray]:
@@ -550,10 +569,12 @@ def print_tables(result: dict, out=sys.stdout) -> None:
               f"{r['predicted_s'] * 1e3:>8.4f} {_fmt(r['ratio'])}")
     if "gemm" in sec:
         p("\n## grouped GEMM vs dense torch.matmul (same rows)")
-        p(f"{'rows/exp':>8} {'BLOCK_M':>7} {'grouped TF/s':>12} {'dense TF/s':>10} {'grouped/dense':>13} {'ratio':>6}")
+        p(f"{'rows/exp':>8} {'BLOCK_M':>7} {'grouped TF/s':>12} {'dense TF/s':>10} {'grouped/dense':>13} {'ratio':>6} "
+          f"{'fp8 TF/s':>8}")
         for r in sec["gemm"]["rows"]:
+            fp8 = f"{r['fp8_grouped_tflops']:>8.1f}" if "fp8_grouped_tflops" in r else f"{'-':>8}"
             p(f"{r['rows_per_expert']:>8} {r['block_m']:>7} {r['grouped_tflops']:>12.3f} {r['dense_tflops']:>10.3f} "
-              f"{r['grouped_over_dense']:>13.2f} {_fmt(r['ratio'])}")
+              f"{r['grouped_over_dense']:>13.2f} {_fmt(r['ratio'])} {fp8}")
     if "skew" in sec:
         p("\n## skew at equal total rows (busiest rank / balanced)")
         p(f"{'load':<34} {'placement':<20} {'max rows':>8} {'skew meas':>9} {'skew pred':>9} {'ratio':>6}")

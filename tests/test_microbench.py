@@ -101,3 +101,12 @@ def test_report_rejects_a_file_that_is_not_a_result(tmp_path, capsys):
     assert main(["report", str(tmp_path / "missing.json")]) == 2
     (tmp_path / "broken.json").write_text("{")
     assert main(["report", str(tmp_path / "broken.json")]) == 2
+
+
+def test_bench_cli_forwards_to_microbench(tmp_path, capsys):
+    out = tmp_path / "dispatch.json"
+    assert main(["bench", "dispatch", "--dry-run", "--output-json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["sections"]) == ["dispatch"]
+    assert result["sections"]["dispatch"]["traffic_matches_model"] is True
+    assert "dispatch/combine per rank" in capsys.readouterr().out
