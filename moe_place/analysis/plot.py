@@ -55,11 +55,12 @@ def _sweep(ax, analysis: TraceAnalysis) -> None:
     skew = np.stack([p.balance.max_over_mean for p in analysis.ep])  # [sizes, layers]
     ax.plot(sizes, skew.max(axis=1), "o-", color="tab:red", label="all steps summed: worst layer (contiguous)")
     ax.plot(sizes, skew.mean(axis=1), "o-", color="tab:blue", label="all steps summed: mean over layers (contiguous)")
+    label_box = dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.8)
     for x, worst, mean in zip(sizes, skew.max(axis=1), skew.mean(axis=1)):
-        ax.annotate(f"{worst:.2f}", (x, worst), textcoords="offset points", xytext=(0, 6), ha="center",
-                    fontsize=8, color="tab:red")
-        ax.annotate(f"{mean:.2f}", (x, mean), textcoords="offset points", xytext=(0, -13), ha="center",
-                    fontsize=8, color="tab:blue")
+        ax.annotate(f"{worst:.2f}", (x, worst), textcoords="offset points", xytext=(0, 7), ha="center",
+                    fontsize=8, color="tab:red", bbox=label_box, zorder=5)
+        ax.annotate(f"{mean:.2f}", (x, mean), textcoords="offset points", xytext=(0, -15), ha="center",
+                    fontsize=8, color="tab:blue", bbox=label_box, zorder=5)
     shifts = [(p.ep_size, s) for p, s in zip(analysis.ep, analysis.out_of_sample) if s is not None]
     if shifts:
         xs = [x for x, _ in shifts]
@@ -73,7 +74,7 @@ def _sweep(ax, analysis: TraceAnalysis) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.minorticks_off()
-    ax.set_ylim(bottom=0.9, top=float(skew.max()) * 1.12 + 0.05)
+    ax.set_ylim(bottom=0.75, top=float(skew.max()) * 1.12 + 0.05)
     ax.set_title("Busiest / mean GPU rows vs EP size")
     ax.set_xlabel("EP size (GPUs)")
     ax.set_ylabel("busiest GPU rows / mean GPU rows")
