@@ -80,9 +80,10 @@ def test_stream_equals_in_memory(tmp_path, compress, step_kind):
         np.testing.assert_array_equal(streamed.counts[0], _reference(ids, 64))
 
 
-def test_stream_infers_num_experts_in_a_first_pass(tmp_path):
+@pytest.mark.parametrize("compress", [False, True])
+def test_stream_infers_num_experts_in_a_first_pass(tmp_path, compress):
     ids = _ids(700, 2, 20, 3, seed=6)
-    np.savez(tmp_path / "t.npz", topk_ids=ids)
+    (np.savez_compressed if compress else np.savez)(tmp_path / "t.npz", topk_ids=ids)
     trace = stream_npz_counts(tmp_path / "t.npz", chunk_tokens=100)
     assert trace.num_experts == int(ids.max()) + 1
     np.testing.assert_array_equal(trace.counts[0], _reference(ids, trace.num_experts))
