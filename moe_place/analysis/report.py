@@ -95,7 +95,27 @@ def _nums(values: np.ndarray) -> list:
 
 
 def analysis_to_json(analysis: TraceAnalysis) -> dict:
-    """The documented JSON contract of `moe-place analyze` (see README)."""
+    """The JSON contract of `moe-place analyze --format json` (floats rounded to 6 digits, NaN -> null).
+
+    Top level: `format_version`, `model`, `source`, `num_layers`, `num_experts`, `top_k`,
+    `tokens` (whole trace), `steps`, `step_names`, `window_steps`, `windows`, `top_n`, `layers`, `ep`.
+
+    `layers[i]` (one per analyzed layer, in trace order):
+      `layer` the model's layer id; `expert_load` ints, dispatches per expert summed over every
+      step; `max_over_mean`, `cv`, `zero_load_experts`, `top_n_share` of those loads;
+      `hot_experts` the `top_n` hottest ids, hottest first; `persistence` {`mean_run_windows`,
+      `median_run_windows`, `max_run_windows`, `mean_hot_overlap`}; `active_experts` per step
+      and `expected_active_experts` per step (E[U] for that step's tokens).
+
+    `ep[j]` (one per EP size, ascending; contiguous placement of the summed loads):
+      `ep_size`, `placement` ("contiguous"), `experts_per_gpu`; per layer lists
+      `gpu_max_over_mean` (busiest/mean GPU rows), `balancedness` (mean/max),
+      `sglang_balancedness`, `gpu_rows` (`[layers][ep_size]`); `mean_gpu_max_over_mean`,
+      `worst_gpu_max_over_mean`, `worst_layer` (layer id), `vllm_balancedness` (model-wide);
+      `out_of_sample` null with one window (or EP 1), else {`planner`, `redundant_per_gpu`,
+      `transitions`, and per layer, averaged over transitions w -> w+1 and judged on w+1:
+      `contiguous`, `planned_on_previous`, `planned_on_same`, `loss` (previous/same - 1)}.
+    """
     trace, prof, pers, act = analysis.trace, analysis.profile, analysis.persistence, analysis.active
     layers = []
     for pos, layer_id in enumerate(trace.meta.layer_ids):
