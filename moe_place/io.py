@@ -20,10 +20,17 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the mode a plain open() would
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
