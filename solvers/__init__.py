@@ -61,10 +61,14 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
           progress: bool = False) -> Solution:
     """Plan every layer of `problem`.
 
-    solver: a registered name or "auto" (fast everywhere, then cpsat where the gap is above
-        AUTO_GAP, within the time limit; without a time limit "auto" is just fast).
-    time_limit_s: the budget for the whole plan (None: each solver's own default, deterministic).
-    jobs: worker processes for the per-layer solves (same result as jobs=1).
+    solver: a registered name or "auto" (fast everywhere, then cpsat on the layers whose gap is
+        above AUTO_GAP, largest gap first, while the time limit lasts; without a time limit
+        "auto" is just fast).
+    time_limit_s: the budget for the whole plan in wall-clock seconds (None: no limit, and the
+        result is deterministic). Layers are given an even share; a layer started after the
+        budget is spent gets `fast`'s construction only (the anytime fallback), so the plan
+        always covers every layer. One solver call can overrun its share (CP-SAT's model build).
+    jobs: worker processes for the per-layer solves (same result as jobs=1 without a limit).
     progress: draw a progress bar on stderr.
     """
     if jobs < 1:
@@ -73,26 +77,25 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
         raise InputError("time_limit_s", "a positive number of seconds", time_limit_s)
     if solver != "auto":
         get_solver(solver)  # InputError listing the names when unknown
-    start = time.perf_counter()
+    start = time.monotonic()
+    deadline = None if time_limit_s is None else start + time_limit_s
     layers = list(range(problem.num_layers))
     first = "fast" if solver == "auto" else solver
-    share = FAST_SHARE if solver == "auto" and "cpsat" in solver_names() else 1.0
-    limit = None if time_limit_s is None else time_limit_s * share * jobs / len(layers)
-    results = _run_layers(problem, first, layers, limit, jobs, progress)
-    if solver == "auto" and time_limit_s is not None and "cpsat" in solver_names():
-        open_layers = [i for i in layers if results[i].gap > AUTO_GAP]
-        remaining = time_limit_s - (time.perf_counter() - start)
-        if open_layers and remaining > 0.05:
-            limit = min(remaining, remaining * jobs / len(open_layers))
-            exact = _run_layers(problem, "cpsat", open_layers, limit, jobs, progress)
-            for i in open_layers:
-                results[i] = merge(results[i], exact[i])
+    use_cpsat = solver == "auto" and time_limit_s is not None and "cpsat" in solver_names()
+    share = FAST_SHARE if use_cpsat else 1.0
+    first_deadline = None if deadline is None else start + time_limit_s * share
+    results = _run_layers(problem, first, layers, None, jobs, progress, first_deadline, fallback=True)
+    if use_cpsat:
+        open_layers = sorted((i for i in layers if results[i].gap > AUTO_GAP), key=lambda i: -results[i].gap)
+        exact = _run_layers(problem, "cpsat", open_layers, None, jobs, progress, deadline, fallback=False)
+        for i, solution in exact.items():
+            results[i] = merge(results[i], solution)
     solutions = tuple(results[i] for i in layers)
     phy2log = np.stack([s.phy2log for s in solutions])
     colocated = any(s.detail.get("colocated", False) for s in solutions)
     placement = Placement(phy2log, problem.num_experts, problem.num_gpus, problem.num_nodes,
                           allow_colocated=colocated)
-    return Solution(placement, solutions, solver, time.perf_counter() - start)
+    return Solution(placement, solutions, solver, time.monotonic() - start)
 
 
 def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
@@ -100,38 +103,66 @@ def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
     best = second if second.objective < first.objective else first
     bound = min(max(first.lower_bound, second.lower_bound), best.objective)
     status = "optimal" if best.objective <= bound * (1 + 1e-9) or best.status == "optimal" else best.status
-    detail = {**first.detail, **second.detail, "solvers": [first.detail.get("solver"), second.detail.get("solver")]}
+    detail = {**first.detail, **second.detail, "solver": best.detail.get("solver"),
+              "solvers": [first.detail.get("solver"), second.detail.get("solver")]}
     return LayerSolution(best.phy2log, status, best.objective, bound, first.wall_s + second.wall_s, detail)
 
 
-def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit: float | None) -> list[LayerSolution]:
-    solver = get_solver(name)
-    out = []
-    for layer in layers:
-        solution = solver.solve_layer(problem, layer, limit)
+MIN_SOLVE_S = 1.0  # with a deadline, a (non-fallback) layer solve starts only with this much time left
+
+
+def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit: float | None,
+                 deadline: float | None, fallback: bool, later: int = 0) -> list[LayerSolution | None]:
+    """Solve `layers` in order with solver `name` and per-layer limit `limit`.
+
+    With a deadline (time.monotonic seconds, one clock for all processes), each layer gets an even
+    share of the time left over the layers still to come in this worker (`later` more after this
+    list); past the deadline a layer gets fast's construction (fallback=True) or is skipped (None).
+    """
+    out: list[LayerSolution | None] = []
+    for position, layer in enumerate(layers):
+        used, layer_limit = name, limit
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left < (0.0 if name == "fast" else MIN_SOLVE_S):
+                if not fallback:
+                    out.append(None)
+                    continue
+                used, layer_limit = "fast", 0.0
+            else:
+                share = left / (len(layers) - position + later) / (1 if name == "fast" else 2)
+                layer_limit = share if limit is None else min(limit, share)
+        solution = get_solver(used).solve_layer(problem, layer, layer_limit)
         out.append(LayerSolution(solution.phy2log, solution.status, solution.objective, solution.lower_bound,
-                                 solution.wall_s, {"solver": name, **solution.detail}))
+                                 solution.wall_s, {"solver": used, **solution.detail}))
     return out
 
 
 def _run_layers(problem: PlacementProblem, name: str, layers: list[int], limit: float | None, jobs: int,
-                progress: bool) -> dict[int, LayerSolution]:
-    """Solve `layers` with solver `name`, in `jobs` processes; {layer: solution}."""
+                progress: bool, deadline: float | None = None, fallback: bool = True) -> dict[int, LayerSolution]:
+    """Solve `layers` with solver `name` in `jobs` processes; {layer: solution} (skipped layers absent)."""
+    if not layers:
+        return {}
     bar = _Progress(len(layers), name) if progress else None
     results: dict[int, LayerSolution] = {}
     if jobs == 1 or len(layers) == 1:
-        for layer in layers:
-            results[layer] = _solve_chunk(problem, name, [layer], limit)[0]
+        for position, layer in enumerate(layers):
+            solution = _solve_chunk(problem, name, [layer], limit, deadline, fallback, len(layers) - position - 1)[0]
+            if solution is not None:
+                results[layer] = solution
             if bar:
                 bar.advance(1)
     else:
         size = max(1, -(-len(layers) // (4 * jobs)))  # ~4 chunks per worker: progress without much pickling
         chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_solve_chunk, problem, name, chunk, limit) for chunk in chunks]
+            futures = [pool.submit(_solve_chunk, problem, name, chunk, limit, deadline, fallback,
+                                   -(-(len(layers) - i * size - len(chunk)) // jobs))
+                       for i, chunk in enumerate(chunks)]
             for chunk, future in zip(chunks, futures):
                 for layer, solution in zip(chunk, future.result()):
-                    results[layer] = solution
+                    if solution is not None:
+                        results[layer] = solution
                 if bar:
                     bar.advance(len(chunk))
     if bar:

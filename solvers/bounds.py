@@ -131,21 +131,40 @@ def _pigeonhole_fails(loads: np.ndarray, num_gpus: int, num_physical: int, targe
     cum_count = np.cumsum(count_sorted, axis=1)
     cum_size = np.cumsum(size_sorted * count_sorted, axis=1)
 
-    def top_sum(i: np.ndarray) -> np.ndarray:
-        """Sum of the i largest guaranteed items `[layers, J]` for counts i `[J]` (i <= total)."""
-        seg = (cum_count[:, :, None] < i[None, None, :]).sum(axis=1)  # segment holding item i
-        seg = np.minimum(seg, experts - 1)
-        prev_count = np.where(seg > 0, np.take_along_axis(cum_count, np.maximum(seg - 1, 0), axis=1), 0)
-        prev_size = np.where(seg > 0, np.take_along_axis(cum_size, np.maximum(seg - 1, 0), axis=1), 0.0)
-        return prev_size + (i[None, :] - prev_count) * np.take_along_axis(size_sorted, seg, axis=1)
+    total_items = cum_count[:, -1]                                                      # [layers]
 
-    j = np.arange(1, slots)
+    def top_sum(i: np.ndarray) -> np.ndarray:
+        """Sum of the i largest guaranteed items, i `[layers, J]` (clipped to the items there are)."""
+        i = np.minimum(i, total_items[:, None])
+        seg = (cum_count[:, :, None] < i[:, None, :]).sum(axis=1)  # segment holding item i
+        seg = np.minimum(seg, experts - 1)
+        prev = np.maximum(seg - 1, 0)
+        prev_count = np.where(seg > 0, np.take_along_axis(cum_count, prev, axis=1), 0)
+        prev_size = np.where(seg > 0, np.take_along_axis(cum_size, prev, axis=1), 0.0)
+        return prev_size + (i - prev_count) * np.take_along_axis(size_sorted, seg, axis=1)
+
+    def value_at(i: np.ndarray) -> np.ndarray:
+        """The i-th largest guaranteed item (1-based), 0 past the last one; i `[layers, J]`."""
+        seg = np.minimum((cum_count[:, :, None] < i[:, None, :]).sum(axis=1), experts - 1)
+        return np.where(i <= total_items[:, None], np.take_along_axis(size_sorted, seg, axis=1), 0.0)
+
+    limit = target[:, None] * (1 + 1e-12)
+    j = np.broadcast_to(np.arange(1, slots), (layers, slots - 1))
     upper = j * num_gpus + 1  # the jG+1 largest items ...
     lower = upper - j - 1     # ... minus the jG-j largest leave the j+1 smallest of them
-    total_items = cum_count[:, -1]
     window = top_sum(upper) - top_sum(lower)
-    valid = upper[None, :] <= total_items[:, None]
-    violated = (valid & (window > target[:, None] * (1 + 1e-12))).any(axis=1)
+    violated = ((upper <= total_items[:, None]) & (window > limit)).any(axis=1)
+    rank = np.broadcast_to(np.arange(1, num_gpus + 1), (layers, num_gpus))
+    if slots == 2:  # items pair up: sorted pairing (largest with smallest) is the best there is
+        pair = value_at(rank) + value_at(num_physical + 1 - rank)
+        violated |= (pair > limit).any(axis=1)
+    else:  # the j largest items: on j distinct GPUs (with the j(S-1) smallest items at best) or two share one
+        bottom = top_sum(np.full_like(rank, num_physical)) - top_sum(num_physical - rank * (slots - 1))
+        largest = value_at(rank)
+        smallest = value_at(np.full_like(rank, num_physical))
+        spread = largest + bottom / rank
+        shared = 2 * largest + (slots - 2) * smallest
+        violated |= (np.minimum(spread, shared) > limit).any(axis=1)
     return fails | violated
 
 

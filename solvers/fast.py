@@ -389,7 +389,7 @@ def _max_holder_excluding(held: np.ndarray, load: np.ndarray, g: int, experts: n
 def fast_layer(loads: np.ndarray, num_gpus: int, num_physical: int, *, eplb_row: np.ndarray | None = None,
                current: np.ndarray | None = None, move_cost: float = 0.0, max_moved: int | None = None,
                bound: float | None = None, deadline: float | None = None,
-               bisection_steps: int = 8, max_iterations: int | None = None) -> np.ndarray:
+               bisection_steps: int = 8, max_iterations: int | None = None, polish_start: bool = True) -> np.ndarray:
     """int64 `[P]`: a plan for one layer's loads `[E]` (steps 1-3 of the module docstring)."""
     loads = np.asarray(loads, dtype=np.float64)
     slots = num_physical // num_gpus
@@ -408,6 +408,8 @@ def fast_layer(loads: np.ndarray, num_gpus: int, num_physical: int, *, eplb_row:
         candidate = np.asarray(eplb_row, dtype=np.int64).reshape(num_gpus, slots)
         if _no_colocation(candidate) and busiest(candidate) < busiest(best):
             best = candidate
+    if polish_start:
+        best = local_search(loads, best, bound, max_iterations=max_iterations, deadline=deadline)
     best_value = busiest(best)
     lo, hi = bound, best_value
     if num_physical == loads.size:

@@ -1,0 +1,100 @@
+"""`moe-place compare TRACE --gpus G --solvers eplb,fast,cpsat`: the same problem, several solvers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from moe_place.cli.plan import add_problem_arguments
+
+HELP = "plan one trace with several solvers and compare busiest-GPU load, bound, gap and time per layer"
+
+
+def _names(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not n for n in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated solver names, got {text!r}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_problem_arguments(parser)
+    parser.add_argument("--solvers", type=_names, default=["eplb", "fast"], metavar="A,B,...",
+                        help="solvers to compare (default eplb,fast; any of auto, eplb, fast, cpsat); "
+                             "--time-limit is each solver's budget")
+    parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG: busiest load / bound per layer")
+    parser.add_argument("--output-json", metavar="FILE", help="also write the JSON to FILE")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from moe_place.cli.plan import build_problem, report_rows
+    from moe_place.errors import InputError
+    from moe_place.io import write_atomic, write_json_atomic
+    from moe_place.solvers import solve, solver_names
+
+    for name in args.solvers:
+        if name != "auto" and name not in solver_names():
+            raise InputError("--solvers", f"names among auto, {', '.join(solver_names())}", name)
+    problem, trace, options = build_problem(args)
+    results = {}
+    for name in args.solvers:
+        solution = solve(problem, name, args.time_limit, args.jobs, progress=False)
+        rows = report_rows(problem, solution, args.split)
+        results[name] = {"wall_s": round(solution.wall_s, 6), "status": solution.status,
+                         "colocated": bool(solution.placement.allow_colocated), "layers": rows}
+        print(f"compare: {name} done in {solution.wall_s:.2f} s", file=sys.stderr)
+    # the best bound any solver certified, per layer: all are valid, so the largest is too
+    best_bound = [max(results[n]["layers"][i]["lower_bound"] for n in args.solvers)
+                  for i in range(problem.num_layers)]
+    summary = {}
+    for name in args.solvers:
+        ratios = [row["max_gpu_load"] / b if b > 0 else 1.0 for row, b in zip(results[name]["layers"], best_bound)]
+        balance = [row["balancedness"] for row in results[name]["layers"]]
+        summary[name] = {"mean_max_over_bound": sum(ratios) / len(ratios), "worst_max_over_bound": max(ratios),
+                         "mean_balancedness": sum(balance) / len(balance), "wall_s": results[name]["wall_s"],
+                         "status": results[name]["status"], "colocated": results[name]["colocated"]}
+    document = {"trace": str(args.trace), "options": options, "layer_ids": list(problem.layer_ids),
+                "best_lower_bound": best_bound, "summary": summary, "solvers": results}
+    if args.output_json:
+        write_json_atomic(args.output_json, document)
+        print(f"wrote json {args.output_json}", file=sys.stderr)
+    if args.plot:
+        write_atomic(args.plot, _plot_png(problem.layer_ids, results, best_bound))
+        print(f"wrote plot {args.plot}", file=sys.stderr)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(document, indent=1) + "\n")
+        return 0
+    lines = [f"compare {args.trace}: {problem.num_layers} layers, {problem.num_experts} experts, "
+             f"P = {problem.num_physical} on {problem.num_gpus} GPUs, split {args.split}",
+             f"{'solver':<8} {'mean max/bound':>15} {'worst max/bound':>16} {'balancedness':>13} {'wall_s':>8}  status"]
+    for name, row in summary.items():
+        note = " (co-located replicas)" if row["colocated"] else ""
+        lines.append(f"{name:<8} {row['mean_max_over_bound']:>15.4f} {row['worst_max_over_bound']:>16.4f} "
+                     f"{row['mean_balancedness']:>13.4f} {row['wall_s']:>8.2f}  {row['status']}{note}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _plot_png(layer_ids, results: dict, best_bound: list[float]) -> bytes:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for name, result in results.items():
+        ratios = [row["max_gpu_load"] / b if b > 0 else 1.0 for row, b in zip(result["layers"], best_bound)]
+        ax.plot(list(layer_ids), ratios, marker=".", label=name)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("busiest GPU / best lower bound")
+    ax.legend()
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()

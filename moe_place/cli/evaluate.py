@@ -1,0 +1,57 @@
+"""`moe-place evaluate PLAN TRACE`: judge a plan on any trace (out of sample when it is not its own)."""
+
+from __future__ import annotations
+
+import argparse
+
+from moe_place.cli.options import positive_int
+
+HELP = "per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", metavar="PLAN", help="plan file written by `moe-place plan`")
+    parser.add_argument("trace", metavar="TRACE", help="routing trace file with the plan's layers and experts")
+    parser.add_argument("--split", choices=("even", "local", "optimal"), default="even",
+                        help="token split among replicas (default even)")
+    parser.add_argument("--windows", type=positive_int, metavar="W",
+                        help="judge W windows of consecutive steps (combined by --window-objective)")
+    parser.add_argument("--window-objective", choices=("max", "mean", "quantile"), default="max")
+    parser.add_argument("--quantile", type=float, default=0.9)
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from moe_place.cli.plan import print_report
+    from moe_place.errors import InputError
+    from moe_place.solvers.evaluate import evaluate_placement
+    from moe_place.solvers.planfile import read_plan
+    from moe_place.traces.load import load_trace
+
+    plan = read_plan(args.plan)
+    trace = load_trace(args.trace)
+    placement = plan.placement
+    if trace.num_experts != placement.num_logical_experts:
+        raise InputError(f"{args.trace}: num_experts", f"{placement.num_logical_experts} (the plan's)",
+                         trace.num_experts)
+    positions = {layer_id: pos for pos, layer_id in enumerate(trace.meta.layer_ids)}
+    missing = [layer for layer in plan.layer_ids if layer not in positions]
+    if missing:
+        raise InputError(f"{args.trace}: layers", f"the plan's layer ids {list(plan.layer_ids)[:8]}",
+                         f"no layer {missing[0]}")
+    steps = trace.step_counts()[:, [positions[layer] for layer in plan.layer_ids], :]
+    if args.windows is None:
+        loads = steps.sum(axis=0)[None]
+    else:
+        if args.windows > steps.shape[0]:
+            raise InputError("--windows", f"at most the {steps.shape[0]} steps of the trace", args.windows)
+        loads = np.stack([part.sum(axis=0) for part in np.array_split(steps, args.windows)])
+    if not 0.0 <= args.quantile <= 1.0:
+        raise InputError("--quantile", "a value in [0, 1]", args.quantile)
+    reports = evaluate_placement(placement, loads, args.split, args.window_objective, args.quantile, plan.layer_ids)
+    report = {"plan": str(args.plan), "trace": str(args.trace), "split": args.split,
+              "windows": int(loads.shape[0]), "layers": [r.to_dict() for r in reports]}
+    print_report(report, args.format, header=f"evaluate {args.plan} on {args.trace}: split {args.split}")
+    return 0

@@ -1,0 +1,195 @@
+"""`moe-place plan TRACE --gpus G --out PLAN.json`: replicate and place experts, write a plan file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from moe_place.cli.options import layer_selection, non_negative_int, positive_float, positive_int
+
+HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
+
+
+def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `plan` and `compare`: the trace and the machine."""
+    parser.add_argument("trace", metavar="TRACE", help="routing trace file (.npz, SGLang/vLLM dump, CSV/JSON counts)")
+    parser.add_argument("--gpus", type=positive_int, required=True, metavar="G", help="EP size over all nodes")
+    parser.add_argument("--nodes", type=positive_int, default=1, metavar="N", help="nodes (divides G; default 1)")
+    parser.add_argument("--groups", type=positive_int, metavar="K",
+                        help="expert groups, for EPLB's hierarchical policy (default: global policy)")
+    slots = parser.add_mutually_exclusive_group()
+    slots.add_argument("--redundant", type=non_negative_int, metavar="R",
+                       help="redundant experts per layer: P = E + R physical experts, P divisible by G (default 0)")
+    slots.add_argument("--expert-memory-budget", type=positive_int, metavar="BYTES",
+                       help="per-GPU bytes for the expert weights of all planned layers (needs --expert-bytes)")
+    parser.add_argument("--expert-bytes", type=positive_int, metavar="B", help="bytes of one expert's weights")
+    parser.add_argument("--time-limit", type=positive_float, metavar="S",
+                        help="seconds for the whole plan (default: no limit; auto is then fast only)")
+    parser.add_argument("--split", choices=("even", "local", "optimal"), default="even",
+                        help="token split among replicas used in the report (solvers plan on even; default even)")
+    parser.add_argument("--windows", type=positive_int, metavar="W",
+                        help="plan on W windows of consecutive steps instead of their sum")
+    parser.add_argument("--window-objective", choices=("max", "mean", "quantile"), default="max",
+                        help="how per-window busiest loads combine (default max)")
+    parser.add_argument("--quantile", type=float, default=0.9, help="the quantile for --window-objective quantile")
+    parser.add_argument("--layers", type=layer_selection, metavar="IDS", help="model layer ids to plan (default all)")
+    parser.add_argument("--jobs", type=positive_int, default=1, metavar="J", help="worker processes (default 1)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed for randomised choices (default 0)")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_problem_arguments(parser)
+    parser.add_argument("--solver", default="auto", metavar="NAME", help="auto (default), fast, eplb, cpsat")
+    parser.add_argument("--current", metavar="PLAN", help="plan in use now: re-plan with migration in view")
+    parser.add_argument("--max-moved-slots", type=non_negative_int, metavar="K",
+                        help="with --current: at most K slots change per layer")
+    parser.add_argument("--move-cost", type=float, default=0.0, metavar="LOAD",
+                        help="with --current: load units a moved slot must save (default 0)")
+    parser.add_argument("--out", required=True, metavar="PLAN.json", help="plan file to write")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def build_problem(args: argparse.Namespace, current=None):
+    """(PlacementProblem, trace, options dict) from the shared options; InputError on bad values."""
+    import numpy as np
+
+    from moe_place.errors import InputError
+    from moe_place.problem import PlacementProblem
+    from moe_place.traces.load import load_trace
+
+    trace = load_trace(args.trace)
+    if args.layers is not None:
+        positions = {layer_id: pos for pos, layer_id in enumerate(trace.meta.layer_ids)}
+        missing = [layer for layer in args.layers if layer not in positions]
+        if missing:
+            raise InputError("--layers", f"layer ids of the trace {list(trace.meta.layer_ids)[:8]}...", missing[0])
+        trace = trace.select_layers([positions[layer] for layer in args.layers])
+    steps = trace.step_counts()
+    if args.windows is None:
+        loads = trace.total_counts()[None].astype(np.float64)
+    else:
+        if args.windows > trace.num_steps:
+            raise InputError("--windows", f"at most the {trace.num_steps} steps of the trace", args.windows)
+        loads = np.stack([part.sum(axis=0) for part in np.array_split(steps, args.windows)]).astype(np.float64)
+    experts, gpus = trace.num_experts, args.gpus
+    if args.nodes and gpus % args.nodes:
+        raise InputError("--nodes", f"a divisor of --gpus {gpus}", args.nodes)
+    if args.expert_memory_budget is not None:
+        if args.expert_bytes is None:
+            raise InputError("--expert-memory-budget", "--expert-bytes B as well (bytes of one expert)")
+        slots = args.expert_memory_budget // (args.expert_bytes * trace.num_layers)
+        if slots * gpus < experts:
+            raise InputError("--expert-memory-budget",
+                             f"room for one copy of each of the {experts} experts in each of the {trace.num_layers} "
+                             f"layers: at least {-(-experts // gpus) * args.expert_bytes * trace.num_layers} bytes "
+                             f"per GPU", args.expert_memory_budget)
+        physical = min(slots, experts) * gpus
+    else:
+        physical = experts + (args.redundant or 0)
+        if physical % gpus:
+            raise InputError("--redundant", f"R with E + R divisible by --gpus {gpus} (E = {experts}); "
+                             f"e.g. {(-experts) % gpus}", args.redundant or 0)
+        if physical > experts * gpus:
+            raise InputError("--redundant", f"at most {experts * gpus - experts} (one replica per GPU per expert)",
+                             args.redundant)
+    if args.groups is not None and experts % args.groups:
+        raise InputError("--groups", f"a divisor of the {experts} experts", args.groups)
+    if not 0.0 <= args.quantile <= 1.0:
+        raise InputError("--quantile", "a value in [0, 1]", args.quantile)
+    options = {"gpus": gpus, "nodes": args.nodes, "groups": args.groups, "num_physical": physical,
+               "redundant": physical - experts, "split": args.split, "windows": args.windows,
+               "window_objective": args.window_objective, "layers": args.layers, "time_limit_s": args.time_limit}
+    extra = {}
+    if current is not None:
+        extra = {"current": current, "max_moved_slots": getattr(args, "max_moved_slots", None),
+                 "move_cost_weight": getattr(args, "move_cost", 0.0)}
+    problem = PlacementProblem(loads, gpus, physical, num_nodes=args.nodes, num_groups=args.groups,
+                               split=args.split, window_objective=args.window_objective, quantile=args.quantile,
+                               expert_bytes=args.expert_bytes, layer_ids=tuple(trace.meta.layer_ids),
+                               seed=args.seed, **extra)
+    return problem, trace, options
+
+
+def report_rows(problem, solution, split: str) -> list[dict]:
+    """Per-layer report rows of a solution, evaluated under `split`."""
+    from moe_place.solvers.evaluate import layer_figures
+
+    rows = []
+    for i, layer in enumerate(solution.layers):
+        figures = layer_figures(layer.phy2log, problem.layer_loads(i), problem.num_gpus, split,
+                                problem.window_objective, problem.quantile, problem.layer_id(i),
+                                lower_bound=layer.lower_bound)
+        rows.append({**figures.to_dict(), "status": layer.status})
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    from moe_place.errors import InputError
+    from moe_place.solvers import solve
+    from moe_place.solvers.planfile import PlanFile, file_sha256, read_plan, write_plan
+
+    if args.current is None and (args.max_moved_slots is not None or args.move_cost):
+        raise InputError("--max-moved-slots/--move-cost", "--current PLAN as well")
+    if args.move_cost < 0:
+        raise InputError("--move-cost", "a value >= 0", args.move_cost)
+    current = None
+    if args.current is not None:
+        current = _current_for(read_plan(args.current), args)
+    problem, trace, options = build_problem(args, current)
+    solution = solve(problem, args.solver, args.time_limit, args.jobs, progress=not args.no_progress)
+    rows = report_rows(problem, solution, args.split)
+    report = {"solver": args.solver, "status": solution.status, "wall_s": round(solution.wall_s, 6),
+              "split": args.split, "layers": rows}
+    if current is not None:
+        report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
+    inputs = {"trace": str(args.trace), "trace_sha256": file_sha256(args.trace),
+              "options": {**options, "solver": args.solver, "current": args.current,
+                          "max_moved_slots": args.max_moved_slots, "move_cost": args.move_cost},
+              "seed": args.seed}
+    write_plan(args.out, PlanFile(solution.placement, problem.layer_ids, report, inputs))
+    print(f"wrote plan {args.out}", file=sys.stderr)
+    print_report(report, args.format, header=f"plan {args.trace}: {problem.num_layers} layers, "
+                 f"{problem.num_experts} experts, P = {problem.num_physical} on {problem.num_gpus} GPUs "
+                 f"({problem.slots_per_gpu} slots each), solver {args.solver}, split {args.split}")
+    return 0
+
+
+def _current_for(plan, args: argparse.Namespace):
+    """The current plan's placement restricted to the layers being planned (same order)."""
+    from moe_place.errors import InputError
+    from moe_place.placement import Placement
+    from moe_place.traces.load import load_trace
+
+    wanted = args.layers if args.layers is not None else list(load_trace(args.trace).meta.layer_ids)
+    rows = {layer_id: i for i, layer_id in enumerate(plan.layer_ids)}
+    missing = [layer for layer in wanted if layer not in rows]
+    if missing:
+        raise InputError(f"{args.current}: layer_ids", "every planned layer", f"no layer {missing[0]}")
+    p = plan.placement
+    return Placement(p.phy2log[[rows[layer] for layer in wanted]], p.num_logical_experts, p.num_gpus, p.num_nodes,
+                     allow_colocated=p.allow_colocated)
+
+
+def print_report(report: dict, fmt: str, header: str = "") -> None:
+    """Report to stdout as JSON or as a per-layer table with a summary line."""
+    import json
+
+    if fmt == "json":
+        sys.stdout.write(json.dumps(report, indent=1) + "\n")
+        return
+    lines = [header] if header else []
+    lines.append(f"{'layer':>6} {'max_gpu_load':>14} {'mean_gpu_load':>14} {'balanced':>9} {'lower_bound':>14} "
+                 f"{'gap':>8}  status")
+    for row in report["layers"]:
+        lines.append(f"{row['layer']:>6} {row['max_gpu_load']:>14.2f} {row['mean_gpu_load']:>14.2f} "
+                     f"{row['balancedness']:>9.4f} {row['lower_bound']:>14.2f} {row['gap']:>8.2%}  "
+                     f"{row.get('status', '')}")
+    gaps = [row["gap"] for row in report["layers"]]
+    balance = [row["balancedness"] for row in report["layers"]]
+    summary = f"mean gap {sum(gaps) / len(gaps):.2%}, worst gap {max(gaps):.2%}, mean balancedness " \
+              f"{sum(balance) / len(balance):.4f}"
+    if "status" in report:
+        summary += f", status {report['status']}, {report.get('wall_s', 0):.2f} s"
+    lines.append(summary)
+    sys.stdout.write("\n".join(lines) + "\n")

@@ -1,0 +1,172 @@
+"""CLI: plan, evaluate, compare; the plan file round trip and its errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from moe_place.cli.main import main
+from moe_place.errors import InputError
+from moe_place.placement import Placement
+from moe_place.solvers.planfile import PlanFile, file_sha256, parse_plan, read_plan, write_plan
+
+TINY = [600, 560, 120, 120, 20, 10, 10, 10]
+
+
+@pytest.fixture
+def tiny_trace(tmp_path):
+    path = tmp_path / "t.npz"
+    np.savez(path, format_version=1, num_experts=8, top_k=1, counts=np.array([[TINY]]))
+    return path
+
+
+@pytest.fixture
+def two_layer_trace(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "two.npz"
+    counts = rng.integers(0, 200, (4, 2, 16))  # 4 steps, 2 layers, 16 experts
+    np.savez(path, format_version=1, num_experts=16, top_k=2, counts=counts)
+    return path, counts
+
+
+def test_plan_writes_a_valid_plan_with_the_contract_keys(tiny_trace, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", str(tiny_trace), "--gpus", "8", "--redundant", "8", "--out", str(out),
+                 "--format", "json", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    plan = json.loads(out.read_text())
+    for key in ("format_version", "num_layers", "num_logical_experts", "num_gpus", "num_nodes", "phy2log",
+                "log2phy", "logcnt", "report", "inputs"):
+        assert key in plan
+    layer = plan["report"]["layers"][0]
+    assert layer["max_gpu_load"] == pytest.approx(590 / 3)  # fast alone reaches the optimum here
+    assert layer == report["layers"][0]
+    assert plan["inputs"]["trace_sha256"] == file_sha256(tiny_trace)
+    assert plan["inputs"]["options"]["num_physical"] == 16
+    loaded = read_plan(out)
+    assert loaded.placement.num_physical_experts == 16 and loaded.layer_ids == (0,)
+    assert np.array_equal(loaded.placement.phy2log, np.array(plan["phy2log"]))
+
+
+def test_plan_is_deterministic_and_table_output(tiny_trace, tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        assert main(["plan", str(tiny_trace), "--gpus", "4", "--redundant", "8", "--solver", "fast",
+                     "--out", str(out), "--no-progress"]) == 0
+    assert json.loads(a.read_text())["phy2log"] == json.loads(b.read_text())["phy2log"]
+    text = capsys.readouterr().out
+    assert "max_gpu_load" in text and "mean gap" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "8", "--redundant", "7"], "--redundant: expected R with E + R divisible by --gpus 8"),
+    (["--gpus", "3"], "--redundant"),
+    (["--gpus", "8", "--expert-memory-budget", "100"], "--expert-bytes"),
+    (["--gpus", "8", "--expert-memory-budget", "10", "--expert-bytes", "20"], "one copy of each"),
+    (["--gpus", "8", "--solver", "magic"], "solver: expected one of"),
+    (["--gpus", "8", "--nodes", "3"], "--nodes"),
+    (["--gpus", "8", "--windows", "5"], "--windows"),
+    (["--gpus", "8", "--max-moved-slots", "2"], "--current"),
+])
+def test_plan_bad_input_is_one_line_exit_2(tiny_trace, tmp_path, capsys, argv, message):
+    code = main(["plan", str(tiny_trace), *argv, "--out", str(tmp_path / "x.json"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and err.startswith("moe-place plan: error:") and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_memory_budget_sets_slots(tiny_trace, tmp_path, capsys):
+    out = tmp_path / "m.json"
+    assert main(["plan", str(tiny_trace), "--gpus", "8", "--expert-memory-budget", "10", "--expert-bytes", "3",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["num_physical_experts"] == 24  # 10 // 3 = 3 slots per GPU
+
+
+def test_evaluate_out_of_sample_and_windows(two_layer_trace, tmp_path, capsys):
+    path, counts = two_layer_trace
+    out = tmp_path / "p.json"
+    assert main(["plan", str(path), "--gpus", "4", "--redundant", "4", "--solver", "fast", "--out", str(out),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(out), str(path), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    plan = read_plan(out)
+    expected = plan.placement.gpu_loads(counts.sum(axis=0)).max(axis=1)
+    assert [row["max_gpu_load"] for row in report["layers"]] == pytest.approx(expected.tolist())
+    # another trace with the same layers: out of sample
+    other = tmp_path / "other.npz"
+    shifted = np.roll(counts, 3, axis=2)
+    np.savez(other, format_version=1, num_experts=16, top_k=2, counts=shifted)
+    assert main(["evaluate", str(out), str(other), "--format", "json", "--split", "local"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert all(0 < row["balancedness"] <= 1 for row in local["layers"])
+    assert main(["evaluate", str(out), str(path), "--windows", "4", "--window-objective", "max",
+                 "--format", "json"]) == 0
+    windows = json.loads(capsys.readouterr().out)
+    per_window = np.stack([plan.placement.gpu_loads(c).max(axis=1) for c in counts])  # [4, layers]
+    assert [row["max_gpu_load"] for row in windows["layers"]] == pytest.approx(per_window.max(axis=0).tolist())
+
+
+def test_evaluate_rejects_mismatched_trace(two_layer_trace, tiny_trace, tmp_path, capsys):
+    path, _ = two_layer_trace
+    out = tmp_path / "p.json"
+    main(["plan", str(path), "--gpus", "4", "--solver", "eplb", "--out", str(out), "--no-progress"])
+    assert main(["evaluate", str(out), str(tiny_trace)]) == 2
+    assert "num_experts" in capsys.readouterr().err
+
+
+def test_migration_plan_caps_moves(two_layer_trace, tmp_path, capsys):
+    path, _ = two_layer_trace
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["plan", str(path), "--gpus", "4", "--redundant", "4", "--solver", "eplb", "--out", str(first),
+                 "--no-progress"]) == 0
+    assert main(["plan", str(path), "--gpus", "4", "--redundant", "4", "--current", str(first),
+                 "--max-moved-slots", "2", "--out", str(second), "--no-progress", "--format", "json"]) == 0
+    old, new = read_plan(first).placement, read_plan(second).placement
+    assert (new.phy2log != old.phy2log).sum(axis=1).max() <= 2
+
+
+def test_compare_table_json_and_plot(two_layer_trace, tmp_path, capsys):
+    path, _ = two_layer_trace
+    plot, js = tmp_path / "c.png", tmp_path / "c.json"
+    assert main(["compare", str(path), "--gpus", "4", "--redundant", "4", "--solvers", "eplb,fast",
+                 "--plot", str(plot), "--output-json", str(js)]) == 0
+    text = capsys.readouterr().out
+    assert "eplb" in text and "fast" in text
+    document = json.loads(js.read_text())
+    summary = document["summary"]
+    assert summary["fast"]["mean_max_over_bound"] <= summary["eplb"]["mean_max_over_bound"] + 1e-12
+    assert summary["fast"]["mean_max_over_bound"] >= 1.0 - 1e-12
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["compare", str(path), "--gpus", "4", "--solvers", "eplb,nope"]) == 2
+
+
+def test_plan_file_round_trip_and_errors(tmp_path):
+    placement = Placement(np.array([[0, 1, 2, 3, 0, 1]]), 4, 3)
+    plan = PlanFile(placement, (7,), {"solver": "x", "layers": []}, {"seed": 0})
+    path = tmp_path / "p.json"
+    write_plan(path, plan)
+    back = read_plan(path)
+    assert back.layer_ids == (7,) and back.placement.same_as(placement)
+    document = json.loads(path.read_text())
+    bad = {**document, "format_version": 99}
+    with pytest.raises(InputError, match="format_version"):
+        parse_plan(bad)
+    with pytest.raises(InputError, match="logcnt"):
+        parse_plan({**document, "logcnt": [[1, 1, 1, 1]]})
+    with pytest.raises(InputError, match="log2phy"):
+        parse_plan({**document, "log2phy": [[[4, -1], [1, 5], [2, -1], [3, -1]]]})
+    with pytest.raises(InputError, match="phy2log"):
+        parse_plan({**document, "phy2log": [[0, 1, 2, 3, 0]]})
+    with pytest.raises(InputError, match="at most one replica"):
+        parse_plan({**document, "phy2log": [[0, 0, 1, 2, 3, 1]]})
+    with pytest.raises(InputError, match="missing"):
+        parse_plan({k: v for k, v in document.items() if k != "report"})
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(InputError, match="JSON"):
+        read_plan(tmp_path / "junk.json")
+    with pytest.raises(InputError, match="no such file"):
+        read_plan(tmp_path / "none.json")
+    with pytest.raises(InputError, match="layer_ids"):
+        PlanFile(placement, (1, 2))
