@@ -63,6 +63,21 @@ def test_json_per_layer_values_match_numpy(qwen_json, qwen_counts):
                                128 * (1 - (1 - 8 / 128) ** tokens), atol=1e-6)
 
 
+def test_json_top_coactivated_pair_matches_numpy(qwen_json):
+    with np.load(QWEN) as npz:
+        ids = np.concatenate([npz[key] for key in STEPS])[:, 5, :].astype(np.int64)  # layer 5, [tokens, 8]
+    together = np.zeros((128, 128), dtype=np.int64)
+    for i in range(8):
+        for j in range(8):
+            if i != j:
+                np.add.at(together, (ids[:, i], ids[:, j]), 1)
+    pair = qwen_json["layers"][5]["top_pair"]
+    a, b = pair["experts"]
+    assert pair["tokens"] == together.max() == together[a, b]
+    load = np.bincount(ids.ravel(), minlength=128)
+    assert pair["lift"] == pytest.approx(len(ids) * together[a, b] / (load[a] * load[b]), abs=1e-6)
+
+
 def test_json_persistence_matches_hot_sets_computed_here(qwen_json, qwen_counts):
     for pos in (0, 17, 47):
         hot = [set(np.argsort(-qwen_counts[s, pos], kind="stable")[:8].tolist()) for s in range(3)]
@@ -122,6 +137,7 @@ def test_table_output(capsys, qwen_json):
         cells = row.split()
         assert int(cells[0]) == layer["layer"]
         assert cells[1] == f"{layer['max_over_mean']:.2f}"
+        assert cells[7] == f"{layer['top_pair']['lift']:.1f}"
         assert cells[-3:] == [f"{ep['gpu_max_over_mean'][layer['layer']]:.2f}" for ep in qwen_json["ep"]]
     start = next(i for i, line in enumerate(lines) if line.startswith("EP sweep"))
     sweep = [line.split() for line in lines[start:] if line.split() and line.split()[0].isdigit()]

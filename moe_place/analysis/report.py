@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.analysis.active import ActiveExperts, active_experts
+from moe_place.analysis.coactivation import coactivation
 from moe_place.analysis.ep_sweep import EpPoint, default_ep_sizes, ep_sweep
 from moe_place.analysis.out_of_sample import OutOfSample, out_of_sample
 from moe_place.analysis.persistence import Persistence, persistence
@@ -39,6 +40,7 @@ class TraceAnalysis:
     ep: the EP sweep of the summed loads (contiguous placement).
     out_of_sample: per EP size, the replicate-hottest plan made on one window judged on the
         next (`None` for every size when the trace has fewer than two windows).
+    coactivation: int64 `[layers, E, E]` tokens picking both experts (token-level traces only).
     """
 
     trace: Trace
@@ -48,6 +50,7 @@ class TraceAnalysis:
     active: ActiveExperts
     ep: tuple[EpPoint, ...]
     out_of_sample: tuple[OutOfSample | None, ...]
+    coactivation: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if len(self.out_of_sample) != len(self.ep):
@@ -79,12 +82,28 @@ def analyze_trace(trace: Trace, ep_sizes: Sequence[int] | None = None, top_n: in
     points = ep_sweep(total, sizes)
     shifts = tuple(out_of_sample(windows, p.ep_size) if windows.shape[0] > 1 and p.ep_size > 1 else None
                    for p in points)
+    pairs = None
+    if trace.is_token_level:
+        pairs = sum(coactivation(ids, trace.num_experts) for ids in trace.topk_ids)
     return TraceAnalysis(trace=trace, window_steps=window_steps, profile=load_profile(total, top_n),
                          persistence=persistence(windows, top_n), active=active_experts(counts, trace.top_k),
-                         ep=points, out_of_sample=shifts)
+                         ep=points, out_of_sample=shifts, coactivation=pairs)
 
 
 # ---------------------------------------------------------------------- JSON
+def _top_pair(pairs: np.ndarray, num_tokens: int) -> dict | None:
+    """The pair of distinct experts most often picked by the same token, and its lift.
+
+    lift = tokens * C[a, b] / (load[a] * load[b]): 1 when a and b are picked independently.
+    """
+    off = np.where(np.eye(pairs.shape[0], dtype=bool), -1, pairs)
+    a, b = np.unravel_index(int(np.argmax(off)), off.shape)
+    if off[a, b] <= 0:
+        return None
+    lift = num_tokens * pairs[a, b] / (pairs[a, a] * pairs[b, b])
+    return {"experts": [int(a), int(b)], "tokens": int(pairs[a, b]), "lift": _num(lift)}
+
+
 def _num(x: float) -> float | None:
     x = float(x)
     return None if math.isnan(x) else round(x, 6)
@@ -105,7 +124,9 @@ def analysis_to_json(analysis: TraceAnalysis) -> dict:
       step; `max_over_mean`, `cv`, `zero_load_experts`, `top_n_share` of those loads;
       `hot_experts` the `top_n` hottest ids, hottest first; `persistence` {`mean_run_windows`,
       `median_run_windows`, `max_run_windows`, `mean_hot_overlap`}; `active_experts` per step
-      and `expected_active_experts` per step (E[U] for that step's tokens).
+      and `expected_active_experts` per step (E[U] for that step's tokens); `top_pair` (token-level
+      traces, else null) {`experts` [a, b], `tokens` picking both, `lift` = tokens*C[a,b]/(load a *
+      load b), 1 if independent}.
 
     `ep[j]` (one per EP size, ascending; contiguous placement of the summed loads):
       `ep_size`, `placement` ("contiguous"), `experts_per_gpu`; per layer lists
@@ -135,6 +156,7 @@ def analysis_to_json(analysis: TraceAnalysis) -> dict:
             },
             "active_experts": [int(v) for v in act.observed[:, pos]],
             "expected_active_experts": _nums(act.expected[:, pos]),
+            "top_pair": None if analysis.coactivation is None else _top_pair(analysis.coactivation[pos], trace.num_tokens),
         })
     ep = []
     for point, shift in zip(analysis.ep, analysis.out_of_sample):

@@ -82,7 +82,7 @@ def format_table(report: dict) -> str:
     ]
     eps = report["ep"]
     prefix = (f"{'layer':>5} {'max/mean':>8} {'CV':>5} {'zero':>4} {'top' + str(n) + ' share':>10} {'hot kept':>8} "
-              f"{'hot run':>7}  ")
+              f"{'hot run':>7} {'pair lift':>9}  ")
     head = prefix + " ".join(f"{'EP' + str(e['ep_size']):>6}" for e in eps)
     lines += [" " * len(prefix) + "busiest/mean GPU (contiguous)", head, "-" * len(head)]
     for pos, layer in enumerate(report["layers"]):
@@ -90,8 +90,14 @@ def format_table(report: dict) -> str:
         lines.append(
             f"{layer['layer']:>5} {_fmt(layer['max_over_mean']):>8} {_fmt(layer['cv']):>5} "
             f"{layer['zero_load_experts']:>4} {_fmt(layer['top_n_share'], '.1%'):>10} "
-            f"{_fmt(pers['mean_hot_overlap'], '.0%'):>8} {_fmt(pers['mean_run_windows']):>7}  "
+            f"{_fmt(pers['mean_hot_overlap'], '.0%'):>8} {_fmt(pers['mean_run_windows']):>7} "
+            f"{_fmt(layer['top_pair'] and layer['top_pair']['lift'], '.1f'):>9}  "
             + " ".join(f"{_fmt(e['gpu_max_over_mean'][pos]):>6}" for e in eps))
+    lines += ["",
+              f"hot kept: share of the top-{n} experts still top-{n} in the next window; "
+              f"hot run: mean windows an expert stays top-{n}",
+              "pair lift: how much more often than independent picks one token takes the layer's most "
+              "frequent expert pair"]
     lines += ["", "EP sweep: busiest/mean GPU rows, mean and worst over layers",
               "  summed loads, contiguous placement | per window, mean over layers and transitions:",
               "  contiguous, and +1 replica/GPU of the hottest experts planned on the same or the previous window"]
