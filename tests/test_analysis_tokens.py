@@ -54,6 +54,15 @@ def test_coactivation_counts_pairs_within_tokens():
     assert co.sum() - np.trace(co) == 3 * 3 * 2
 
 
+def test_coactivation_in_chunks_equals_one_pass(monkeypatch):
+    import moe_place.analysis.coactivation as module
+
+    ids = uniform_topk(np.random.default_rng(3), 1001, 2, 16, 4)
+    whole = coactivation(ids, 16)
+    monkeypatch.setattr(module, "CHUNK_PAIRS", 16 * 7)  # 7 tokens per chunk
+    np.testing.assert_array_equal(coactivation(ids, 16), whole)
+
+
 def test_coactivation_of_uniform_routing_is_flat():
     rng = np.random.default_rng(1)
     ids = uniform_topk(rng, 20_000, 2, 16, 4)

@@ -10,6 +10,9 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+#: Pairs counted per bincount call (8 MiB of int64 ids), so memory does not grow with the trace.
+CHUNK_PAIRS = 1 << 20
+
 
 def coactivation(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
     """int64 `[layers, E, E]`: `C[l, a, b]` = tokens whose layer-`l` top-k holds both `a` and `b`.
@@ -22,13 +25,15 @@ def coactivation(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
         raise InputError("topk_ids", "a 3-D array [tokens, layers, k]", f"shape {ids.shape}")
     if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
         raise InputError("topk_ids", f"expert ids in [0, {num_experts})")
-    _, layers, _ = ids.shape
-    out = np.empty((layers, num_experts, num_experts), dtype=np.int64)
-    for layer in range(layers):
-        picked = ids[:, layer, :].astype(np.int64)
-        pairs = picked[:, :, None] * num_experts + picked[:, None, :]  # [tokens, k, k], a*E + b
-        out[layer] = np.bincount(pairs.ravel(), minlength=num_experts * num_experts).reshape(num_experts, num_experts)
-    return out
+    tokens, layers, k = ids.shape
+    out = np.zeros((layers, num_experts * num_experts), dtype=np.int64)
+    chunk = max(1, CHUNK_PAIRS // max(k * k, 1))  # bounded memory: chunk * k * k pairs at a time
+    for start in range(0, tokens, chunk):
+        for layer in range(layers):
+            picked = ids[start:start + chunk, layer, :].astype(np.int64)
+            pairs = picked[:, :, None] * num_experts + picked[:, None, :]  # [tokens, k, k], a*E + b
+            out[layer] += np.bincount(pairs.ravel(), minlength=num_experts * num_experts)
+    return out.reshape(layers, num_experts, num_experts)
 
 
 def expected_uniform_pairs(num_tokens: int, num_experts: int, top_k: int) -> float:
