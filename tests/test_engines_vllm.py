@@ -124,6 +124,16 @@ def test_return_style_is_read_off_the_installed_abstract_policy(monkeypatch, ret
     assert adapter.return_style("auto") == "tuple"
 
 
+def test_style_of_reads_evaluated_and_string_annotations():
+    def old(cls, weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def new(cls, weight) -> torch.Tensor: ...
+
+    def typed(cls, weight) -> typing.Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...  # noqa: UP006
+
+    assert [adapter.style_of(f) for f in (old, new, typed)] == ["tuple", "phy2log", "tuple"]
+
+
 def test_return_style_without_vllm_defaults_to_the_tuple(monkeypatch):
     monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
     monkeypatch.delenv(adapter.RETURNS_ENV, raising=False)

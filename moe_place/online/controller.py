@@ -112,7 +112,17 @@ class PeriodicEplbController:
 
 @dataclass
 class PaybackController:
-    """Re-plan only what pays back (see the module note)."""
+    """Re-plan only what pays back (see the module note).
+
+    check_every: steps between checks. predictor / tracker: load prediction and hot-spot persistence.
+    hysteresis: a layer's copies must pay back within `expected life / hysteresis` steps.
+    min_relative_saving: ignore layers whose predicted saving is below this share of their time.
+    max_moved_slots: slot changes per layer and rebalance (the solver's migration cap).
+    max_bytes: bytes copied per rebalance at most (None: no cap); layers are taken best first.
+    move_cost_share: the solver charges each moved slot this share of the mean GPU load.
+    cooldown_steps: steps after a rebalance before the next one may be decided.
+    num_groups / solver: passed to the planner (`moe_place.eplb.plan_placement`).
+    """
 
     cost: ReplayCost
     num_layers: int
@@ -124,7 +134,7 @@ class PaybackController:
     min_relative_saving: float = 0.02
     max_moved_slots: int = 4
     max_bytes: int | None = None
-    move_cost_weight: float = 0.0
+    move_cost_share: float = 0.0
     cooldown_steps: int = 0
     num_groups: int | None = None
     solver: str = "fast"
@@ -135,6 +145,8 @@ class PaybackController:
     def __post_init__(self) -> None:
         if self.check_every < 1:
             raise InputError("check_every", "an integer >= 1", self.check_every)
+        if self.move_cost_share < 0:
+            raise InputError("move_cost_share", "a number >= 0", self.move_cost_share)
         if self.hysteresis < 0:
             raise InputError("hysteresis", "a number >= 0", self.hysteresis)
         need = self.predictor.horizon * (self.predictor.num_scenarios if self.predictor.kind == "scenarios" else 1)
@@ -155,9 +167,11 @@ class PaybackController:
         predicted = self.predictor.predict(self._window)          # [K, layers, E] per step
         expected_load = predicted.mean(axis=0)
         current_s = self.cost.layer_times_s(current, expected_load)
+        # a moved slot must lower the busiest GPU by more than this share of the mean GPU load
+        move_cost = self.move_cost_share * float(expected_load.sum(axis=-1).mean()) / current.num_gpus
         candidate = plan_placement(predicted, current.num_physical_experts, self.num_groups, current.num_nodes,
                                    current.num_gpus, solver=self.solver, current=current,
-                                   max_moved_slots=self.max_moved_slots, move_cost_weight=self.move_cost_weight)
+                                   max_moved_slots=self.max_moved_slots, move_cost_weight=move_cost)
         saving_s = current_s - self.cost.layer_times_s(candidate, expected_load)
         excess = np.clip(recent - self.tracker.hot_factor * recent.mean(axis=-1, keepdims=True), 0, None)
         duration = self.tracker.expected_duration_steps(excess)
