@@ -10,6 +10,7 @@ replicas of one expert on one GPU) no GPU holds two replicas of one expert.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -32,7 +33,6 @@ class Placement:
     num_nodes: int = 1
     allow_colocated: bool = False
     logcnt: np.ndarray = field(init=False, repr=False, compare=False)
-    log2phy: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         phy2log = np.asarray(self.phy2log)
@@ -70,7 +70,14 @@ class Placement:
         logcnt.setflags(write=False)
         object.__setattr__(self, "phy2log", phy2log)
         object.__setattr__(self, "logcnt", logcnt)
-        object.__setattr__(self, "log2phy", _log2phy(phy2log, logcnt))
+
+    @cached_property
+    def log2phy(self) -> np.ndarray:
+        """int64 `[layers, E, max(logcnt)]`: slots of each expert, ascending, padded with -1.
+
+        Built on first use (it can be large when one expert has many replicas).
+        """
+        return _log2phy(self.phy2log, self.logcnt)
 
     # ------------------------------------------------------------------ shape
     @property

@@ -6,13 +6,14 @@ import argparse
 import json
 import sys
 
-from moe_place.cli.options import int_list, layer_selection, positive_int
+from moe_place.cli.options import add_trace_options, int_list, layer_selection, positive_int, trace_load_options
 
 HELP = "per-layer expert-load skew of a routing trace and the busiest/mean GPU at each EP size"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE", help="routing trace file (.npz, SGLang/vLLM dump, CSV/JSON counts)")
+    add_trace_options(parser)
     parser.add_argument("--ep", type=int_list, metavar="G1,G2,...",
                         help="EP sizes to sweep, each dividing the expert count (default: 8,16,32,... that divide it)")
     parser.add_argument("--layers", type=layer_selection, metavar="IDS",
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.io import write_atomic
     from moe_place.traces.load import load_trace
 
-    trace = load_trace(args.trace)
+    trace = load_trace(args.trace, **trace_load_options(args))
     if args.layers is not None:
         positions = {layer_id: pos for pos, layer_id in enumerate(trace.meta.layer_ids)}
         missing = [layer for layer in args.layers if layer not in positions]

@@ -62,3 +62,16 @@ def layer_selection(text: str) -> list[int]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected layers like 0,5,7 or 0-3, got {text!r}") from None
     return sorted(set(out))
+
+
+def add_trace_options(parser: argparse.ArgumentParser) -> None:
+    """Options for reading a trace whose file does not record everything (count-only dumps)."""
+    parser.add_argument("--top-k", type=positive_int, metavar="K",
+                        help="the router's top-k, for count-only files that do not record it")
+    parser.add_argument("--keep-dense-layers", action="store_true",
+                        help="keep the all-zero rows of dense layers in SGLang dumps (default: drop them)")
+
+
+def trace_load_options(args: argparse.Namespace) -> dict:
+    """Keyword arguments for `moe_place.traces.load_trace` from `add_trace_options`."""
+    return {"top_k": args.top_k, "keep_dense_layers": args.keep_dense_layers}
