@@ -98,3 +98,14 @@ def test_metadata_disagreeing_with_arrays_is_named(tmp_path, fields, field):
     with pytest.raises(InputError) as err:
         load_trace(path)
     assert field in str(err.value) and str(path) in str(err.value)
+
+
+def test_top_k_option_for_count_files_that_do_not_record_it(tmp_path):
+    from moe_place.traces import load_trace
+
+    path = tmp_path / "t.npz"
+    np.savez(path, format_version=1, num_experts=8, counts=np.array([[[600, 560, 120, 120, 20, 10, 10, 10]]]))
+    assert load_trace(path, top_k=2).top_k == 2
+    assert load_trace(path, top_k=2).num_tokens == 725
+    np.savez(path, format_version=1, num_experts=8, top_k=1, counts=np.array([[[600, 560, 120, 120, 20, 10, 10, 10]]]))
+    assert load_trace(path, top_k=2).top_k == 1  # the file's own value wins

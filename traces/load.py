@@ -97,7 +97,7 @@ def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max
             return vllm.read_vllm_window(path, top_k=top_k)
         if stream.token_bytes(path) > max_token_bytes:
             return stream.stream_npz_counts(path)
-        return npz.read_npz(path)
+        return npz.read_npz(path, top_k=top_k)
     if kind == "torch":
         from moe_place.traces import sglang
 

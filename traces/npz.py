@@ -152,27 +152,33 @@ def read_header(npz, path: Path) -> NpzHeader:
     )
 
 
-def read_npz(path: str | Path) -> Trace:
-    """Read an npz trace fully into memory (see `moe_place.traces.stream` for large files)."""
+def read_npz(path: str | Path, top_k: int | None = None) -> Trace:
+    """Read an npz trace fully into memory (see `moe_place.traces.stream` for large files).
+
+    top_k: used when a count file does not record it (instead of guessing with `infer_top_k`).
+    """
     path = Path(path)
     with open_npz(path) as npz:
         header = read_header(npz, path)
         if "counts" in header.keys:
             counts = read_member(npz, path, "counts")
-            return counts_trace(counts, header, path)
+            return counts_trace(counts, header, path, top_k)
         ids = read_member(npz, path, "topk_ids")
         step = read_member(npz, path, "step") if "step" in header.keys else None
     return token_trace(ids, step, header, path)
 
 
-def counts_trace(counts: np.ndarray, header: NpzHeader, path: Path) -> Trace:
+def counts_trace(counts: np.ndarray, header: NpzHeader, path: Path, top_k: int | None = None) -> Trace:
     """A count-level Trace from a `counts` array and the header, cross-checked."""
     counts = check_counts(counts, f"{path}: counts")
     num_experts = counts.shape[2]
     if header.num_experts is not None and header.num_experts != num_experts:
         raise InputError(f"{path}: num_experts", f"{num_experts} (counts has {num_experts} experts)",
                          header.num_experts)
-    top_k = header.top_k if header.top_k is not None else infer_top_k(counts)
+    if header.top_k is not None:
+        top_k = header.top_k
+    elif top_k is None:
+        top_k = infer_top_k(counts)
     if top_k > num_experts:
         raise InputError(f"{path}: top_k", f"at most num_experts = {num_experts}", top_k)
     meta = header_meta(header, path, num_experts, top_k, counts.shape[1], str(counts.dtype), counts.shape[0])
