@@ -33,12 +33,12 @@ step() { echo "== [$(( $(date +%s) - started ))s] $*" >&2; }
 
 # 1. the package, installed offline if it is not importable yet
 step "python: $PYTHON"
-if ! "$PYTHON" -c "import moe_place.kernels.grouped_gemm" 2>/dev/null; then
+if ! "$PYTHON" -c "import moe_place.kernels" 2>/dev/null; then
   step "installing moe-place (editable, offline, no dependencies)"
   "$PYTHON" -m pip install --no-deps --no-build-isolation --no-index -e . >&2 \
     || { echo "gpu_check.sh: error: pip install -e . failed" >&2; exit 2; }
 fi
-"$PYTHON" - <<'PY' >&2 || { echo "gpu_check.sh: error: torch/triton/numpy missing" >&2; exit 2; }
+"$PYTHON" - <<'PY' >&2 || { echo "gpu_check.sh: error: numpy/torch/triton or moe_place.kernels missing" >&2; exit 2; }
 import importlib
 for name in ("numpy", "torch", "triton", "networkx", "matplotlib"):
     try:
@@ -48,6 +48,7 @@ for name in ("numpy", "torch", "triton", "networkx", "matplotlib"):
         print(f"   {name} MISSING" + ("" if name in ("networkx", "matplotlib") else " (required)"))
         if name not in ("networkx", "matplotlib"):
             raise
+import moe_place.kernels.grouped_gemm  # noqa: F401  the package maps kernels/ into moe_place
 PY
 
 # 2. the machine

@@ -600,6 +600,8 @@ def print_tables(result: dict, out=sys.stdout) -> None:
             p(f"{r['rank']:>4} {r['send_bytes'] / 2**20:>8.3f} {r['send_bytes_off_rank'] / 2**20:>8.3f} "
               f"{r['pack_measured_s'] * 1e6:>8.1f} {r['pack_predicted_s'] * 1e6:>8.1f} "
               f"{r['combine_measured_s'] * 1e6:>10.1f} {r['combine_predicted_s'] * 1e6:>8.1f}")
+    for name, why in result.get("skipped", {}).items():
+        p(f"\n## {name}: skipped ({why})")
     if result.get("checks"):
         bad = [c for c in result["checks"] if not c["ok"]]
         p(f"\nkernel checks vs torch reference: {len(result['checks']) - len(bad)}/{len(result['checks'])} ok")
@@ -643,9 +645,15 @@ def run(args) -> dict:
     result = {"kind": "moe-place-microbench", "version": 1, "env": environment(ctx), "sizes": asdict(sizes),
               "calibration": calibrate(ctx), "sections": {}}
     chosen = SECTIONS if args.section == "all" else (args.section,)
+    result["skipped"] = {}
     for name in chosen:
         t0 = time.time()
-        result["sections"][name] = globals()[f"section_{name}"](ctx)
+        try:
+            result["sections"][name] = globals()[f"section_{name}"](ctx)
+        except ImportError as exc:  # e.g. networkx missing on a bare GPU machine: keep the other sections
+            result["skipped"][name] = f"missing module: {exc}"
+            print(f"microbench: section {name} skipped: {exc}", file=sys.stderr)
+            continue
         result["sections"][name]["wall_s"] = time.time() - t0
     result["checks"] = ctx.checks
     result["wall_s"] = time.time() - started

@@ -19,8 +19,6 @@ from moe_place.placement import Placement
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
 
-from test_kernels_dispatch import reference_slots
-
 HIDDEN, TOKENS, LAYER = 32, 96, 17
 
 
@@ -76,6 +74,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.parametrize("world", [4])
 def test_ep_layer_over_gloo_matches_reference_and_traffic(world, tmp_path):
+    from test_kernels_dispatch import reference_slots  # here, so the spawned ranks do not import it
+
     mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
     x, ids, weights, placement = batch(world)
     phy2log = placement.phy2log[0]

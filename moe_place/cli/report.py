@@ -154,6 +154,8 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
               f"{r['pack_measured_s'] * 1e6:.1f} / {r['pack_predicted_s'] * 1e6:.1f}", _ratio_cell(r["pack_ratio"]),
               f"{r['combine_measured_s'] * 1e6:.1f} / {r['combine_predicted_s'] * 1e6:.1f}", _ratio_cell(r["combine_ratio"])]
              for r in d["per_rank"]]))
+    for name, why in result.get("skipped", {}).items():
+        parts.append(f"Section `{name}` was skipped: {why}.")
     checks = result.get("checks", [])
     if checks:
         ok = sum(1 for c in checks if c.get("ok"))
