@@ -112,7 +112,8 @@ MIN_SOLVE_S = 1.0  # with a deadline, a (non-fallback) layer solve starts only w
 
 
 def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit: float | None,
-                 deadline: float | None, fallback: bool, later: int = 0) -> list[LayerSolution | None]:
+                 deadline: float | None, fallback: bool, later: int = 0,
+                 solvers: dict | None = None, prepare_layers: list[int] | None = None) -> list[LayerSolution | None]:
     """Solve `layers` in order with solver `name` and per-layer limit `limit`.
 
     With a deadline (time.monotonic seconds, one clock for all processes), each layer gets an even
@@ -120,6 +121,11 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit:
     list); past the deadline a layer gets fast's construction (fallback=True) or is skipped (None).
     """
     out: list[LayerSolution | None] = []
+    instances = solvers if solvers is not None else {}  # one instance per solver name: they may cache
+    if name not in instances:
+        instances[name] = get_solver(name)
+        if hasattr(instances[name], "prepare"):  # optional hook: vectorised work for a run of layers
+            instances[name].prepare(problem, layers if solvers is None else prepare_layers or layers)
     for position, layer in enumerate(layers):
         used, layer_limit = name, limit
         if deadline is not None:
@@ -132,7 +138,9 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit:
             else:
                 share = left / (len(layers) - position + later) / (1 if name == "fast" else 2)
                 layer_limit = share if limit is None else min(limit, share)
-        solution = get_solver(used).solve_layer(problem, layer, layer_limit)
+        if used not in instances:
+            instances[used] = get_solver(used)
+        solution = instances[used].solve_layer(problem, layer, layer_limit)
         out.append(LayerSolution(solution.phy2log, solution.status, solution.objective, solution.lower_bound,
                                  solution.wall_s, {"solver": used, **solution.detail}))
     return out
@@ -146,8 +154,10 @@ def _run_layers(problem: PlacementProblem, name: str, layers: list[int], limit: 
     bar = _Progress(len(layers), name) if progress else None
     results: dict[int, LayerSolution] = {}
     if jobs == 1 or len(layers) == 1:
+        instances: dict = {}
         for position, layer in enumerate(layers):
-            solution = _solve_chunk(problem, name, [layer], limit, deadline, fallback, len(layers) - position - 1)[0]
+            solution = _solve_chunk(problem, name, [layer], limit, deadline, fallback, len(layers) - position - 1,
+                                    instances, layers)[0]
             if solution is not None:
                 results[layer] = solution
             if bar:

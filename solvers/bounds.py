@@ -90,27 +90,37 @@ def apportion(loads: np.ndarray, num_physical: int, cap: int | None = None) -> n
 
 
 def pigeonhole_bound(loads: np.ndarray, num_gpus: int, num_physical: int, start: np.ndarray,
-                     iterations: int = 48) -> np.ndarray:
-    """float64 `[layers]`: bound 3, at least `start` (a valid bound `[layers]` already known)."""
+                     rel_tol: float = 1e-7) -> np.ndarray:
+    """float64 `[layers]`: bound 3, at least `start` (a valid bound `[layers]` already known).
+
+    Brackets the threshold between `start` (fails) and the first of `start * (1 + 2**-4 * 4**i)`
+    that passes, then bisects to `rel_tol`; returns the largest failing target, shrunk by 1e-12.
+    """
     loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
     start = np.asarray(start, dtype=np.float64)
-    slots = num_physical // num_gpus
-    if slots < 2:
+    if num_physical // num_gpus < 2:
         return start.copy()
     lo = start.copy()
-    fails = _pigeonhole_fails(loads, num_gpus, num_physical, lo)
-    hi = np.maximum(loads.sum(axis=1), lo)  # the test always passes at T = sum(w)
-    best = start.copy()
-    active = fails & (hi > lo)
-    for _ in range(iterations):
-        if not active.any():
+    active = _pigeonhole_fails(loads, num_gpus, num_physical, lo) & (lo > 0)
+    hi = np.where(active, np.maximum(loads.sum(axis=1), lo), lo)  # the test always passes at T = sum(w)
+    step = 1.0 / 16
+    unbracketed = active.copy()
+    while unbracketed.any() and step < 1e6:
+        trial = lo * (1 + step)
+        passes = unbracketed & (trial < hi) & ~_pigeonhole_fails(loads, num_gpus, num_physical, trial)
+        hi = np.where(passes, trial, hi)
+        lo = np.where(unbracketed & (trial < hi) & ~passes, trial, lo)
+        unbracketed &= ~passes & (trial < hi)
+        step *= 4
+    while True:
+        todo = active & (hi - lo > rel_tol * lo)
+        if not todo.any():
             break
         mid = 0.5 * (lo + hi)
         mid_fails = _pigeonhole_fails(loads, num_gpus, num_physical, mid)
-        lo = np.where(active & mid_fails, mid, lo)
-        hi = np.where(active & ~mid_fails, mid, hi)
-    certified = np.where(fails, lo * _SHRINK, start)
-    return np.maximum(best, certified)
+        lo = np.where(todo & mid_fails, mid, lo)
+        hi = np.where(todo & ~mid_fails, mid, hi)
+    return np.where(active, np.maximum(start, lo * _SHRINK), start)
 
 
 def _pigeonhole_fails(loads: np.ndarray, num_gpus: int, num_physical: int, target: np.ndarray) -> np.ndarray:
@@ -201,6 +211,17 @@ def windows_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int, obj
     if objective in ("max", "mean") and loads.shape[0] > 1:
         bound = max(bound, layer_lower_bound(loads.mean(axis=0), num_gpus, num_physical))
     return bound
+
+
+def model_lower_bounds(problem: PlacementProblem) -> np.ndarray:
+    """float64 `[layers]`: `window_lower_bound` of every layer, computed in one vectorised pass."""
+    windows, layers, experts = problem.loads.shape
+    per_window = lower_bounds(problem.loads.reshape(windows * layers, experts), problem.num_gpus,
+                              problem.num_physical).reshape(windows, layers)
+    out = np.array([aggregate(per_window[:, i], problem.window_objective, problem.quantile) for i in range(layers)])
+    if problem.window_objective in ("max", "mean") and windows > 1:
+        out = np.maximum(out, lower_bounds(problem.loads.mean(axis=0), problem.num_gpus, problem.num_physical))
+    return out
 
 
 def window_lower_bound(problem: PlacementProblem, layer: int) -> float:

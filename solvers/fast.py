@@ -37,7 +37,7 @@ import numpy as np
 
 from moe_place.problem import PlacementProblem
 from moe_place.solvers.base import LayerSolution, register
-from moe_place.solvers.bounds import apportion, layer_lower_bound, window_lower_bound
+from moe_place.solvers.bounds import apportion, layer_lower_bound
 from moe_place.solvers.evaluate import window_objective
 
 _TOL = 1e-12  # relative tolerance of load comparisons
@@ -83,6 +83,9 @@ def _repair_colocation(table: np.ndarray, share: np.ndarray) -> None:
     """Swap co-located replicas away (in place): always possible when every `r[e] <= G`."""
     num_gpus = table.shape[0]
     while True:
+        ordered = np.sort(table, axis=1)
+        if not (ordered[:, 1:] == ordered[:, :-1]).any():
+            return
         dup = None
         for g in range(num_gpus):
             row = table[g]
@@ -438,26 +441,64 @@ def _no_colocation(table: np.ndarray) -> bool:
 @register
 class FastSolver:
     """Construction + target packing + local search (module docstring); no proof of optimality
-    unless the plan meets the lower bound."""
+    unless the plan meets the lower bound.
+
+    `prepare(problem, layers)` (called by `solve` before a run of layers) computes EPLB's plans
+    and the lower bounds of those layers in one vectorised pass and keeps them for that problem;
+    without it each layer computes its own (what a one-off call, e.g. a hint for CP-SAT, wants).
+    """
 
     name: ClassVar[str] = "fast"
 
-    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
+    def __init__(self) -> None:
+        self._problem: PlacementProblem | None = None
+        self._prepared: dict[int, tuple[np.ndarray | None, float]] = {}
+
+    def prepare(self, problem: PlacementProblem, layers: list[int]) -> None:
+        """Precompute EPLB's plans and the window lower bounds of `layers` of `problem`."""
+        from moe_place.problem import PlacementProblem as Problem
+        from moe_place.solvers.bounds import model_lower_bounds
         from moe_place.solvers.eplb import eplb_rebalance
 
+        if self._problem is not problem:
+            self._problem, self._prepared = problem, {}
+        todo = [i for i in layers if i not in self._prepared]
+        if not todo:
+            return
+        sub = Problem(problem.loads[:, todo, :], problem.num_gpus, problem.num_physical, problem.num_nodes,
+                      problem.num_groups, window_objective=problem.window_objective, quantile=problem.quantile)
+        bounds = model_lower_bounds(sub)
+        rows = None
+        if problem.current is None:
+            rows = eplb_rebalance(sub.planning_loads(), problem.num_physical, problem.num_groups or 1,
+                                  problem.num_nodes, problem.num_gpus)
+        for k, layer in enumerate(todo):
+            self._prepared[layer] = (None if rows is None else rows[k], float(bounds[k]))
+
+    def _layer_figures(self, problem: PlacementProblem, layer: int) -> tuple[np.ndarray | None, float]:
+        """(EPLB's plan `[P]` or None in migration mode, the window lower bound) of one layer."""
+        if self._problem is not problem or layer not in self._prepared:
+            from moe_place.solvers.bounds import window_lower_bound
+            from moe_place.solvers.eplb import eplb_rebalance
+
+            row = None if problem.current is not None else eplb_rebalance(
+                problem.planning_loads()[layer:layer + 1], problem.num_physical, problem.num_groups or 1,
+                problem.num_nodes, problem.num_gpus)[0]
+            return row, window_lower_bound(problem, layer)
+        return self._prepared[layer]
+
+    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
         start = time.perf_counter()
         deadline = None if time_limit_s is None else start + time_limit_s
+        eplb_row, window_bound = self._layer_figures(problem, layer)
         loads = problem.planning_loads()[layer]
         current = problem.current_row(layer)
-        eplb_row = None
-        if current is None:
-            eplb_row = eplb_rebalance(loads[None], problem.num_physical, problem.num_groups or 1,
-                                      problem.num_nodes, problem.num_gpus)[0]
+        planning_bound = window_bound if problem.num_windows == 1 else None  # the same loads: reuse it
         phy2log = fast_layer(loads, problem.num_gpus, problem.num_physical, eplb_row=eplb_row, current=current,
                              move_cost=problem.move_cost_weight, max_moved=problem.max_moved_slots,
-                             deadline=deadline)
+                             bound=planning_bound, deadline=deadline)
         objective = window_objective(problem, layer, phy2log)
-        bound = min(window_lower_bound(problem, layer), objective)
+        bound = min(window_bound, objective)
         status = "optimal" if objective <= bound * (1 + 1e-9) else "heuristic"
         detail = {}
         if current is not None:
