@@ -556,7 +556,7 @@ def print_tables(result: dict, out=sys.stdout) -> None:
     cal = result["calibration"]
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"# moe-place microbench ({result['env']['timing']}; device {result['env'].get('gpu_name', result['env']['device'])})")
-    p(f"calibration: dense matmul {cal['dense_flops_per_s'] / 1e12:.2f} TFLOP/s, copy {cal['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
+    p(f"calibration: dense matmul {cal['dense_flops_per_s'] / 1e12:.3g} TFLOP/s, copy {cal['copy_bytes_per_s'] / 1e9:.3g} GB/s, "
       f"alpha {cal['alpha_s'] * 1e6:.1f} us; catalog {result['env']['gpu_part']}: "
       f"{cal['catalog_flops_per_s'] / 1e12:.1f} TFLOP/s, {cal['catalog_hbm_bytes_per_s'] / 1e9:.0f} GB/s")
     if "padding" in sec:

@@ -88,8 +88,8 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
     env_rows += [[f"nvidia-smi {k}", v] for k, v in (env.get("nvidia_smi") or {}).items()]
     parts.append(_table(["environment", "value"], env_rows))
     parts.append(_table(["calibration", "value"], [
-        ["dense matmul", f"{cal['dense_flops_per_s'] / 1e12:.2f} TFLOP/s (n={cal['matmul_n']}, {cal['matmul_dtype']})"],
-        ["device copy", f"{cal['copy_bytes_per_s'] / 1e9:.1f} GB/s ({cal['hbm_bytes_per_s'] / 1e9:.1f} GB/s HBM read+write)"],
+        ["dense matmul", f"{cal['dense_flops_per_s'] / 1e12:.3g} TFLOP/s (n={cal['matmul_n']}, {cal['matmul_dtype']})"],
+        ["device copy", f"{cal['copy_bytes_per_s'] / 1e9:.3g} GB/s ({cal['hbm_bytes_per_s'] / 1e9:.3g} GB/s HBM read+write)"],
         ["alpha (tiny copy)", f"{cal['alpha_s'] * 1e6:.2f} us"],
         ["catalog part", f"{cal['catalog_flops_per_s'] / 1e12:.1f} TFLOP/s, {cal['catalog_hbm_bytes_per_s'] / 1e9:.0f} GB/s"]]))
     if "padding" in sec:
