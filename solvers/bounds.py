@@ -71,8 +71,9 @@ def apportion(loads: np.ndarray, num_physical: int, cap: int | None = None) -> n
     # Jump ahead safely: r0 = max(1, floor(w / T_up)) with T_up >= the optimum (the max of a
     # feasible r) never exceeds an optimal r, so the greedy from r0 ends at the same optimum.
     if extra > experts:
-        total = np.maximum(loads.sum(axis=1, keepdims=True), np.finfo(np.float64).tiny)
-        feasible = np.maximum(1, np.floor(loads * (extra / total)).astype(np.int64))
+        total = loads.sum(axis=1, keepdims=True)
+        per_load = np.where(total > 0, extra / np.where(total > 0, total, 1.0), 0.0)
+        feasible = np.maximum(1, np.floor(loads * per_load).astype(np.int64))
         upper = (loads / feasible).max(axis=1, keepdims=True)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(upper > 0, loads / np.where(upper > 0, upper, 1.0), 0.0)
