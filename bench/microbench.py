@@ -414,11 +414,21 @@ def section_skew(ctx: Context) -> dict:
             "hidden": s.hidden, "intermediate": s.intermediate, "cases": cases}
 
 
+def payback_model(gpu_part, saving_per_batch_s: float, expert_bytes: int, copy_bytes_per_s: float | None,
+                  alpha_s: float):
+    """`moe_place.cost.payback` for C9's move: one expert copied from GPU 0 to each of GPUs 1..7, serially,
+    over one HGX node whose GPU-to-GPU bandwidth is `copy_bytes_per_s` (None: the part's NVLink)."""
+    from moe_place.cost.payback import Copy, payback
+    from moe_place.cost.topology import build_cluster
+
+    topology = build_cluster(gpu_part, 1, 8, nvlink_bytes_per_s=copy_bytes_per_s)
+    copies = [Copy(0, g, float(expert_bytes)) for g in range(1, 8)]
+    return payback(topology, copies, saving_per_batch_s, alpha_s=alpha_s)
+
+
 def section_payback(ctx: Context) -> dict:
     """SPEC C9 shape: 8 hot experts on GPU 0; replicate 7 to GPUs 1..7 so GPU 0 keeps 128 + 7x64 rows."""
     torch = ctx.timer.torch
-    from moe_place.cost.payback import Copy, payback
-    from moe_place.cost.topology import build_cluster
 
     s = ctx.sizes
     hidden, inter, block_m = s.gemm_hidden, s.gemm_intermediate, s.payback_block_m
@@ -442,13 +452,12 @@ def section_payback(ctx: Context) -> dict:
 
     t_copy = ctx.timer(copy_seven)
     copy_bw = 7 * expert_bytes / t_copy
-    copies = [Copy(0, g, float(expert_bytes)) for g in range(1, 8)]
     # the model with the rates calibrated in this run: copy bandwidth of a 1 GiB copy, alpha of a tiny
     # copy per launch (two launches per expert: w13 and w2)
-    calibrated = build_cluster(ctx.gpu_part, 1, 8, nvlink_bytes_per_s=ctx.copy_bytes_per_s)
-    model = payback(calibrated, copies, dt_predicted, alpha_s=2 * ctx.alpha_s)
-    model_measured_dt = payback(calibrated, copies, dt_measured, alpha_s=2 * ctx.alpha_s) if dt_measured > 0 else None
-    nvlink = payback(build_cluster(ctx.gpu_part, 1, 8), copies, dt_catalog, alpha_s=5e-6)
+    model = payback_model(ctx.gpu_part, dt_predicted, expert_bytes, ctx.copy_bytes_per_s, 2 * ctx.alpha_s)
+    model_measured_dt = (payback_model(ctx.gpu_part, dt_measured, expert_bytes, ctx.copy_bytes_per_s, 2 * ctx.alpha_s)
+                         if dt_measured > 0 else None)
+    nvlink = payback_model(ctx.gpu_part, dt_catalog, expert_bytes, None, 5e-6)
     n_min_measured = int(np.floor(t_copy / dt_measured)) + 1 if dt_measured > 0 else None
     n = np.arange(0, 65)
     return {"hidden": hidden, "intermediate": inter, "block_m": block_m, "block_n": s.block_n,

@@ -110,3 +110,23 @@ def test_bench_cli_forwards_to_microbench(tmp_path, capsys):
     assert list(result["sections"]) == ["dispatch"]
     assert result["sections"]["dispatch"]["traffic_matches_model"] is True
     assert "dispatch/combine per rank" in capsys.readouterr().out
+
+
+def test_bench_predictions_reproduce_spec_c9():
+    """The benchmark's predicted column uses the cost model as SPEC C9 does: same numbers at C9's sizes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("microbench_c9", ROOT / "bench" / "microbench.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    from moe_place.cost.hardware import builtin_catalog
+
+    ctx = bench.Context(device=None, sizes=bench.Sizes.full(), timer=None, gpu_part=builtin_catalog().gpu("H100 SXM"),
+                        on_gpu=False)
+    before = bench.predict_s(ctx, [128] * 8, 4096, 1536, 64, catalog=True)
+    after = bench.predict_s(ctx, [128] + [64] * 7, 4096, 1536, 64, catalog=True)
+    assert before * 1e3 == pytest.approx(0.5496, abs=5e-5) and after * 1e3 == pytest.approx(0.3092, abs=5e-5)
+    assert (before - after) * 1e3 == pytest.approx(0.24046821, rel=1e-6)
+    model = bench.payback_model(ctx.gpu_part, before - after, 3 * 4096 * 1536 * 2, None, 5e-6)
+    assert model.copy_time_s * 1e3 == pytest.approx(0.62220256, rel=1e-6) and model.n_min == 3
