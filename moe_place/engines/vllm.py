@@ -73,6 +73,8 @@ class MoePlaceEplbPolicy:
         max_moved_slots: cap on slots whose expert changes per layer and rebalance (None: no cap).
         move_cost_weight: load units charged per moved slot (0: moves are free to the solver).
         static_plan: path of a fixed placement (None: `MOE_PLACE_STATIC_PLAN`, unset: plan online).
+        fresh_margin: with the current map, a layer takes a fresh plan only when it is this much
+            better (relative busiest-GPU load) than the migration-aware one.
     """
 
     returns: ClassVar[str] = "auto"
@@ -81,6 +83,7 @@ class MoePlaceEplbPolicy:
     max_moved_slots: ClassVar[int | None] = None
     move_cost_weight: ClassVar[float] = 0.0
     static_plan: ClassVar[str | None] = None
+    fresh_margin: ClassVar[float] = 0.02
 
     @classmethod
     def rebalance_experts(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
@@ -102,14 +105,61 @@ class MoePlaceEplbPolicy:
             placement = Placement(phy2log, num_experts, num_ranks, allow_colocated=True)
         else:
             current = current_placement(old_global_expert_indices, num_experts, num_ranks, (num_layers, num_replicas))
-            placement = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks,
-                                       solver=cls.solver, time_limit_s=cls.time_limit_s, current=current,
-                                       max_moved_slots=cls.max_moved_slots if current is not None else None,
-                                       move_cost_weight=cls.move_cost_weight if current is not None else 0.0)
+            placement = cls.plan(loads, num_replicas, num_groups, num_nodes, num_ranks, current)
         phy2log, log2phy, logcnt = placement_tensors(placement, log2phy_width=num_replicas - num_experts + 1)
         if return_style(cls.returns) == "phy2log":
             return phy2log
         return phy2log, log2phy, logcnt
+
+
+    @classmethod
+    def plan(cls, loads: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+             current: Placement | None) -> Placement:
+        """A fresh plan, or with `current` the cheaper of two per layer.
+
+        With the map in use, each layer gets the migration-aware plan (the solver starts from the
+        current map and moves few slots) unless a fresh plan is more than `fresh_margin` better;
+        then the fresh plan is taken with its slots aligned to the current map
+        (`keep_unchanged_slots`), so experts that stay on their GPU keep their slot and are not
+        copied. With `max_moved_slots` set, only the migration-aware plan is allowed.
+        """
+        settings = dict(solver=cls.solver, time_limit_s=cls.time_limit_s)
+        fresh = None
+        if current is None or cls.max_moved_slots is None:
+            fresh = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, **settings)
+        if current is None:
+            return fresh
+        aware = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, current=current,
+                               max_moved_slots=cls.max_moved_slots, move_cost_weight=cls.move_cost_weight, **settings)
+        if fresh is None:
+            return aware
+        rows = np.array(aware.phy2log)
+        busiest_aware = aware.gpu_loads(loads).max(axis=1)
+        busiest_fresh = fresh.gpu_loads(loads).max(axis=1)
+        for layer in np.flatnonzero(busiest_fresh * (1 + cls.fresh_margin) < busiest_aware):
+            rows[layer] = keep_unchanged_slots(fresh.phy2log[layer], current.phy2log[layer], current.slots_per_gpu)
+        return Placement(rows, current.num_logical_experts, num_ranks, aware.num_nodes,
+                         allow_colocated=aware.allow_colocated or fresh.allow_colocated)
+
+
+def keep_unchanged_slots(new_row: np.ndarray, old_row: np.ndarray, slots_per_gpu: int) -> np.ndarray:
+    """int64 `[P]`: `new_row` with each GPU's slots reordered so experts already there keep their slot.
+
+    Only the order inside each GPU changes (the GPU of every replica, hence every load, is as in
+    `new_row`); slots whose expert is unchanged need no copy.
+    """
+    new = np.asarray(new_row, dtype=np.int64).reshape(-1, slots_per_gpu)
+    old = np.asarray(old_row, dtype=np.int64).reshape(-1, slots_per_gpu)
+    out = np.full_like(new, -1)
+    for g in range(new.shape[0]):
+        remaining = list(new[g])
+        for i, expert in enumerate(old[g]):
+            if expert in remaining:
+                out[g, i] = expert
+                remaining.remove(expert)
+        free = np.flatnonzero(out[g] < 0)
+        out[g, free] = remaining
+    return out.ravel()
 
 
 def make_policy(name: str = "MoePlaceEplbPolicy", **settings: Any) -> type:
@@ -118,11 +168,10 @@ def make_policy(name: str = "MoePlaceEplbPolicy", **settings: Any) -> type:
     When vLLM is importable the class also derives from its `AbstractEplbPolicy`, so
     `issubclass(cls, AbstractEplbPolicy)` holds for code that checks.
     """
-    unknown = set(settings) - {"returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_weight",
-                               "static_plan"}
+    known = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_weight", "static_plan", "fresh_margin")
+    unknown = set(settings) - set(known)
     if unknown:
-        raise InputError("make_policy", "settings among returns, solver, time_limit_s, max_moved_slots, "
-                         "move_cost_weight, static_plan", ", ".join(sorted(unknown)))
+        raise InputError("make_policy", f"settings among {', '.join(known)}", ", ".join(sorted(unknown)))
     if "returns" in settings and settings["returns"] not in RETURN_STYLES:
         raise InputError("returns", f"one of {', '.join(RETURN_STYLES)}", settings["returns"])
     bases: tuple[type, ...] = (MoePlaceEplbPolicy,)
