@@ -2,10 +2,11 @@
 
 Problem (SOLVER-NOTES.md): loads `w[e] >= 0` of `E` experts, `G` GPUs with `S` slots each,
 `P = G*S` physical experts; replica counts `r[e] >= 1`, `sum r = P`, no two replicas of one
-expert on one GPU. Every bound here is a lower bound on `T*`, the smallest busiest-GPU load any
-plan reaches with the *optimal* split (each expert's load shared among its replicas in any
-proportions). The even and local splits can only do worse on the same plan, so the bounds hold
-for them too.
+expert on one GPU. Bounds 1-2 hold for every split policy: they bound `T*`, the smallest
+busiest-GPU load any plan reaches with the *optimal* split (each expert's load shared among its
+replicas in any proportions), and the even and local splits can only do worse on the same
+plan. Bound 3 assumes the even split (every replica of `e` carries `w[e]/r[e]`), which is what
+the solvers optimise; `even=False` leaves it out.
 
 1. Average: `T* >= sum(w) / G` (the load has to go somewhere).
 2. Count ("apportionment") bound: a GPU with load `<= T` carries at most `T` of any expert, so
@@ -188,9 +189,9 @@ def lower_bounds(loads: np.ndarray, num_gpus: int, num_physical: int, pigeonhole
     return best
 
 
-def layer_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int) -> float:
-    """The best bound for one layer's loads `[E]`."""
-    return float(lower_bounds(np.asarray(loads)[None], num_gpus, num_physical)[0])
+def layer_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int, even: bool = True) -> float:
+    """The best bound for one layer's loads `[E]` (bound 3 only when `even`)."""
+    return float(lower_bounds(np.asarray(loads)[None], num_gpus, num_physical, pigeonhole=even)[0])
 
 
 def aggregate(values: np.ndarray, objective: str, quantile: float = 0.9) -> float:
@@ -204,13 +205,13 @@ def aggregate(values: np.ndarray, objective: str, quantile: float = 0.9) -> floa
 
 
 def windows_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int, objective: str = "max",
-                        quantile: float = 0.9) -> float:
+                        quantile: float = 0.9, even: bool = True) -> float:
     """Bound on the aggregated objective of one layer with loads `[windows, E]`."""
     loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
-    per_window = lower_bounds(loads, num_gpus, num_physical)
+    per_window = lower_bounds(loads, num_gpus, num_physical, pigeonhole=even)
     bound = aggregate(per_window, objective, quantile)
     if objective in ("max", "mean") and loads.shape[0] > 1:
-        bound = max(bound, layer_lower_bound(loads.mean(axis=0), num_gpus, num_physical))
+        bound = max(bound, layer_lower_bound(loads.mean(axis=0), num_gpus, num_physical, even))
     return bound
 
 

@@ -14,7 +14,8 @@ Split policies (how an expert's dispatches are shared by its replicas, see the g
 Figures per layer: `max_gpu_load` (busiest GPU; with several windows the windows' maxima
 combined by the objective: max, mean or quantile), `mean_gpu_load`, `balancedness`
 (mean / max, 1 for an idle layer; with several windows the mean of the per-window values),
-`lower_bound` (moe_place.solvers.bounds, valid for every split) and `gap`
+`lower_bound` (moe_place.solvers.bounds: all its bounds for the even split, the ones that hold
+for any split otherwise) and `gap`
 (`(max - bound) / max`).
 """
 
@@ -121,7 +122,7 @@ def layer_figures(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int, split: 
         balance = np.where(busiest > 0, mean / np.where(busiest > 0, busiest, 1.0), 1.0)
     top = aggregate(busiest, objective, quantile)
     if lower_bound is None:
-        lower_bound = windows_lower_bound(loads, num_gpus, phy2log.size, objective, quantile)
+        lower_bound = windows_lower_bound(loads, num_gpus, phy2log.size, objective, quantile, even=split == "even")
     lower_bound = min(lower_bound, top) if split == "optimal" else lower_bound  # LP tolerance
     gap = max(0.0, (top - lower_bound) / top) if top > 0 else 0.0
     return LayerReport(layer, top, float(mean.mean()), float(balance.mean()), float(lower_bound), gap)

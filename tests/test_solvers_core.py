@@ -252,3 +252,17 @@ def test_auto_with_time_limit_closes_the_tiny_gap():
 def test_problem_rejects_more_slots_per_gpu_than_experts():
     with pytest.raises(InputError, match="num_physical"):
         PlacementProblem(np.ones((1, 4)), 2, 10)
+
+
+def test_even_split_bound_is_not_used_for_other_splits():
+    # [12, 6, 0] on 2 GPUs x 2 slots: replicating 12 gives 6+6 and 6+0 under the even split (12,
+    # and the pairing bound proves it), but the optimal split sends 3 and 9 of it: 9 on each GPU.
+    loads = np.array([12.0, 6.0, 0.0])
+    assert layer_lower_bound(loads, 2, 4) == pytest.approx(12.0, rel=1e-6)
+    assert brute_force_layer(loads, 2, 2)[0] == pytest.approx(12.0)
+    plan = np.array([0, 1, 0, 2])
+    optimal = layer_figures(plan, loads, 2, "optimal")
+    assert optimal.max_gpu_load == pytest.approx(9.0)
+    assert optimal.lower_bound <= 9.0 + 1e-9
+    assert layer_figures(plan, loads, 2, "even").lower_bound == pytest.approx(12.0, rel=1e-6)
+    assert layer_figures(plan, loads, 2, "local").lower_bound <= layer_figures(plan, loads, 2, "local").max_gpu_load

@@ -112,14 +112,18 @@ def build_problem(args: argparse.Namespace, current=None):
 
 
 def report_rows(problem, solution, split: str) -> list[dict]:
-    """Per-layer report rows of a solution, evaluated under `split`."""
+    """Per-layer report rows of a solution, evaluated under `split`.
+
+    The solvers' bounds (CP-SAT's included) are for the even split they optimise; other splits
+    get the bounds that hold for any split (moe_place.solvers.bounds).
+    """
     from moe_place.solvers.evaluate import layer_figures
 
     rows = []
     for i, layer in enumerate(solution.layers):
         figures = layer_figures(layer.phy2log, problem.layer_loads(i), problem.num_gpus, split,
                                 problem.window_objective, problem.quantile, problem.layer_id(i),
-                                lower_bound=layer.lower_bound)
+                                lower_bound=layer.lower_bound if split == "even" else None)
         rows.append({**figures.to_dict(), "status": layer.status})
     return rows
 
