@@ -42,7 +42,7 @@ migration mode, whichever is better) is given to CP-SAT with `add_hint` and is t
 the returned plan is never worse than it. Determinism: `interleave_search` with a fixed
 `num_workers` and `random_seed`, and the limit given as `max_deterministic_time` (CP-SAT's work
 units, close to seconds), so two runs on the same input return the same plan; a wall-clock
-safety limit (`WALL_SAFETY_FACTOR` x the limit + 5 s) only stops runaway solves, and
+safety limit (`WALL_SAFETY_FACTOR` x the limit + 10 s) only stops runaway solves, and
 `detail["wall_limit_hit"]` says when it did (then the result may differ between runs).
 """
 
@@ -66,7 +66,7 @@ DEFAULT_TIME_LIMIT_S = 10.0   # deterministic seconds per layer when the caller 
 NUM_WORKERS = 1               # one sequential worker: deterministic, and with the lex ordering it proved
                               # tiny cases 10-30x faster (deterministic time) than 2 interleaved workers;
                               # layers run in parallel processes instead (`--jobs`)
-WALL_SAFETY_FACTOR = 4.0      # wall-clock stop at this many times the deterministic limit (+ 5 s)
+WALL_SAFETY_FACTOR = 10.0     # wall-clock stop at this many times the deterministic limit (+ 10 s)
 MAX_STATE_LITERALS = 16_000   # budget for the z literals: sets how many exact counts each expert gets
 LEX_MAX_EXPERTS = 24          # the lex ordering of GPUs looks at the hottest experts only (still valid)
 _EXACT_SCALE_LIMIT = 2 ** 40  # exact scaling only while scale * total load stays below this
@@ -156,30 +156,36 @@ class ReplicaState:
     high: int
     share: np.ndarray
 
-    @property
-    def exact(self) -> bool:
-        return self.low == self.high
 
+def count_ranges(instance: LayerInstance, upper_bound: float, exact_counts: int) -> list[list[tuple[int, int]]]:
+    """Per expert, its replica-count ranges `(low, high)`: exact counts from the least one worth
+    having, `exact_counts` of them, then one bucket up to the most it can get.
 
-def replica_states(instance: LayerInstance, upper_bound: float, scale: float, exact_counts: int) -> list[list[ReplicaState]]:
-    """Per expert, its states: exact counts from the least useful one, then one bucket (see above).
-
-    upper_bound: the true cost of a known plan; plans above it are not looked for.
+    upper_bound: the true (planned) cost of a known plan; plans above it are not looked for.
     """
     least = _least_counts(instance, upper_bound)
     physical, gpus = instance.num_physical, instance.num_gpus
-    states = []
+    ranges = []
     for e in range(instance.num_experts):
         most = min(gpus, physical - (int(least.sum()) - int(least[e])))
         top_exact = min(most, int(least[e]) + exact_counts - 1)
-        ranges = [(k, k) for k in range(int(least[e]), top_exact + 1)]
+        expert_ranges = [(k, k) for k in range(int(least[e]), top_exact + 1)]
         if top_exact < most:
-            ranges.append((top_exact + 1, most))
+            expert_ranges.append((top_exact + 1, most))
+        ranges.append(expert_ranges)
+    return ranges
+
+
+def replica_states(instance: LayerInstance, ranges: list[list[tuple[int, int]]], scale: float) -> list[list[ReplicaState]]:
+    """Per expert, its states: the count ranges with their scaled shares; neighbours with equal
+    shares in every window merge into one state (the model does not need to tell them apart)."""
+    states = []
+    for e, expert_ranges in enumerate(ranges):
         expert_states: list[ReplicaState] = []
-        for low, high in ranges:
+        for low, high in expert_ranges:
             share = np.floor(instance.loads[:, e] * scale / high).astype(np.int64)
             if expert_states and np.array_equal(expert_states[-1].share, share):
-                expert_states[-1] = ReplicaState(expert_states[-1].low, high, share)  # same shares: merge
+                expert_states[-1] = ReplicaState(expert_states[-1].low, high, share)
             else:
                 expert_states.append(ReplicaState(low, high, share))
         states.append(expert_states)
@@ -250,10 +256,9 @@ def build_model(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
     windows = instance.loads.shape[0]
     upper = instance.cost(hint, planned=True)
     exact_counts = max(2, max_state_literals // max(1, E * G))
-    draft = replica_states(instance, upper, 1.0, exact_counts)
-    counts = [st.low for expert in draft for st in expert if st.exact]
-    scale, exact_scale = choose_scale(instance, counts)
-    states = replica_states(instance, upper, scale, exact_counts)
+    ranges = count_ranges(instance, upper, exact_counts)
+    scale, exact_scale = choose_scale(instance, [low for expert in ranges for low, high in expert if low == high])
+    states = replica_states(instance, ranges, scale)
     migrating = instance.current is not None
     model = cp_model.CpModel()
 
@@ -430,7 +435,7 @@ def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
     params.interleave_search = num_workers > 1  # deterministic parallel search when several workers
     params.random_seed = int(seed)
     params.max_deterministic_time = float(time_limit_s)
-    params.max_time_in_seconds = WALL_SAFETY_FACTOR * float(time_limit_s) + 5.0
+    params.max_time_in_seconds = WALL_SAFETY_FACTOR * float(time_limit_s) + 10.0
     params.log_search_progress = False
     start = time.perf_counter()
     status = solver.solve(layer_model.model)
