@@ -39,11 +39,12 @@ bound (relative tolerance 1e-9, plus `S / scale` load units when shares were rou
 
 Solving (`solve_model`): the hint (the `fast` heuristic's plan, or the current placement in
 migration mode, whichever is better) is given to CP-SAT with `add_hint` and is the incumbent:
-the returned plan is never worse than it. Determinism: `interleave_search` with a fixed
-`num_workers` and `random_seed`, and the limit given as `max_deterministic_time` (CP-SAT's work
-units, close to seconds), so two runs on the same input return the same plan; a wall-clock
-safety limit (`WALL_SAFETY_FACTOR` x the limit + 10 s) only stops runaway solves, and
-`detail["wall_limit_hit"]` says when it did (then the result may differ between runs).
+the returned plan is never worse than it. Determinism: one sequential worker (or, if asked for
+more, `interleave_search`, CP-SAT's deterministic parallel mode), a fixed `random_seed`, and the
+time limit spent as `max_deterministic_time` (CP-SAT's work units, close to seconds on an idle
+core; on a loaded machine the wall time is longer), so two runs on the same input return the
+same plan. A wall-clock safety limit (`WALL_SAFETY_FACTOR` x the limit + 10 s) only stops
+runaway solves, and `detail["wall_limit_hit"]` says when it did (then runs may differ).
 """
 
 from __future__ import annotations
