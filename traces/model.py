@@ -131,6 +131,17 @@ class Trace:
         """int64 `[layers, experts]`: dispatches per expert summed over every step."""
         return self.step_counts().sum(axis=0)
 
+    def select_layer_ids(self, layer_ids: list[int], where: str = "--layers") -> "Trace":
+        """A trace of the layers whose model layer id is in `layer_ids` (InputError names `where`)."""
+        positions = {layer_id: pos for pos, layer_id in enumerate(self.meta.layer_ids)}
+        missing = [layer for layer in layer_ids if layer not in positions]
+        if missing:
+            ids = self.meta.layer_ids
+            known = (f"{ids[0]}-{ids[-1]}" if list(ids) == list(range(ids[0], ids[-1] + 1))
+                     else ",".join(map(str, ids)))
+            raise InputError(where, f"layer ids of the trace ({known})", missing[0])
+        return self.select_layers([positions[layer] for layer in layer_ids])
+
     def select_layers(self, positions: list[int]) -> "Trace":
         """A trace of the layers at `positions` (indices into `meta.layer_ids`)."""
         for p in positions:

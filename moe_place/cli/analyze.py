@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
+from moe_place.cli.output import emit, wrote
 from moe_place.cli.options import add_trace_options, int_list, layer_selection, positive_int, trace_load_options
 
 HELP = "per-layer expert-load skew of a routing trace and the busiest/mean GPU at each EP size"
@@ -37,11 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     trace = load_trace(args.trace, **trace_load_options(args))
     if args.layers is not None:
-        positions = {layer_id: pos for pos, layer_id in enumerate(trace.meta.layer_ids)}
-        missing = [layer for layer in args.layers if layer not in positions]
-        if missing:
-            raise InputError("--layers", f"layer ids of the trace ({_id_ranges(trace.meta.layer_ids)})", missing[0])
-        trace = trace.select_layers([positions[layer] for layer in args.layers])
+        trace = trace.select_layer_ids(args.layers)
     ep_sizes = check_ep_sizes(args.ep, trace.num_experts) if args.ep is not None else None
     if args.top_n is not None and args.top_n > trace.num_experts:
         raise InputError("--top-n", f"at most num_experts={trace.num_experts}", args.top_n)
@@ -54,17 +50,9 @@ def run(args: argparse.Namespace) -> int:
         from moe_place.analysis.plot import render_png
 
         write_atomic(args.plot, render_png(analysis))
-        print(f"wrote plot {args.plot}", file=sys.stderr)
-    if args.output:
-        write_atomic(args.output, text)
-        print(f"wrote {args.format} {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+        wrote("plot", args.plot)
+    emit(text, args.output, args.format)
     return 0
-
-
-def _id_ranges(ids: tuple[int, ...]) -> str:
-    return f"{ids[0]}-{ids[-1]}" if list(ids) == list(range(ids[0], ids[-1] + 1)) else ",".join(map(str, ids))
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 
+from moe_place.cli.output import emit, wrote
 from moe_place.cli.options import int_list, positive_float, positive_int
 
 HELP = "replica payback: copy time over the real path, saving per batch, N_min, net-gain curve (--plot)"
@@ -94,10 +94,6 @@ def run(args: argparse.Namespace) -> int:
         text = format_report(report)
     if args.plot:
         write_atomic(args.plot, render_payback_png(result))
-        print(f"wrote plot {args.plot}", file=sys.stderr)
-    if args.output:
-        write_atomic(args.output, text)
-        print(f"wrote {args.format} {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+        wrote("plot", args.plot)
+    emit(text, args.output, args.format)
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from moe_place.cli.output import emit
 HELP = "predict expert compute, dispatch/combine, pipeline, payback and offload bounds for a scenario file"
 
 
@@ -21,7 +22,6 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.cost.report import format_report
     from moe_place.cost.scenario import SCHEMA, load_scenario, predict
     from moe_place.errors import InputError
-    from moe_place.io import write_atomic
 
     if args.schema:
         sys.stdout.write(SCHEMA)
@@ -30,9 +30,5 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("SCENARIO", "a scenario file (or --schema)", "nothing")
     report = predict(load_scenario(args.scenario))
     text = json.dumps(report, indent=1) + "\n" if args.format == "json" else format_report(report)
-    if args.output:
-        write_atomic(args.output, text)
-        print(f"wrote {args.format} {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    emit(text, args.output, args.format)
     return 0
