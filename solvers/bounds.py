@@ -23,8 +23,18 @@ the solvers optimise; `even=False` leaves it out.
    Sorting these guaranteed sizes `q_1 >= q_2 >= ...`: among the `jG + 1` largest items some GPU
    holds `j + 1`, so `T >= q_{jG-j+1} + ... + q_{jG+1}` for `j = 1..S-1`. The test gets only
    harder as `T` falls (fewer spare slots, larger items), so a bisection finds the threshold;
-   we return the largest `T` seen to fail (shrunk by 1e-12 relative), a certified bound. With
-   no redundant slots (`P = E`) this is the classic `p_G + p_{G+1}` bound of scheduling.
+   we return the largest `T` seen to fail (shrunk by 1e-12 relative), a certified bound (a
+   failed test proves `T` infeasible, and infeasibility of a target is inherited by every
+   smaller one). With no redundant slots (`P = E`) this is the classic `p_G + p_{G+1}` bound.
+   The same test also checks, with the guaranteed sizes (real sorted sizes dominate them):
+   - `S = 2`: pairs. The best pairing of sorted items is largest with smallest, so
+     `T >= q_i + q_{P+1-i}` for every `i` (`q = 0` past the guaranteed items);
+   - `S >= 3`: the `j` largest items sit on `j` distinct GPUs together with at least the
+     `j(S-1)` smallest items (`T >= q_j + their sum / j`) or two of them share a GPU
+     (`T >= 2 q_j + (S-2) q_P`): `T >= min` of the two;
+   - `S = 2`, partners: `_partners_short` (a knapsack over how the spare slots can split experts
+     so that every big piece finds a small partner).
+   All of these bound the even split only; brute force checks them on random tiny layers.
 
 Several windows (`[windows, E]`): the objective is the max, mean or a quantile of per-window
 busiest loads; each window's load is at least its own bound, and max, mean and quantiles are
@@ -144,12 +154,20 @@ def _pigeonhole_fails(loads: np.ndarray, num_gpus: int, num_physical: int, targe
     cum_size = np.cumsum(size_sorted * count_sorted, axis=1)
 
     total_items = cum_count[:, -1]                                                      # [layers]
+    # one sorted array for all layers (row l shifted by l * big): a single searchsorted finds segments
+    big = int(cum_count.max()) + num_physical * num_gpus + 2
+    shift = np.arange(layers, dtype=np.int64)[:, None] * big
+    flat_count = (cum_count + shift).ravel()
+
+    def segment(i: np.ndarray) -> np.ndarray:
+        """`[layers, J]`: index of the segment holding the i-th largest item (count of cum < i)."""
+        found = np.searchsorted(flat_count, (i + shift).ravel(), side="left").reshape(i.shape)
+        return found - np.arange(layers)[:, None] * experts
 
     def top_sum(i: np.ndarray) -> np.ndarray:
         """Sum of the i largest guaranteed items, i `[layers, J]` (clipped to the items there are)."""
         i = np.minimum(i, total_items[:, None])
-        seg = (cum_count[:, :, None] < i[:, None, :]).sum(axis=1)  # segment holding item i
-        seg = np.minimum(seg, experts - 1)
+        seg = np.minimum(segment(i), experts - 1)
         prev = np.maximum(seg - 1, 0)
         prev_count = np.where(seg > 0, np.take_along_axis(cum_count, prev, axis=1), 0)
         prev_size = np.where(seg > 0, np.take_along_axis(cum_size, prev, axis=1), 0.0)
@@ -157,7 +175,7 @@ def _pigeonhole_fails(loads: np.ndarray, num_gpus: int, num_physical: int, targe
 
     def value_at(i: np.ndarray) -> np.ndarray:
         """The i-th largest guaranteed item (1-based), 0 past the last one; i `[layers, J]`."""
-        seg = np.minimum((cum_count[:, :, None] < i[:, None, :]).sum(axis=1), experts - 1)
+        seg = np.minimum(segment(i), experts - 1)
         return np.where(i <= total_items[:, None], np.take_along_axis(size_sorted, seg, axis=1), 0.0)
 
     limit = target[:, None] * (1 + 1e-12)
@@ -170,6 +188,7 @@ def _pigeonhole_fails(loads: np.ndarray, num_gpus: int, num_physical: int, targe
     if slots == 2:  # items pair up: sorted pairing (largest with smallest) is the best there is
         pair = value_at(rank) + value_at(num_physical + 1 - rank)
         violated |= (pair > limit).any(axis=1)
+        violated |= _partners_short(loads, least, spare, num_gpus, target)
     else:  # the j largest items: on j distinct GPUs (with the j(S-1) smallest items at best) or two share one
         bottom = top_sum(np.full_like(rank, num_physical)) - top_sum(num_physical - rank * (slots - 1))
         largest = value_at(rank)
@@ -178,6 +197,63 @@ def _pigeonhole_fails(loads: np.ndarray, num_gpus: int, num_physical: int, targe
         shared = 2 * largest + (slots - 2) * smallest
         violated |= (np.minimum(spread, shared) > limit).any(axis=1)
     return fails | violated
+
+
+PARTNER_CANDIDATES = 8  # partner-size thresholds y tried by `_partners_short`
+
+
+def _partners_short(loads: np.ndarray, least: np.ndarray, spare: np.ndarray, num_gpus: int,
+                    target: np.ndarray) -> np.ndarray:
+    """bool `[layers]`: with 2 slots per GPU, the big pieces cannot all find small partners.
+
+    For a partner size `y < T/2`, every piece larger than `x = T - y` shares its GPU with a piece
+    of at most `y`, so a plan at `T` needs `#pieces > x <= #pieces <= y`. Counting each expert's
+    pieces as `+r` when small (`<= y`), `-r` when big (`> x`), 0 in between, the spare slots can
+    only (a) go to a small expert, +1 each, (b) split a big expert until its pieces are `<= x`,
+    (c) split further until they are `<= y`. The best use is a knapsack over (b) and (c); its
+    fractional relaxation over-estimates it, so a negative total proves that no plan reaches `T`
+    (conflicts ignored, even split). Tried for the smallest pieces as `y`.
+    """
+    layers, experts = loads.shape
+    small_piece = loads / least
+    half = target[:, None] / 2
+    candidates = np.sort(np.where(small_piece < half, small_piece, np.inf), axis=1)[:, :PARTNER_CANDIDATES]
+    y = candidates[:, :, None]                                  # [layers, J, 1]
+    valid_y = np.isfinite(y[..., 0])
+    y = np.where(np.isfinite(y), y, 0.0)
+    x = target[:, None, None] - y
+    w, m, s = loads[:, None, :], least[:, None, :], small_piece[:, None, :]
+    good = s <= y
+    bad = s > x
+    base = (m * good - m * bad).sum(axis=2) + spare[:, None]    # [layers, J]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_mid = np.maximum(m, np.ceil(w / x * (1 - 1e-12)))
+        to_good = np.where(y > 0, np.maximum(m, np.ceil(w / np.where(y > 0, y, 1.0) * (1 - 1e-12))),
+                           np.where(w > 0, np.inf, m))
+    mid_ok = bad & (to_mid <= num_gpus)
+    cost1 = np.where(mid_ok, to_mid - m, 0.0)
+    gain1 = np.where(mid_ok, m - cost1, 0.0)
+    start = np.where(bad, to_mid, m)
+    good_ok = ~good & (to_good <= num_gpus) & (~bad | mid_ok)
+    cost2 = np.where(good_ok, to_good - start, 0.0)
+    gain2 = np.where(good_ok, start, 0.0)
+    cost = np.concatenate([cost1, cost2], axis=2)
+    gain = np.concatenate([gain1, gain2], axis=2)
+    useful = gain > 0  # a step of cost 0 (pieces already small enough) is free: taken first
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(useful, np.where(cost > 0, gain / np.where(cost > 0, cost, 1.0), np.inf), -1.0)
+    order = np.argsort(-ratio, axis=2, kind="stable")
+    cost = np.where(useful, cost, 0.0)
+    gain = np.where(useful, gain, 0.0)
+    cost_sorted = np.take_along_axis(cost, order, axis=2)
+    gain_sorted = np.take_along_axis(gain, order, axis=2)
+    before = np.cumsum(cost_sorted, axis=2) - cost_sorted
+    budget = spare[:, None, None].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fraction = np.where(cost_sorted > 0, np.clip((budget - before) / np.where(cost_sorted > 0, cost_sorted, 1.0),
+                                                     0.0, 1.0), 1.0)
+    best = base + (gain_sorted * fraction).sum(axis=2)
+    return (valid_y & (best < -1e-9)).any(axis=1)
 
 
 def lower_bounds(loads: np.ndarray, num_gpus: int, num_physical: int, pigeonhole: bool = True) -> np.ndarray:
