@@ -30,9 +30,9 @@ class PlacementProblem:
 
     loads: float64 `[windows, layers, E]`, non-negative (dispatches per logical expert).
     num_gpus: `G`, the EP size over all nodes. num_nodes: `N`, `G % N == 0`.
-    num_physical: `P`, slots per layer, `P >= E`, `P % G == 0` (engine-compatible mode).
+    num_physical: `P`, slots per layer, `E <= P <= E*G`, `P % G == 0` (engine-compatible mode).
     num_groups: expert groups for EPLB's hierarchical policy (None: global policy).
-    split: one of `SPLIT_POLICIES`.
+    split: one of `SPLIT_POLICIES`: how the plan is reported (the solvers optimise the even split).
     window_objective / quantile: how per-window maxima combine when there are several windows.
     expert_bytes: bytes of one expert's weights (migration cost and memory budgets).
     current: the placement in use now, or None.
