@@ -174,3 +174,15 @@ def test_registered_solver_plans_a_problem_layer():
         assert sol.status == "optimal"
         assert sol.objective == pytest.approx(590 / 3, rel=1e-12)
         problem.placement(sol.phy2log[None])  # validates shape and contents
+
+
+def test_registered_solver_respects_the_problem_move_cap():
+    rng = np.random.default_rng(13)
+    loads = rng.gamma(0.6, 80.0, (2, 1, 8)).round()  # 2 windows, 1 layer
+    current = Placement.contiguous(1, 8, 4, num_redundant=4)
+    problem = PlacementProblem(loads, num_gpus=4, num_physical=12, current=current, max_moved_slots=3)
+    sol = get_solver("cpsat").solve_layer(problem, 0, 5.0)
+    assert (sol.phy2log != current.phy2log[0]).sum() <= problem.max_moved_slots
+    assert sol.detail["moved_slots"] == (sol.phy2log != current.phy2log[0]).sum()
+    assert sol.objective == pytest.approx(_true_load(sol.phy2log, loads[:, 0], 4).max(), rel=1e-12)
+    assert sol.lower_bound <= sol.objective
