@@ -18,9 +18,10 @@ Model (`build_model`), chosen so that no product of variables appears:
   every expert `r[e] >= ceil(w[e] / U)`, so states below are dropped; `r[e] <= G` and
   `r[e] <= P - sum of the other experts' least counts`. Exact counts start at the least count
   and run for as many values as a literal budget allows; the rest go in one bucket.
-- GPU symmetry (any permutation of GPUs is the same plan) is broken by ordering GPUs by their
-  summed load, non-increasing (off in migration mode, where GPUs are told apart by their
-  current contents).
+- GPU symmetry (any permutation of GPUs is the same plan) is broken by a lexicographic order:
+  the columns of `x[e, g]` (rows: the hottest experts first) never increase from one GPU to the
+  next (off in migration mode, where GPUs are told apart by their current contents). On five
+  tiny cases this proved optimality 4-190x faster (deterministic time) than ordering GPUs by load.
 - The known lower bound (`bounds.window_lower_bound`) and the hint's value bound the objective.
 - Migration mode (a current placement): a GPU keeps the experts it holds now for free; every
   other slot is a moved slot. `moved = P - sum_g sum_{e held by g now} x[e, g]` is linear; the
@@ -29,9 +30,9 @@ Model (`build_model`), chosen so that no product of variables appears:
 
 Exact scaling: with integer loads, `scale` is the least common multiple of the exact counts
 (when it stays below 2**40 times the total load), so every exact share is exact and CP-SAT's
-objective is `scale` times the true one. Otherwise (fractional loads, or an lcm too large)
+objective is `scale` times the true one while no bucket is used. Otherwise (fractional loads, or an lcm too large)
 `scale` makes the total load about 2**32 and shares round down: each GPU's model load is within
-`S` units (`S / scale`, about 1e-9 of its load) below the true load. In both cases every model
+`S` units (`S / scale`, at most `P / 2**32` of the mean GPU load) below the true load. In both cases every model
 load is at most `scale` times the true load, so CP-SAT's best bound divided by `scale` is a valid
 bound on the true problem, and the objective we report is always the true float load of the
 returned plan, evaluated afresh. "optimal" is reported only when that true objective meets the
@@ -344,25 +345,24 @@ def _break_gpu_symmetry(model: cp_model.CpModel, x: list, instance: LayerInstanc
     are in non-increasing lexicographic order, encoded with `equal[i]` = "GPUs g and g+1 agree on
     the first i of those experts" (exact definition). Any plan's GPUs can be sorted so.
     "none": leave it to CP-SAT.
-    Returns `equal` per adjacent pair `[G-1][E]` (for the hint).
+    Returns `equal` per adjacent pair, `[G-1][min(E, LEX_MAX_EXPERTS)]` (for the hint).
     """
     if symmetry == "none":
         return []
     if symmetry != "lex":
         raise InputError("symmetry", "lex or none", symmetry)
-    E, G = instance.num_experts, instance.num_gpus
     order = _expert_order(instance)[:LEX_MAX_EXPERTS]  # a prefix of the rows: still one plan per orbit
-    E = len(order)
+    rows = len(order)
     pairs = []
-    for g in range(G - 1):
+    for g in range(instance.num_gpus - 1):
         # equal[i]: columns g and g+1 are equal on the first i experts of `order`.
-        equal = [model.new_constant(1)] + [model.new_bool_var(f"lex_g{g}_{i}") for i in range(1, E)]
+        equal = [model.new_constant(1)] + [model.new_bool_var(f"lex_g{g}_{i}") for i in range(1, rows)]
         pairs.append(equal)
-        for i in range(E):
+        for i in range(rows):
             a, b = x[order[i]][g], x[order[i]][g + 1]
             # While equal so far, GPU g holds expert order[i] if GPU g+1 does (a >= b).
             model.add_bool_or([equal[i].negated(), a, b.negated()])
-            if i + 1 < E:
+            if i + 1 < rows:
                 # equal[i+1] <=> equal[i] and a == b.
                 model.add_implication(equal[i + 1], equal[i])
                 model.add_bool_or([equal[i + 1].negated(), a.negated(), b])
