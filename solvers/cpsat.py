@@ -508,6 +508,15 @@ def cpsat_layer(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
         hint = align_to_current(hint, instance.current, instance.num_gpus)
     if not instance.allows(hint):
         raise InputError("hint", "a plan with no expert twice on one GPU, within the move cap", hint.tolist())
+    if instance.move_cost_weight == 0 and instance.objective != "quantile" \
+            and instance.cost(hint) <= lower_bound * (1 + _REL_TOL):
+        # The hint meets the bound: it is optimal, nothing to search.
+        load, moved = instance.evaluate(hint)
+        detail = {"cp_status": "NOT_RUN", "source": "hint", "hint_objective": load, "best_bound": lower_bound,
+                  "gap": 0.0, "deterministic_time": 0.0}
+        if instance.current is not None:
+            detail.update(moved_slots=moved, cost=load)
+        return LayerSolution(hint, "optimal", load, min(lower_bound, load), time.perf_counter() - start, detail)
     layer_model = build_model(instance, hint, lower_bound, max_state_literals)
     result = solve_model(layer_model, time_limit_s, seed)
 

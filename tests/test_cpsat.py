@@ -60,13 +60,18 @@ def _tiny_cases(seed, count, integer=True):
 
 @pytest.mark.parametrize("integer", [True, False], ids=["integer-loads", "fractional-loads"])
 def test_exact_on_random_tiny_cases(integer):
+    searched = 0
     for loads, gpus, slots in _tiny_cases(11 if integer else 12, 20, integer):
         optimum, _ = brute_force_layer(loads, gpus, slots)
-        _, sol = _solve(loads, gpus, slots)
+        # The contiguous plan as hint (never the fast heuristic's): CP-SAT has to find the optimum.
+        poor = Placement.contiguous(1, loads.size, gpus, num_redundant=gpus * slots - loads.size).phy2log[0]
+        _, sol = _solve(loads, gpus, slots, hint=poor)
+        searched += sol.detail["cp_status"] == "OPTIMAL"
         assert sol.status == "optimal", (loads, gpus, slots, sol.detail)
         assert sol.objective == pytest.approx(optimum, rel=1e-9), (loads, gpus, slots)
         assert sol.lower_bound <= optimum * (1 + 1e-12)
         assert sol.objective == pytest.approx(_true_load(sol.phy2log, loads, gpus).max(), rel=1e-12)
+    assert searched >= 6  # the others: the contiguous plan already met the bound (e.g. one GPU)
 
 
 def test_public_instance_proved_from_a_poor_hint():
@@ -186,3 +191,10 @@ def test_registered_solver_respects_the_problem_move_cap():
     assert sol.detail["moved_slots"] == (sol.phy2log != current.phy2log[0]).sum()
     assert sol.objective == pytest.approx(_true_load(sol.phy2log, loads[:, 0], 4).max(), rel=1e-12)
     assert sol.lower_bound <= sol.objective
+
+
+def test_hint_meeting_the_bound_is_returned_without_search():
+    loads = np.full(8, 10.0)  # 8 equal experts on 4 GPUs x 2 slots: every plan is at the average bound
+    _, sol = _solve(loads, 4, 2)
+    assert sol.status == "optimal" and sol.detail["cp_status"] == "NOT_RUN"
+    assert sol.objective == sol.lower_bound == 20.0
