@@ -170,17 +170,26 @@ def allocate_budget(loads: np.ndarray, num_gpus: int, expert_bytes: int, gpu_bud
         most = min(most, max_slots_per_gpu)
     planner = planner or _fast_planner
 
-    # Price every slot count of every layer with the layer solver.
+    # Price the slot counts of every layer with the layer solver, fewest first. A layer whose
+    # plan reaches the average load sum(w)/G (a bound for every slot count) stops there: more
+    # slots cannot lower it, and the DP would not pay for them.
     rows: list[list[np.ndarray]] = []
     cost: list[np.ndarray] = []
     for layer in range(layers):
-        layer_rows = [np.asarray(planner(loads[layer], num_gpus, slots), dtype=np.int64)
-                      for slots in range(least, most + 1)]
+        average = loads[layer].sum() / num_gpus
+        layer_rows, layer_cost = [], []
+        for slots in range(least, most + 1):
+            row = np.asarray(planner(loads[layer], num_gpus, slots), dtype=np.int64)
+            layer_rows.append(row)
+            layer_cost.append(_busiest(row, loads[layer], num_gpus))
+            if layer_cost[-1] <= average * (1 + 1e-12):
+                break
         rows.append(layer_rows)
-        cost.append(np.array([_busiest(row, loads[layer], num_gpus) for row in layer_rows]))
+        cost.append(np.array(layer_cost))
 
     choice, _ = allocate_slots(cost, budget_slots - layers * least)
     even = min(most, budget_slots // layers)
+    even_cost = [float(c[min(even - least, len(c) - 1)]) for c in cost]  # past a layer's last price: the same
     return BudgetPlan(
         num_gpus=num_gpus, num_logical_experts=experts, expert_bytes=int(expert_bytes),
         gpu_budget_bytes=int(gpu_budget_bytes),
@@ -188,7 +197,7 @@ def allocate_budget(loads: np.ndarray, num_gpus: int, expert_bytes: int, gpu_bud
         phy2log=tuple(rows[layer][k] for layer, k in enumerate(choice)),
         max_load=tuple(float(cost[layer][k]) for layer, k in enumerate(choice)),
         even_slots_per_gpu=even,
-        even_max_load=tuple(float(cost[layer][even - least]) for layer in range(layers)),
+        even_max_load=tuple(even_cost),
     )
 
 

@@ -79,3 +79,20 @@ def test_bad_arguments_are_input_errors():
         allocate_budget(np.ones((1, 8)), 4, 0, 1000)
     with pytest.raises(InputError, match="max_slots_per_gpu"):
         allocate_budget(np.ones((1, 8)), 4, 100, 1000, max_slots_per_gpu=1)
+
+
+def test_pricing_stops_once_a_layer_reaches_its_average_load():
+    calls = []
+
+    def counting_planner(loads, gpus, slots):
+        calls.append(slots)
+        from moe_place.solvers.fast import fast_layer
+        return fast_layer(loads, gpus, gpus * slots)
+
+    loads = np.stack([np.full(8, 10.0), np.array([700.0, 30, 30, 30, 30, 30, 30, 30])])
+    plan = allocate_budget(loads, 4, 1, 12, planner=counting_planner)
+    # Layer 0 (flat) is at its average with the least count (2 slots per GPU): priced once.
+    # Layer 1 (skewed) is priced from 2 slots upwards.
+    assert calls[:2] == [2, 2] and len(calls) > 2 and all(slots > 2 for slots in calls[2:])
+    assert plan.slots_per_gpu[0] == 2 and plan.even_max_load[0] == pytest.approx(20.0)
+    assert plan.slots_per_gpu[1] > 2
