@@ -428,15 +428,19 @@ class ModelResult:
 
 
 def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
-                num_workers: int = NUM_WORKERS) -> ModelResult:
-    """Run CP-SAT deterministically for `time_limit_s` deterministic seconds."""
+                num_workers: int = NUM_WORKERS, wall_limit_s: float | None = None) -> ModelResult:
+    """Run CP-SAT deterministically for `time_limit_s` deterministic seconds.
+
+    wall_limit_s: a wall-clock stop (None: the safety limit); a run it stops may not repeat.
+    """
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.num_workers = num_workers
     params.interleave_search = num_workers > 1  # deterministic parallel search when several workers
     params.random_seed = int(seed)
     params.max_deterministic_time = float(time_limit_s)
-    params.max_time_in_seconds = WALL_SAFETY_FACTOR * float(time_limit_s) + 10.0
+    params.max_time_in_seconds = WALL_SAFETY_FACTOR * float(time_limit_s) + 10.0 if wall_limit_s is None \
+        else float(wall_limit_s)
     params.log_search_progress = False
     start = time.perf_counter()
     status = solver.solve(layer_model.model)
@@ -495,10 +499,12 @@ def align_to_current(phy2log: np.ndarray, current: np.ndarray, num_gpus: int) ->
 # ---------------------------------------------------------------------- one layer, end to end
 def cpsat_layer(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
                 time_limit_s: float = DEFAULT_TIME_LIMIT_S, seed: int = 0,
-                max_state_literals: int = MAX_STATE_LITERALS) -> LayerSolution:
+                max_state_literals: int = MAX_STATE_LITERALS, wall_limit_s: float | None = None) -> LayerSolution:
     """Plan one layer with CP-SAT, starting from `hint` `[P]` (module docstring).
 
     lower_bound: a valid bound on the windows-combined load (e.g. `bounds.windows_lower_bound`).
+    time_limit_s: deterministic seconds for the search; wall_limit_s: optional wall-clock stop for
+    the search (callers with a deadline; the result may then differ between runs).
     The result's objective is the true windows-combined busiest-GPU load of the plan; its
     lower bound is valid for the true problem (for the load alone when moves are charged).
     """
@@ -518,7 +524,7 @@ def cpsat_layer(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
             detail.update(moved_slots=moved, cost=load)
         return LayerSolution(hint, "optimal", load, min(lower_bound, load), time.perf_counter() - start, detail)
     layer_model = build_model(instance, hint, lower_bound, max_state_literals)
-    result = solve_model(layer_model, time_limit_s, seed)
+    result = solve_model(layer_model, time_limit_s, seed, wall_limit_s=wall_limit_s)
 
     hint_cost = instance.cost(hint)
     plan, source = hint, "hint"

@@ -198,3 +198,13 @@ def test_hint_meeting_the_bound_is_returned_without_search():
     _, sol = _solve(loads, 4, 2)
     assert sol.status == "optimal" and sol.detail["cp_status"] == "NOT_RUN"
     assert sol.objective == sol.lower_bound == 20.0
+
+
+def test_wall_clock_stop_is_reported():
+    rng = np.random.default_rng(3)
+    loads = rng.gamma(0.7, 100.0, 24).round()
+    instance = LayerInstance(loads, 8, 4)
+    poor = Placement.contiguous(1, 24, 8, num_redundant=8).phy2log[0]
+    sol = cpsat_layer(instance, poor, windows_lower_bound(loads[None], 8, 32), time_limit_s=1000.0, wall_limit_s=0.5)
+    assert sol.detail["wall_limit_hit"] and sol.detail["deterministic_time"] < 1000.0
+    assert sol.objective <= instance.cost(poor) and sol.status == "feasible"
