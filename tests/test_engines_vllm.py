@@ -229,6 +229,8 @@ def test_static_plan_file_is_returned_at_every_rebalance(tmp_path, monkeypatch):
     _check_maps(phy2log, log2phy, logcnt, layers=2, experts=4, replicas=6)
     with pytest.raises(adapter.InputError, match="3 layers"):
         policy.rebalance_experts(torch.ones(3, 4), 6, 1, 1, 2)
+    with pytest.raises(adapter.InputError, match="3 EP ranks"):
+        policy.rebalance_experts(torch.ones(2, 4), 6, 1, 1, 3)
 
 
 def test_against_the_real_vllm_policy_class():

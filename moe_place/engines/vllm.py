@@ -98,10 +98,12 @@ class MoePlaceEplbPolicy:
         num_layers, num_experts = loads.shape
         static = cls.static_plan or os.environ.get(STATIC_PLAN_ENV)
         if static:
-            phy2log = read_static_map(static)
+            phy2log, planned_gpus = read_static_map(static, with_gpus=True)
             if phy2log.shape != (num_layers, num_replicas):
                 raise InputError(static, f"a placement of {num_layers} layers x {num_replicas} slots",
                                  f"{phy2log.shape[0]} x {phy2log.shape[1]}")
+            if planned_gpus != num_ranks:
+                raise InputError(static, f"a placement for {num_ranks} EP ranks", f"one for {planned_gpus}")
             placement = Placement(phy2log, num_experts, num_ranks, allow_colocated=True)
         else:
             current = current_placement(old_global_expert_indices, num_experts, num_ranks, (num_layers, num_replicas))
@@ -110,7 +112,6 @@ class MoePlaceEplbPolicy:
         if return_style(cls.returns) == "phy2log":
             return phy2log
         return phy2log, log2phy, logcnt
-
 
     @classmethod
     def plan(cls, loads: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
@@ -235,8 +236,11 @@ def policy_module():
 
 
 # ---------------------------------------------------------------------- static placement files
-def read_static_map(path: str | Path) -> np.ndarray:
-    """int64 `[layers, P]` from a `moe-place export --engine vllm` file or a `plan` file."""
+def read_static_map(path: str | Path, with_gpus: bool = False):
+    """int64 `[layers, P]` from a `moe-place export --engine vllm` file or a `plan` file.
+
+    with_gpus: also return the number of GPUs the placement was made for.
+    """
     path = Path(path)
     if not path.exists():
         raise InputError(str(path), "an existing placement file", "no such file")
@@ -246,10 +250,16 @@ def read_static_map(path: str | Path) -> np.ndarray:
         except json.JSONDecodeError as exc:
             raise InputError(str(path), "a JSON placement file", f"invalid JSON ({exc.msg})") from None
         if isinstance(data, dict) and data.get("format") == EXPORT_FORMAT:
-            return _int_matrix(data.get("phy2log"), f"{path}: phy2log")
+            phy2log = _int_matrix(data.get("phy2log"), f"{path}: phy2log")
+            gpus = data.get("num_gpus")
+            if not isinstance(gpus, int) or gpus < 1 or phy2log.shape[1] % gpus:
+                raise InputError(f"{path}: num_gpus", f"a divisor of the {phy2log.shape[1]} slots", gpus)
+            return (phy2log, gpus) if with_gpus else phy2log
     from moe_place.engines.export import read_plan_placement
 
-    return np.asarray(read_plan_placement(path)[0].phy2log, dtype=np.int64)
+    placement = read_plan_placement(path)[0]
+    phy2log = np.asarray(placement.phy2log, dtype=np.int64)
+    return (phy2log, placement.num_gpus) if with_gpus else phy2log
 
 
 def _int_matrix(value: Any, where: str) -> np.ndarray:
