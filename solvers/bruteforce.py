@@ -4,8 +4,10 @@ Problem (SOLVER-NOTES.md, even split): choose replica counts `r[e] >= 1` with `s
 put the replicas on `G` GPUs with exactly `S` slots each, never two replicas of one expert on one
 GPU, minimising the busiest GPU's load `max_g sum_{e on g} w[e] / r[e]`.
 
-The search walks the experts hottest first; for each it picks a replica count and then the set of
-GPUs holding it. Two kinds of pruning keep it small and exact:
+The search starts from a simple feasible plan (counts by largest share, replicas spread over the
+GPUs with most free slots; deliberately independent of the solvers it checks), then walks the
+experts hottest first; for each it picks a replica count and then the set of GPUs holding it.
+Two kinds of pruning keep it small and exact:
 
 1. GPU symmetry: GPUs holding the same experts so far are interchangeable, so within each such
    class only the first `c` GPUs are ever chosen (each class contributes a count, not a subset).
