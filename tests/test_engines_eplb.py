@@ -1,6 +1,8 @@
 """`moe_place.eplb.rebalance_experts`: a drop-in for DeepSeek EPLB's entry point."""
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -93,3 +95,27 @@ def test_engine_style_arguments_fall_back_like_eplb():
         dropin.rebalance_experts(weight, 18, 4, 2, 8)
     with pytest.raises(InputError, match="weight"):
         dropin.rebalance_experts(torch.ones(12), 16, 4, 2, 8)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_any_load_gives_a_valid_map(data):
+    gpus = data.draw(st.sampled_from([1, 2, 4]))
+    experts = gpus * data.draw(st.integers(1, 4))
+    # a GPU holds at most one replica of an expert: at most E slots per GPU
+    replicas = experts + gpus * data.draw(st.integers(0, min(2, experts - experts // gpus)))
+    layers = data.draw(st.integers(1, 3))
+    kind = data.draw(st.sampled_from(["zeros", "spike", "random"]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    weight = np.zeros((layers, experts))
+    if kind == "spike":
+        weight[:, rng.integers(experts)] = 10.0 ** rng.integers(0, 12)
+    elif kind == "random":
+        weight = rng.integers(0, 10**6, size=(layers, experts)).astype(float)
+    phy2log, log2phy, logcnt = dropin.rebalance_experts(torch.from_numpy(weight), replicas, 1, 1, gpus)
+    rows = phy2log.numpy()
+    assert rows.shape == (layers, replicas)
+    for layer in range(layers):
+        assert set(rows[layer]) == set(range(experts))
+        np.testing.assert_array_equal(np.bincount(rows[layer], minlength=experts), logcnt[layer].numpy())
+    assert log2phy.shape[-1] == int(logcnt.max())
