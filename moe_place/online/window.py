@@ -6,8 +6,8 @@ physical]`); the controller keeps the same thing per logical expert and predicts
 the steps to come from it:
 - `last`: the mean per-step load of the last `horizon` steps;
 - `ema`: an exponential moving average of per-step loads (`alpha` per step);
-- `scenarios`: the last `num_scenarios` blocks of `horizon` steps, each a scenario (the solver
-  plans for their worst case).
+- `scenarios`: the last `num_scenarios` blocks of `horizon` steps, each a scenario (handed to the
+  solver as windows: `cpsat` plans for their worst case, `fast` for their sum).
 
 A *hot spot* is an expert whose per-step load over the last `horizon` steps exceeds `hot_factor`
 times the layer's mean. `HotSpotTracker` measures how long hot spots last (in steps, at the
