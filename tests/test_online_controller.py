@@ -67,8 +67,8 @@ def test_a_persistent_hot_spot_is_replicated_and_pays_back():
     step, before, decision = ours.emitted[0]
     assert step >= 40
     assert decision.placement.logcnt[:, 5].min() > before.logcnt[:, 5].min()  # the new hot expert got replicas
-    # migration-aware: at most max_moved_slots slots change per layer, everything else stays put
-    assert (decision.placement.moved_slots(before).sum(axis=1) <= 4).all()
+    # migration-aware: at most max_moved_slots (2) slots change per layer, everything else stays put
+    assert (decision.placement.moved_slots(before).sum(axis=1) <= 2).all()
     assert result.total_time_s < static.total_time_s
     assert result.total_migration_time_s > 0
 
@@ -142,7 +142,7 @@ def test_controllers_never_emit_an_invalid_map_under_adversarial_loads(data):
     for _, before, decision in ours.emitted:
         _independent_check(decision.placement)
         _independent_check(before)
-        assert (decision.placement.moved_slots(before).sum(axis=1) <= 4).all()
+        assert (decision.placement.moved_slots(before).sum(axis=1) <= 2).all()
 
 
 def test_unknown_controller_is_an_input_error():

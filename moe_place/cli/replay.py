@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ctl.add_argument("--predictor", choices=("last", "ema", "scenarios"), default="last")
     ctl.add_argument("--hysteresis", type=positive_float, default=2.0,
                      help="ours: a move must pay back within 1/H of the hot spots' expected life (default 2)")
-    ctl.add_argument("--max-moved-slots", type=non_negative_int, default=4, help="ours: slot changes per layer")
+    ctl.add_argument("--max-moved-slots", type=non_negative_int, default=2,
+                     help="ours: slot changes per layer and rebalance (default 2)")
     ctl.add_argument("--max-mib", type=positive_float, default=None, help="ours: MiB copied per rebalance at most")
     ctl.add_argument("--drain-steps", type=non_negative_int, default=1,
                      help="batches in flight that finish on the old map before a switch (default 1)")

@@ -132,7 +132,7 @@ class PaybackController:
     tracker: HotSpotTracker = field(default_factory=HotSpotTracker)
     hysteresis: float = 2.0
     min_relative_saving: float = 0.02
-    max_moved_slots: int = 4
+    max_moved_slots: int = 2
     max_bytes: int | None = None
     move_cost_share: float = 0.0
     cooldown_steps: int = 0
