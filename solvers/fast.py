@@ -17,7 +17,8 @@ problem's window objective.
 3. Local search around the busiest GPU `g`, best improvement, until no move lowers
    `(max load, number of GPUs at the max)`: swap a slot of `g` with a slot elsewhere; move a
    replica of an expert on `g` to another expert (re-split); give an expert on `g` one more
-   replica in place of a replica of another expert elsewhere. Vectorised with numpy.
+   replica in place of a replica of another expert elsewhere; when none helps, swap two slots of
+   `g` for two slots of another GPU (up to 12 slots per GPU). Vectorised with numpy.
 
 Migration-aware mode (`problem.current` given): starts from the current plan and keeps its slot
 positions; only moves (step 3) that lower `busiest load + move_cost_weight * moved slots` are
@@ -41,6 +42,7 @@ from moe_place.solvers.bounds import apportion, layer_lower_bound
 from moe_place.solvers.evaluate import window_objective
 
 _TOL = 1e-12  # relative tolerance of load comparisons
+PAIR_SWAP_MAX_SLOTS = 12  # two-for-two swaps only up to this many slots per GPU (their count grows as S**4)
 STOP_GAP = 1e-4  # a plan this close to the lower bound is good enough (auto mode hands the rest to cpsat)
 
 
@@ -255,6 +257,13 @@ def local_search(loads: np.ndarray, table: np.ndarray, bound: float, current: np
             a, b = state.table[g, i], state.table[h, j]
             state.set_slot(g, i, b)
             state.set_slot(h, j, a)
+        elif kind == "swap2":
+            i1, i2, h, j1, j2 = args
+            a1, a2, b1, b2 = state.table[g, i1], state.table[g, i2], state.table[h, j1], state.table[h, j2]
+            state.set_slot(g, i1, b1)
+            state.set_slot(g, i2, b2)
+            state.set_slot(h, j1, a1)
+            state.set_slot(h, j2, a2)
         else:
             h, j, expert = args
             state.set_slot(h, j, expert)
@@ -348,6 +357,8 @@ def _best_move_inner(state: _State, g: int, top: float, tol: float, current: np.
         if best is None or value < best[0]:
             best = (value, kind, index, d)
     if best is None:
+        if current is None and 2 <= S <= PAIR_SWAP_MAX_SLOTS:
+            return _best_pair_swap(state, g, top, tol)
         return None
     _, kind, index, d = best
     if kind == "swap":
@@ -358,6 +369,29 @@ def _best_move_inner(state: _State, g: int, top: float, tol: float, current: np.
         return "resplit", (g, i, b), d
     i, h, j = index
     return "resplit", (h, j, int(on_g[i])), d
+
+
+def _best_pair_swap(state: _State, g: int, top: float, tol: float):
+    """Two slots of the busiest GPU `g` for two slots of another GPU (when no single move helps)."""
+    table, share, load = state.table, state.share, state.load
+    G, S = table.shape
+    held = state.count > 0
+    first, second = np.triu_indices(S, k=1)                          # [pairs] slot index pairs
+    pair_share = share[table[:, first]] + share[table[:, second]]      # [G, pairs]
+    a1, a2 = table[g, first], table[g, second]                         # [pairs] experts leaving g
+    out = pair_share[g]                                                # [pairs]
+    new_g = top - out[:, None, None] + pair_share[None]                # [pairs_g, G, pairs_h]
+    new_h = load[None, :, None] - pair_share[None] + out[:, None, None]
+    # experts arriving on g must not be there already; experts leaving g must not be on h
+    ok_in = ~held[g][table[:, first]] & ~held[g][table[:, second]]     # [G, pairs_h]
+    ok_out = ~held[:, a1].T & ~held[:, a2].T                           # [pairs_g, G]
+    ok = ok_in[None] & ok_out[:, :, None]
+    score = np.where(ok, np.maximum(new_g, new_h), np.inf)
+    flat = int(np.argmin(score))
+    if not score.flat[flat] < top - tol:
+        return None
+    p, h, q = np.unravel_index(flat, score.shape)
+    return "swap2", (int(first[p]), int(second[p]), int(h), int(first[q]), int(second[q])), 0
 
 
 def _collect(candidates: list, kind: str, score: np.ndarray, ok: np.ndarray, delta: np.ndarray | None) -> None:
