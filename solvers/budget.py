@@ -15,7 +15,8 @@ minimising `sum_l T[l](S[l])`, where `T[l](S)` is the busiest-GPU load of the pl
 solver (default: `fast`) makes for layer `l` with `S` slots per GPU. The choice over layers is a
 multiple-choice knapsack, solved exactly by dynamic programming over the spare slots
 (`allocate_slots`); the table `T` is heuristic, so the allocation is optimal for the plans the
-layer solver finds, not for the true optima. The report compares with the same budget spread
+layer solver finds, not for the true optima, and each layer is priced only up to the slot count
+where its plan comes within `tolerance` (0.1%) of its average load, which no count can beat. The report compares with the same budget spread
 evenly (every layer `min(E, budget_slots // L)` slots, as engines would).
 """
 
@@ -135,13 +136,17 @@ def allocate_slots(cost: list[np.ndarray], budget: int) -> tuple[list[int], floa
 
 
 def allocate_budget(loads: np.ndarray, num_gpus: int, expert_bytes: int, gpu_budget_bytes: int,
-                    max_slots_per_gpu: int | None = None, planner: LayerPlanner | None = None) -> BudgetPlan:
+                    max_slots_per_gpu: int | None = None, planner: LayerPlanner | None = None,
+                    tolerance: float = 1e-3) -> BudgetPlan:
     """Choose each layer's slots per GPU under `gpu_budget_bytes` (module docstring).
 
     loads: float `[layers, E]` (e.g. `PlacementProblem.planning_loads()`).
     expert_bytes: bytes of one expert copy; gpu_budget_bytes: bytes one GPU gives to the experts
     of all layers together. max_slots_per_gpu: optional cap on any layer's slots per GPU.
     planner: the layer solver that prices each slot count (default: `fast`).
+    tolerance: a layer's slot counts are priced upwards until its plan is within this fraction
+    of its average load `sum(w)/G`, a bound for every slot count: more slots could lower that
+    layer by at most this fraction, and pricing them all (up to E per GPU) would be slow.
     Raises InputError for bad arguments, InfeasibleError when the budget cannot hold one copy
     of every expert in every layer.
     """
@@ -155,6 +160,8 @@ def allocate_budget(loads: np.ndarray, num_gpus: int, expert_bytes: int, gpu_bud
         raise InputError("expert_bytes", "a positive number of bytes", expert_bytes)
     if gpu_budget_bytes < 0:
         raise InputError("expert memory budget", "a non-negative number of bytes", gpu_budget_bytes)
+    if not 0 <= tolerance < 1:
+        raise InputError("tolerance", "a fraction in [0, 1)", tolerance)
     least = math.ceil(experts / num_gpus)
     budget_slots = gpu_budget_bytes // expert_bytes
     if budget_slots < layers * least:
@@ -170,9 +177,8 @@ def allocate_budget(loads: np.ndarray, num_gpus: int, expert_bytes: int, gpu_bud
         most = min(most, max_slots_per_gpu)
     planner = planner or _fast_planner
 
-    # Price the slot counts of every layer with the layer solver, fewest first. A layer whose
-    # plan reaches the average load sum(w)/G (a bound for every slot count) stops there: more
-    # slots cannot lower it, and the DP would not pay for them.
+    # Price the slot counts of every layer with the layer solver, fewest first, until its plan
+    # is within `tolerance` of the average load sum(w)/G (a bound for every slot count).
     rows: list[list[np.ndarray]] = []
     cost: list[np.ndarray] = []
     for layer in range(layers):
@@ -182,7 +188,7 @@ def allocate_budget(loads: np.ndarray, num_gpus: int, expert_bytes: int, gpu_bud
             row = np.asarray(planner(loads[layer], num_gpus, slots), dtype=np.int64)
             layer_rows.append(row)
             layer_cost.append(_busiest(row, loads[layer], num_gpus))
-            if layer_cost[-1] <= average * (1 + 1e-12):
+            if layer_cost[-1] <= average * (1 + tolerance):
                 break
         rows.append(layer_rows)
         cost.append(np.array(layer_cost))
