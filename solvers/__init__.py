@@ -67,7 +67,8 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     time_limit_s: the budget for the whole plan in wall-clock seconds (None: no limit, and the
         result is deterministic). Layers are given an even share; a layer started after the
         budget is spent gets `fast`'s construction only (the anytime fallback), so the plan
-        always covers every layer. One solver call can overrun its share (CP-SAT's model build).
+        always covers every layer. CP-SAT layers get limits that leave room for its wall-clock
+        safety margin (EXACT_WALL_FACTOR, EXACT_OVERHEAD_S); a slow model build can still overrun.
     jobs: worker processes for the per-layer solves (same result as jobs=1 without a limit).
     progress: draw a progress bar on stderr.
     """
@@ -108,7 +109,11 @@ def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
     return LayerSolution(best.phy2log, status, best.objective, bound, first.wall_s + second.wall_s, detail)
 
 
-MIN_SOLVE_S = 1.0  # with a deadline, a (non-fallback) layer solve starts only with this much time left
+# With a deadline, an exact solver (cpsat) gets a limit its wall-clock safety margin still fits in:
+# CP-SAT stops at EXACT_WALL_FACTOR x its limit + 5 s, and building the model takes time too.
+EXACT_WALL_FACTOR = 4.0
+EXACT_OVERHEAD_S = 7.0
+MIN_EXACT_LIMIT_S = 0.1
 
 
 def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit: float | None,
@@ -130,13 +135,15 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit:
         used, layer_limit = name, limit
         if deadline is not None:
             left = deadline - time.monotonic()
-            if left < (0.0 if name == "fast" else MIN_SOLVE_S):
+            share = left / (len(layers) - position + later)
+            if name != "fast":  # leave room for the solver's wall-clock margin and model build
+                share = min(share, (left - EXACT_OVERHEAD_S) / EXACT_WALL_FACTOR)
+            if share < (0.0 if name == "fast" else MIN_EXACT_LIMIT_S):
                 if not fallback:
                     out.append(None)
                     continue
                 used, layer_limit = "fast", 0.0
             else:
-                share = left / (len(layers) - position + later) / (1 if name == "fast" else 2)
                 layer_limit = share if limit is None else min(limit, share)
         if used not in instances:
             instances[used] = get_solver(used)
