@@ -1,4 +1,4 @@
-"""`fast`: a deterministic construction + local search for one layer, in milliseconds.
+"""`fast`: a deterministic construction + local search for one layer, in tens of milliseconds.
 
 Model: the even split (SOLVER-NOTES.md), exactly `S = P/G` slots per GPU, never two replicas of
 one expert on one GPU. With several windows it plans on their summed loads and reports the
@@ -19,6 +19,7 @@ problem's window objective.
    replica of an expert on `g` to another expert (re-split); give an expert on `g` one more
    replica in place of a replica of another expert elsewhere; when none helps, swap two slots of
    `g` for two slots of another GPU (up to 12 slots per GPU). Vectorised with numpy.
+   It runs on the start (which narrows step 2's range) and again on the best plan after step 2.
 
 Migration-aware mode (`problem.current` given): starts from the current plan and keeps its slot
 positions; only moves (step 3) that lower `busiest load + move_cost_weight * moved slots` are
