@@ -112,7 +112,7 @@ def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
 # With a deadline, an exact solver (cpsat) gets a limit its wall-clock safety margin still fits in:
 # CP-SAT stops at EXACT_WALL_FACTOR x its limit + 5 s, and building the model takes time too.
 EXACT_WALL_FACTOR = 4.0
-EXACT_OVERHEAD_S = 7.0
+EXACT_OVERHEAD_S = 10.0
 MIN_EXACT_LIMIT_S = 0.1
 
 
