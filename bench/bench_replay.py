@@ -123,9 +123,9 @@ def plot(path: str, runs: list[tuple[dict, dict[str, ReplayResult]]]) -> None:
             axes[row, 1].plot(r.cumulative_time_s(), label=name, lw=1)
             for step in r.rebalance_steps if name == "periodic-eplb" else ():
                 axes[row, 0].axvline(step, color="grey", lw=0.5, ls=":")
-        axes[row, 0].set(title=f"{summary['scenario']}: balancedness (50-step mean)", xlabel="step",
-                         ylabel="mean / max GPU load")
-        axes[row, 1].set(title=f"{summary['scenario']}: cumulative time", xlabel="step", ylabel="seconds")
+        name = f"{summary['scenario']} seed {summary['trace']['seed']}"
+        axes[row, 0].set(title=f"{name}: balancedness (50-step mean)", xlabel="step", ylabel="mean / max GPU load")
+        axes[row, 1].set(title=f"{name}: cumulative time", xlabel="step", ylabel="seconds")
         axes[row, 0].legend(fontsize=7)
         axes[row, 1].legend(fontsize=7)
     fig.tight_layout()
