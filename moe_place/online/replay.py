@@ -87,9 +87,11 @@ class ReplayResult:
             "mean_balancedness": float(self.balancedness.mean()) if self.steps else 0.0,
         }
         if per_step:
+            decided = set(self.rebalance_steps)
             out["per_step"] = [
                 {"step": i, "expert_time_s": float(self.expert_time_s[i]), "balancedness": float(self.balancedness[i]),
-                 "bytes_moved": int(self.bytes_moved[i]), "copy_time_s": float(self.copy_time_s[i])}
+                 "rebalance": i in decided, "bytes_moved": int(self.bytes_moved[i]),
+                 "copy_time_s": float(self.copy_time_s[i])}
                 for i in range(self.steps)]
         return out
 
