@@ -49,5 +49,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=1))
     else:
         for key, value in summary.items():
-            print(f"{key:<22} {value}")
+            print(f"{key:<25} {value}")
     return 0
