@@ -114,6 +114,7 @@ def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
 EXACT_WALL_FACTOR = 4.0
 EXACT_OVERHEAD_S = 10.0
 MIN_EXACT_LIMIT_S = 0.1
+QUICK_PREPARE_S = 0.05  # below this many seconds per layer, `prepare` skips the costlier bounds
 
 
 def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit: float | None,
@@ -130,7 +131,9 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit:
     if name not in instances:
         instances[name] = get_solver(name)
         if hasattr(instances[name], "prepare"):  # optional hook: vectorised work for a run of layers
-            instances[name].prepare(problem, layers if solvers is None else prepare_layers or layers)
+            run = layers if solvers is None else prepare_layers or layers
+            tight = deadline is not None and (deadline - time.monotonic()) / len(run) < QUICK_PREPARE_S
+            instances[name].prepare(problem, run, quick=tight)
     for position, layer in enumerate(layers):
         used, layer_limit = name, limit
         if deadline is not None:

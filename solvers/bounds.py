@@ -291,14 +291,18 @@ def windows_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int, obj
     return bound
 
 
-def model_lower_bounds(problem: PlacementProblem) -> np.ndarray:
-    """float64 `[layers]`: `window_lower_bound` of every layer, computed in one vectorised pass."""
+def model_lower_bounds(problem: PlacementProblem, quick: bool = False) -> np.ndarray:
+    """float64 `[layers]`: `window_lower_bound` of every layer, computed in one vectorised pass.
+
+    quick: bounds 1-2 only (milliseconds for a whole model; bound 3 can take a second at EP144).
+    """
     windows, layers, experts = problem.loads.shape
     per_window = lower_bounds(problem.loads.reshape(windows * layers, experts), problem.num_gpus,
-                              problem.num_physical).reshape(windows, layers)
+                              problem.num_physical, pigeonhole=not quick).reshape(windows, layers)
     out = np.array([aggregate(per_window[:, i], problem.window_objective, problem.quantile) for i in range(layers)])
     if problem.window_objective in ("max", "mean") and windows > 1:
-        out = np.maximum(out, lower_bounds(problem.loads.mean(axis=0), problem.num_gpus, problem.num_physical))
+        out = np.maximum(out, lower_bounds(problem.loads.mean(axis=0), problem.num_gpus, problem.num_physical,
+                                           pigeonhole=not quick))
     return out
 
 

@@ -489,8 +489,9 @@ class FastSolver:
         self._problem: PlacementProblem | None = None
         self._prepared: dict[int, tuple[np.ndarray | None, float]] = {}
 
-    def prepare(self, problem: PlacementProblem, layers: list[int]) -> None:
-        """Precompute EPLB's plans and the window lower bounds of `layers` of `problem`."""
+    def prepare(self, problem: PlacementProblem, layers: list[int], quick: bool = False) -> None:
+        """Precompute EPLB's plans and the window lower bounds of `layers` of `problem`
+        (`quick`: only the bounds that cost milliseconds, for tight time limits)."""
         from moe_place.problem import PlacementProblem as Problem
         from moe_place.solvers.bounds import model_lower_bounds
         from moe_place.solvers.eplb import eplb_rebalance
@@ -502,7 +503,7 @@ class FastSolver:
             return
         sub = Problem(problem.loads[:, todo, :], problem.num_gpus, problem.num_physical, problem.num_nodes,
                       problem.num_groups, window_objective=problem.window_objective, quantile=problem.quantile)
-        bounds = model_lower_bounds(sub)
+        bounds = model_lower_bounds(sub, quick)
         rows = None
         if problem.current is None:
             rows = eplb_rebalance(sub.planning_loads(), problem.num_physical, problem.num_groups or 1,

@@ -266,3 +266,18 @@ def test_even_split_bound_is_not_used_for_other_splits():
     assert optimal.lower_bound <= 9.0 + 1e-9
     assert layer_figures(plan, loads, 2, "even").lower_bound == pytest.approx(12.0, rel=1e-6)
     assert layer_figures(plan, loads, 2, "local").lower_bound <= layer_figures(plan, loads, 2, "local").max_gpu_load
+
+
+def test_tiny_time_limit_still_plans_every_layer():
+    rng = np.random.default_rng(8)
+    loads = np.round(rng.lognormal(0, 1.0, (5, 16)) * 100)
+    problem = PlacementProblem(loads, 4, 24)
+    anytime = solve(problem, "fast", time_limit_s=1e-3)
+    eplb = solve(problem, "eplb")
+    assert anytime.placement.num_layers == 5 and not anytime.placement.allow_colocated
+    for quick, baseline in zip(anytime.layers, eplb.layers):
+        assert quick.lower_bound <= quick.objective
+        if not baseline.detail.get("colocated"):
+            assert quick.objective <= baseline.objective * (1 + 1e-12)  # the construction starts from eplb
+    cp = solve(problem, "cpsat", time_limit_s=1e-3) if "cpsat" in solver_names() else anytime
+    assert all(layer.detail["solver"] == "fast" for layer in cp.layers)  # no time for cpsat: fast's fallback
