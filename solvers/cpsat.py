@@ -23,6 +23,10 @@ Model (`build_model`), chosen so that no product of variables appears:
   next (off in migration mode, where GPUs are told apart by their current contents). On five
   tiny cases this proved optimality 4-190x faster (deterministic time) than ordering GPUs by load.
 - The known lower bound (`bounds.window_lower_bound`) and the hint's value bound the objective.
+- Search order: like a branch-and-bound, hottest expert first, its state, then its GPUs
+  (`FIXED_SEARCH` on that decision strategy). On tiny cases this proved optimality 2-6x faster
+  than CP-SAT's default single-worker search; on 16 experts x 8 GPUs x 3 slots it found better
+  plans on 2 of 6 random layers and a worse one on 1 (5 s each, neither proves there).
 - Migration mode (a current placement): a GPU keeps the experts it holds now for free; every
   other slot is a moved slot. `moved = P - sum_g sum_{e held by g now} x[e, g]` is linear; the
   objective adds `move_cost_weight * moved` and `max_moved_slots` caps it. Kept experts stay in
@@ -330,6 +334,13 @@ def build_model(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
         lex_equal = _break_gpu_symmetry(model, x, instance, symmetry)
         model.minimize(load_objective)
 
+    # Search like a branch-and-bound: hottest expert first, its state (fewest replicas first),
+    # then the GPUs that hold it (lowest GPU first, "holds" tried first: fits the lex order).
+    strategy = []
+    for e in _expert_order(instance):
+        strategy += state_used[e] + x[e]
+    model.add_decision_strategy(strategy, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
+
     layer_model = LayerModel(instance, model, states, z, x, state_used, window_max, moved, scale, exact_scale,
                              divisor, lex_equal)
     _add_hint(layer_model, hint)
@@ -437,6 +448,7 @@ def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
     params = solver.parameters
     params.num_workers = num_workers
     params.interleave_search = num_workers > 1  # deterministic parallel search when several workers
+    params.search_branching = cp_model.FIXED_SEARCH  # follow the model's decision strategy
     params.random_seed = int(seed)
     params.max_deterministic_time = float(time_limit_s)
     params.max_time_in_seconds = WALL_SAFETY_FACTOR * float(time_limit_s) + 10.0 if wall_limit_s is None \
