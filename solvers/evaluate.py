@@ -6,7 +6,10 @@ Split policies (how an expert's dispatches are shared by its replicas, see the g
   (each GPU sends `w[e] / G` of expert `e`); a token whose own GPU holds a replica of `e` uses
   it (split evenly if that GPU holds several), otherwise it is split evenly over all `logcnt[e]`
   replicas. GPU `g` thus serves `w[e]/G * ([g holds e] + c[e,g] * (G - h[e]) / logcnt[e])`,
-  with `c[e,g]` replicas of `e` on `g` and `h[e]` GPUs holding `e`.
+  with `c[e,g]` replicas of `e` on `g` and `h[e]` GPUs holding `e`. Note what this model implies:
+  when no GPU holds two replicas of one expert (`c <= 1`, `h = logcnt`), every holder serves
+  exactly `w[e] / logcnt[e]`, the even split; local dispatch only shifts load when sources are
+  uneven (not visible in count-level traces) or replicas are co-located (EPLB plans).
 - `optimal`: the per-batch split that minimises the busiest GPU (a linear program per layer and
   window, solved with OR-Tools GLOP): choose `x[p] >= 0` per slot with
   `sum_{p holds e} x[p] = w[e]`, minimise `max_g sum_{p on g} x[p]`.

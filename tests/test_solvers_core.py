@@ -197,7 +197,11 @@ def test_evaluate_splits():
     assert local.sum() == pytest.approx(loads.sum())
     best = optimal_gpu_loads(phy2log, loads, 3)[0]
     assert best == pytest.approx(16 / 3)  # expert 0 can move its load off GPU 0: (8+4+2+2)/3
-    # local differs from even when a remote token spreads over replicas
+    # local differs from even only with co-located replicas: expert 0 twice on GPU 0, once on GPU 1
+    colocated = np.array([0, 0, 0, 1])
+    assert even_gpu_loads(colocated, np.array([6.0, 3.0]), 2)[0].tolist() == pytest.approx([4, 5])
+    # each GPU keeps its own 3 of expert 0; expert 1 only on GPU 1: all of it there
+    assert local_gpu_loads(colocated, np.array([6.0, 3.0]), 2)[0].tolist() == pytest.approx([3, 6])
     phy2log = np.array([0, 1, 0, 2])  # 2 GPUs, expert 0 on both, 1 on GPU 0, 2 on GPU 1
     loads = np.array([[4.0, 6.0, 2.0]])
     assert local_gpu_loads(phy2log, loads, 2)[0].tolist() == pytest.approx([2 + 6, 2 + 2])

@@ -57,6 +57,8 @@ def test_split_policies_conserve_load_and_optimal_is_best(case, seed):
     local = local_gpu_loads(phy2log, loads, gpus)[0]
     assert even.sum() == np.float64(even.sum()) and abs(even.sum() - loads.sum()) <= 1e-9 * max(1, loads.sum())
     assert abs(local.sum() - loads.sum()) <= 1e-9 * max(1, loads.sum())
+    # with tokens spread evenly over their source GPUs and no co-located replicas, local == even
+    assert np.allclose(local, even, rtol=1e-12, atol=1e-9)
     best = optimal_gpu_loads(phy2log, loads, gpus)[0]
     scale = max(1.0, loads.sum())
     assert best <= even.max() + 1e-7 * scale and best <= local.max() + 1e-7 * scale
