@@ -18,7 +18,9 @@ problem's window objective.
    `(max load, number of GPUs at the max)`: swap a slot of `g` with a slot elsewhere; move a
    replica of an expert on `g` to another expert (re-split); give an expert on `g` one more
    replica in place of a replica of another expert elsewhere; when none helps, swap two slots of
-   `g` for two slots of another GPU (up to 12 slots per GPU). Vectorised with numpy.
+   `g` for two slots of another GPU (up to 12 slots per GPU); then re-split the slots of `g`
+   and two light GPUs among the three in the best of all ways (up to 4 slots per GPU).
+   Vectorised with numpy.
    It runs on the start (which narrows step 2's range) and again on the best plan after step 2.
 
 Migration-aware mode (`problem.current` given): starts from the current plan and keeps its slot
@@ -31,7 +33,9 @@ search short (it then returns the best plan so far).
 
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
 import time
 from typing import ClassVar
 
@@ -43,6 +47,8 @@ from moe_place.solvers.bounds import apportion, layer_lower_bound
 from moe_place.solvers.evaluate import window_objective
 
 _TOL = 1e-12  # relative tolerance of load comparisons
+REPACK_MAX_SLOTS = 4  # exact three-GPU re-splits only up to this many slots per GPU (5775 ways at 4)
+REPACK_PARTNERS = 8  # the busiest GPU is re-split with pairs of the lightest this many GPUs
 PAIR_SWAP_MAX_SLOTS = 12  # two-for-two swaps only up to this many slots per GPU (their count grows as S**4)
 STOP_GAP = 1e-4  # a plan this close to the lower bound is good enough (auto mode hands the rest to cpsat)
 
@@ -258,6 +264,14 @@ def local_search(loads: np.ndarray, table: np.ndarray, bound: float, current: np
             a, b = state.table[g, i], state.table[h, j]
             state.set_slot(g, i, b)
             state.set_slot(h, j, a)
+        elif kind == "repack":
+            gpus, groups = args
+            for gpu, group in zip(gpus, groups):
+                for i, expert in enumerate(group):
+                    state.set_slot(gpu, i, expert)
+            # set_slot moves counts one slot at a time; recount the three GPUs exactly
+            for gpu in gpus:
+                state.count[gpu] = np.bincount(state.table[gpu], minlength=state.w.size)
         elif kind == "swap2":
             i1, i2, h, j1, j2 = args
             a1, a2, b1, b2 = state.table[g, i1], state.table[g, i2], state.table[h, j1], state.table[h, j2]
@@ -358,9 +372,12 @@ def _best_move_inner(state: _State, g: int, top: float, tol: float, current: np.
         if best is None or value < best[0]:
             best = (value, kind, index, d)
     if best is None:
+        move = None
         if current is None and 2 <= S <= PAIR_SWAP_MAX_SLOTS:
-            return _best_pair_swap(state, g, top, tol)
-        return None
+            move = _best_pair_swap(state, g, top, tol)
+        if move is None and current is None and 2 <= S <= REPACK_MAX_SLOTS and G >= 3:
+            move = _best_triple_repack(state, g, top, tol)
+        return move
     _, kind, index, d = best
     if kind == "swap":
         i, h, j = index
@@ -393,6 +410,54 @@ def _best_pair_swap(state: _State, g: int, top: float, tol: float):
         return None
     p, h, q = np.unravel_index(flat, score.shape)
     return "swap2", (int(first[p]), int(second[p]), int(h), int(first[q]), int(second[q])), 0
+
+
+@functools.lru_cache(maxsize=8)
+def _three_way_partitions(slots: int) -> np.ndarray:
+    """int8 `[M, 3*slots]`: every split of 3*slots items into 3 unordered groups of `slots`."""
+    out: list[list[int]] = []
+
+    def split(items: list[int], groups: list[tuple[int, ...]]) -> None:
+        if not items:
+            label = [0] * (3 * slots)
+            for j, group in enumerate(groups):
+                for item in group:
+                    label[item] = j
+            out.append(label)
+            return
+        first, rest = items[0], items[1:]
+        for others in itertools.combinations(rest, slots - 1):
+            split([x for x in rest if x not in others], groups + [(first, *others)])
+
+    split(list(range(3 * slots)), [])
+    return np.array(out, dtype=np.int8)
+
+
+def _best_triple_repack(state: _State, g: int, top: float, tol: float):
+    """Re-split the slots of the busiest GPU `g` and two light GPUs among the three, exactly
+    (all ways; at most 5775 for 4 slots), keeping replica counts. The last-resort move."""
+    table, share, load = state.table, state.share, state.load
+    G, S = table.shape
+    labels = _three_way_partitions(S)                                   # [M, 3S]
+    light = [int(h) for h in np.argsort(load, kind="stable") if h != g][:REPACK_PARTNERS]
+    triples = list(itertools.combinations(light, 2))
+    gpus = np.array([(g, a, b) for a, b in triples])                    # [T, 3]
+    experts = table[gpus].reshape(len(triples), 3 * S)                  # [T, 3S]
+    sizes = share[experts]
+    masks = [(labels == j).astype(np.float64) for j in range(3)]
+    bins = np.stack([m @ sizes.T for m in masks])                       # [3, M, T]
+    worst = bins.max(axis=0)                                            # [M, T]
+    if (np.bincount(table.ravel(), minlength=share.size) > 1).any():    # replicas: no two on one GPU
+        same = experts[:, :, None] == experts[:, None, :]               # [T, 3S, 3S]
+        upper = np.triu(np.ones((3 * S, 3 * S), dtype=bool), k=1)
+        together = (labels[:, :, None] == labels[:, None, :]) & upper   # [M, 3S, 3S]
+        clash = together.reshape(len(labels), -1).astype(np.float64) @ (same & upper).reshape(len(triples), -1).T.astype(np.float64)
+        worst = np.where(clash > 0, np.inf, worst)
+    flat = int(np.argmin(worst))
+    if not worst.flat[flat] < top - tol:
+        return None
+    m, t = np.unravel_index(flat, worst.shape)
+    return "repack", (gpus[t].tolist(), [experts[t][labels[m] == j].tolist() for j in range(3)]), 0
 
 
 def _collect(candidates: list, kind: str, score: np.ndarray, ok: np.ndarray, delta: np.ndarray | None) -> None:
