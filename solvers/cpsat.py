@@ -23,10 +23,14 @@ Model (`build_model`), chosen so that no product of variables appears:
   next (off in migration mode, where GPUs are told apart by their current contents). On five
   tiny cases this proved optimality 4-190x faster (deterministic time) than ordering GPUs by load.
 - The known lower bound (`bounds.window_lower_bound`) and the hint's value bound the objective.
-- Search order: like a branch-and-bound, hottest expert first, its state, then its GPUs
-  (`FIXED_SEARCH` on that decision strategy). On tiny cases this proved optimality 2-6x faster
-  than CP-SAT's default single-worker search; on 16 experts x 8 GPUs x 3 slots it found better
-  plans on 2 of 6 random layers and a worse one on 1 (5 s each, neither proves there).
+- Room (`room=True`): per window, the GPUs' load variables add up to at least the experts'
+  loads (`share * low` per chosen state), so bound propagation sees, as a branch-and-bound
+  would, when the load not yet placed cannot fit below the objective on the GPUs with room.
+- Search order (`fixed_search=True`): hottest expert first, its state, then its GPUs
+  (`FIXED_SEARCH` on that decision strategy).
+  Measured (5 deterministic s each, 11 instances up to 16 experts x 8 GPUs x 3 slots): room +
+  fixed search proved 5 optimal and gave the best plan on 9; without them 3 proofs, and on 16
+  experts x 8 GPUs plans 0.3-2% worse (fast's plan was improved on 5 of 6 random layers).
 - Migration mode (a current placement): a GPU keeps the experts it holds now for free; every
   other slot is a moved slot. `moved = P - sum_g sum_{e held by g now} x[e, g]` is linear; the
   objective adds `move_cost_weight * moved` and `max_moved_slots` caps it. Kept experts stay in
@@ -242,6 +246,7 @@ class LayerModel:
     z: list[list[list[cp_model.IntVar]]]   # [e][s][g]: g holds e, e in state s
     x: list[list[cp_model.IntVar]]         # [e][g]: g holds e
     state_used: list[list[cp_model.IntVar]]  # [e][s]: e is in state s
+    load: list[list[cp_model.IntVar]]      # [t][g]: scaled load of GPU g in window t
     window_max: list[cp_model.IntVar]      # [t] (one shared variable for the max objective)
     moved: cp_model.LinearExpr | None      # moved slots (migration mode)
     scale: float
@@ -252,7 +257,8 @@ class LayerModel:
 
 
 def build_model(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
-                max_state_literals: int = MAX_STATE_LITERALS, symmetry: str = "lex") -> LayerModel:
+                max_state_literals: int = MAX_STATE_LITERALS, symmetry: str = "lex", room: bool = True,
+                fixed_search: bool = True) -> LayerModel:
     """The CP-SAT model of one layer (module docstring), hinted with the plan `hint` `[P]`.
 
     hint: a plan allowed by `instance` (its true cost bounds the search from above).
@@ -296,6 +302,17 @@ def build_model(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
     load = [[sum(int(states[e][s].share[t]) * z[e][s][g] for e in range(E) for s in range(len(states[e])))
              for g in range(G)] for t in range(windows)]
     top = int(math.floor(upper * scale)) + S  # above any model load of a plan no worse than the hint
+    # Room: the GPUs' loads add up to the experts' loads (each expert's shares times its count,
+    # at least `share * low` in its state). As a linear constraint on bounded load variables it
+    # lets propagation see when the load not yet placed cannot fit below the objective.
+    load_var = [[model.new_int_var(0, top * windows, f"load_t{t}_g{g}") for g in range(G)] for t in range(windows)]
+    for t in range(windows):
+        for g in range(G):
+            model.add(load_var[t][g] == load[t][g])
+        if room:
+            model.add(sum(load_var[t]) >= sum(int(states[e][s].share[t]) * states[e][s].low * state_used[e][s]
+                                              for e in range(E) for s in range(len(states[e]))))
+    load = load_var
     floor_bound = max(0, int(math.floor(lower_bound * scale)))  # never above scale x true optimum
     if instance.objective == "mean":
         # window_max[t]: the busiest GPU of window t; their mean is the objective.
@@ -336,13 +353,14 @@ def build_model(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
 
     # Search like a branch-and-bound: hottest expert first, its state (fewest replicas first),
     # then the GPUs that hold it (lowest GPU first, "holds" tried first: fits the lex order).
-    strategy = []
-    for e in _expert_order(instance):
-        strategy += state_used[e] + x[e]
-    model.add_decision_strategy(strategy, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
+    if fixed_search:
+        strategy = []
+        for e in _expert_order(instance):
+            strategy += state_used[e] + x[e]
+        model.add_decision_strategy(strategy, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
 
-    layer_model = LayerModel(instance, model, states, z, x, state_used, window_max, moved, scale, exact_scale,
-                             divisor, lex_equal)
+    layer_model = LayerModel(instance, model, states, z, x, state_used, load_var, window_max, moved, scale,
+                             exact_scale, divisor, lex_equal)
     _add_hint(layer_model, hint)
     layer_model.detail.update(scale=scale, exact_scale=exact_scale, exact_counts=exact_counts,
                               num_states=sum(len(st) for st in states))
@@ -410,7 +428,11 @@ def _add_hint(layer_model: LayerModel, hint: np.ndarray) -> None:
         for g in range(G):
             layer_model.model.add_hint(layer_model.x[e][g], bool(holds[g, e]))
     shares = np.array([layer_model.states[e][state_of[e]].share for e in range(E)]).T  # [windows, E]
-    window_loads = shares[:, table].sum(axis=2).max(axis=1)  # [windows]: model busiest load per window
+    gpu_loads = shares[:, table].sum(axis=2)  # [windows, G]: model loads of the (reordered) hint
+    window_loads = gpu_loads.max(axis=1)      # [windows]: model busiest load per window
+    for t, row in enumerate(layer_model.load):
+        for g, var in enumerate(row):
+            layer_model.model.add_hint(var, int(gpu_loads[t, g]))
     if len(layer_model.window_max) == 1:
         layer_model.model.add_hint(layer_model.window_max[0], int(window_loads.max()))
     else:
@@ -448,7 +470,8 @@ def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
     params = solver.parameters
     params.num_workers = num_workers
     params.interleave_search = num_workers > 1  # deterministic parallel search when several workers
-    params.search_branching = cp_model.FIXED_SEARCH  # follow the model's decision strategy
+    if layer_model.model.proto.search_strategy:
+        params.search_branching = cp_model.FIXED_SEARCH  # follow the model's decision strategy
     params.random_seed = int(seed)
     params.max_deterministic_time = float(time_limit_s)
     params.max_time_in_seconds = WALL_SAFETY_FACTOR * float(time_limit_s) + 10.0 if wall_limit_s is None \
@@ -464,10 +487,9 @@ def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
         plan = _read_plan(layer_model, solver)
         objective = solver.objective_value / layer_model.divisor
     bound = solver.best_objective_bound / layer_model.divisor * (1 - 1e-12) if status != cp_model.INFEASIBLE else math.inf
-    # The wall-clock safety stopped the search if it ended early in deterministic time, unproved.
+    # Unproved and short of its deterministic limit: only the wall clock can have stopped it.
     dtime = solver.deterministic_time
-    wall_limit_hit = status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and dtime < 0.99 * time_limit_s \
-        and wall >= 0.99 * params.max_time_in_seconds
+    wall_limit_hit = status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and dtime < 0.99 * time_limit_s
     return ModelResult(plan, name, objective, bound, dtime, wall, wall_limit_hit, solver.num_branches,
                        solver.num_conflicts)
 
