@@ -83,6 +83,25 @@ def test_memory_budget_sets_slots(tiny_trace, tmp_path, capsys):
     assert json.loads(out.read_text())["num_physical_experts"] == 24  # 10 // 3 = 3 slots per GPU
 
 
+def test_memory_budget_reports_per_layer_slots_within_budget(tmp_path, capsys):
+    # layer 0 is very skewed (replicas pay), layer 1 is uniform (they do not)
+    path = tmp_path / "skew.npz"
+    counts = np.array([[[3000, 3000, 3000, 100, 100, 100, 100, 100], [500] * 8]])
+    np.savez(path, format_version=1, num_experts=8, top_k=1, counts=counts)
+    out = tmp_path / "b.json"
+    budget = 6 * 100  # 6 copies per GPU for 2 layers: 3 each if spread evenly
+    assert main(["plan", str(path), "--gpus", "4", "--expert-memory-budget", str(budget), "--expert-bytes", "100",
+                 "--out", str(out), "--no-progress"]) == 0
+    plan = json.loads(out.read_text())["report"]["budget"]
+    assert sum(plan["slots_per_gpu"]) * 100 <= budget
+    assert plan["slots_per_gpu"][0] > plan["slots_per_gpu"][1]  # memory goes to the skewed layer
+    assert plan["total_max_load"] < plan["even_total_max_load"]
+    assert [len(row) for row in plan["phy2log"]] == [4 * s for s in plan["slots_per_gpu"]]
+    for row in plan["phy2log"]:
+        assert set(row) == set(range(8))
+    assert "budget mode" in capsys.readouterr().err
+
+
 def test_evaluate_out_of_sample_and_windows(two_layer_trace, tmp_path, capsys):
     path, counts = two_layer_trace
     out = tmp_path / "p.json"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import layer_selection, non_negative_int, positive_float, positive_int
+from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_int, positive_float, positive_int,
+                                   trace_load_options)
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
 
@@ -13,6 +14,7 @@ HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, e
 def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `plan` and `compare`: the trace and the machine."""
     parser.add_argument("trace", metavar="TRACE", help="routing trace file (.npz, SGLang/vLLM dump, CSV/JSON counts)")
+    add_trace_options(parser)
     parser.add_argument("--gpus", type=positive_int, required=True, metavar="G", help="EP size over all nodes")
     parser.add_argument("--nodes", type=positive_int, default=1, metavar="N", help="nodes (divides G; default 1)")
     parser.add_argument("--groups", type=positive_int, metavar="K",
@@ -50,21 +52,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def build_problem(args: argparse.Namespace, current=None):
-    """(PlacementProblem, trace, options dict) from the shared options; InputError on bad values."""
+def build_problem(args: argparse.Namespace, current_plan=None):
+    """(PlacementProblem, trace, options dict) from the shared options; InputError on bad values.
+
+    current_plan: the plan file in use now (`--current`), restricted here to the planned layers.
+    """
     import numpy as np
 
     from moe_place.errors import InputError
     from moe_place.problem import PlacementProblem
     from moe_place.traces.load import load_trace
 
-    trace = load_trace(args.trace)
+    trace = load_trace(args.trace, **trace_load_options(args))
     if args.layers is not None:
-        positions = {layer_id: pos for pos, layer_id in enumerate(trace.meta.layer_ids)}
-        missing = [layer for layer in args.layers if layer not in positions]
-        if missing:
-            raise InputError("--layers", f"layer ids of the trace {list(trace.meta.layer_ids)[:8]}...", missing[0])
-        trace = trace.select_layers([positions[layer] for layer in args.layers])
+        trace = trace.select_layer_ids(args.layers)
+    current = None if current_plan is None else _current_for(current_plan, trace.meta.layer_ids, args.current)
     steps = trace.step_counts()
     if args.windows is None:
         loads = trace.total_counts()[None].astype(np.float64)
@@ -137,16 +139,25 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--max-moved-slots/--move-cost", "--current PLAN as well")
     if args.move_cost < 0:
         raise InputError("--move-cost", "a value >= 0", args.move_cost)
-    current = None
-    if args.current is not None:
-        current = _current_for(read_plan(args.current), args)
-    problem, trace, options = build_problem(args, current)
+    current_plan = read_plan(args.current) if args.current is not None else None
+    problem, trace, options = build_problem(args, current_plan)
+    current = problem.current
     solution = solve(problem, args.solver, args.time_limit, args.jobs, progress=not args.no_progress)
     rows = report_rows(problem, solution, args.split)
     report = {"solver": args.solver, "status": solution.status, "wall_s": round(solution.wall_s, 6),
               "split": args.split, "layers": rows}
     if current is not None:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
+    if args.expert_memory_budget is not None:
+        from moe_place.solvers.budget import allocate_budget
+
+        budget = allocate_budget(problem.planning_loads(), problem.num_gpus, args.expert_bytes,
+                                 args.expert_memory_budget)
+        report["budget"] = budget.to_dict()
+        print(f"budget mode: per-layer slots per GPU {_slot_summary(budget.slots_per_gpu)} instead of "
+              f"{budget.even_slots_per_gpu} on every layer: summed busiest-GPU load {budget.total_max_load:.1f} vs "
+              f"{budget.even_total_max_load:.1f} ({budget.gain:.1%} less); per-layer plans in report.budget",
+              file=sys.stderr)
     inputs = {"trace": str(args.trace), "trace_sha256": file_sha256(args.trace),
               "options": {**options, "solver": args.solver, "current": args.current,
                           "max_moved_slots": args.max_moved_slots, "move_cost": args.move_cost},
@@ -159,20 +170,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _current_for(plan, args: argparse.Namespace):
-    """The current plan's placement restricted to the layers being planned (same order)."""
+def _current_for(plan, layer_ids, path: str):
+    """The current plan's placement restricted to the planned layers `layer_ids` (same order)."""
     from moe_place.errors import InputError
     from moe_place.placement import Placement
-    from moe_place.traces.load import load_trace
 
-    wanted = args.layers if args.layers is not None else list(load_trace(args.trace).meta.layer_ids)
     rows = {layer_id: i for i, layer_id in enumerate(plan.layer_ids)}
-    missing = [layer for layer in wanted if layer not in rows]
+    missing = [layer for layer in layer_ids if layer not in rows]
     if missing:
-        raise InputError(f"{args.current}: layer_ids", "every planned layer", f"no layer {missing[0]}")
+        raise InputError(f"{path}: layer_ids", "every planned layer", f"no layer {missing[0]}")
     p = plan.placement
-    return Placement(p.phy2log[[rows[layer] for layer in wanted]], p.num_logical_experts, p.num_gpus, p.num_nodes,
+    return Placement(p.phy2log[[rows[layer] for layer in layer_ids]], p.num_logical_experts, p.num_gpus, p.num_nodes,
                      allow_colocated=p.allow_colocated)
+
+
+def _slot_summary(slots: tuple[int, ...]) -> str:
+    counts = {value: slots.count(value) for value in sorted(set(slots))}
+    return ", ".join(f"{n} layers at {value}" for value, n in counts.items())
 
 
 def print_report(report: dict, fmt: str, header: str = "") -> None:
