@@ -148,3 +148,30 @@ def test_controllers_never_emit_an_invalid_map_under_adversarial_loads(data):
 def test_unknown_controller_is_an_input_error():
     with pytest.raises(Exception, match="--controller"):
         make_controller("oracle", _cost(), LAYERS, EXPERTS)
+
+
+def test_move_budget_is_chosen_per_layer_by_net_gain():
+    counts = _hot_counts(200, lambda s: 0 if s < 40 else 5)
+    cost = _cost(nodes=2)
+    start = initial_placement(counts, GPUS, PHYSICAL, num_nodes=2, window=40)
+    ours = Recording(PaybackController(cost, LAYERS, EXPERTS, check_every=8, predictor=Predictor(horizon=8),
+                                       tracker=HotSpotTracker(prior_steps=200), max_moved_slots=4,
+                                       move_budgets=(4, 1, 2, 2), hysteresis=2.0))
+    assert ours.inner.move_budgets == (1, 2, 4)
+    result = replay(counts, ours, cost, start)
+    assert result.rebalances >= 1
+    for _, before, decision in ours.emitted:
+        moved = decision.placement.moved_slots(before).sum(axis=1)
+        assert (moved <= 4).all() and moved.sum() > 0
+        # whatever budget each layer took, the whole decision pays back within the expected life (hysteresis 2)
+        assert 2.0 * n_min(decision.copy_time_s, decision.predicted_saving_s) <= decision.expected_steps
+    # a single budget of one slot moves at most one slot per layer
+    one = Recording(PaybackController(cost, LAYERS, EXPERTS, check_every=8, predictor=Predictor(horizon=8),
+                                      tracker=HotSpotTracker(prior_steps=200), max_moved_slots=4, move_budgets=(1,)))
+    replay(counts, one, cost, start)
+    assert one.emitted and all((d.placement.moved_slots(b).sum(axis=1) <= 1).all() for _, b, d in one.emitted)
+
+
+def test_move_budgets_beyond_the_cap_are_an_input_error():
+    with pytest.raises(Exception, match="move_budgets"):
+        PaybackController(_cost(), LAYERS, EXPERTS, max_moved_slots=2, move_budgets=(1, 4))

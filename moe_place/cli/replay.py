@@ -36,10 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ctl.add_argument("--check-every", type=positive_int, default=16, help="ours: steps between checks (default 16)")
     ctl.add_argument("--horizon", type=positive_int, default=32, help="ours: steps the predictor looks back")
     ctl.add_argument("--predictor", choices=("last", "ema", "scenarios"), default="last")
-    ctl.add_argument("--hysteresis", type=positive_float, default=2.0,
-                     help="ours: a move must pay back within 1/H of the hot spots' expected life (default 2)")
+    ctl.add_argument("--hysteresis", type=positive_float, default=1.0,
+                     help="ours: a move must pay back within 1/H of the hot spots' expected life (default 1)")
+    ctl.add_argument("--min-saving", type=positive_float, default=0.005,
+                     help="ours: ignore a layer whose predicted saving is below this share of its time (default 0.005)")
     ctl.add_argument("--max-moved-slots", type=non_negative_int, default=2,
-                     help="ours: slot changes per layer and rebalance (default 2)")
+                     help="ours: slot changes per layer and rebalance at most; budgets 1, 2, 4, ... up to it are "
+                          "tried and each layer takes the one with the largest net gain that pays back (default 2)")
     ctl.add_argument("--max-mib", type=positive_float, default=None, help="ours: MiB copied per rebalance at most")
     ctl.add_argument("--drain-steps", type=non_negative_int, default=1,
                      help="batches in flight that finish on the old map before a switch (default 1)")
@@ -88,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         from moe_place.online.window import Predictor
 
         options = dict(check_every=args.check_every, predictor=Predictor(args.predictor, horizon=args.horizon),
-                       hysteresis=args.hysteresis, max_moved_slots=args.max_moved_slots,
+                       hysteresis=args.hysteresis, min_relative_saving=args.min_saving,
+                       max_moved_slots=args.max_moved_slots,
                        max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
     controller = make_controller(args.controller, cost, layers, experts, **options)
     start = initial_placement(counts, args.gpus, physical, args.nodes, window=args.window)
