@@ -207,6 +207,99 @@ def target_pack(loads: np.ndarray, num_gpus: int, slots: int, target: float) -> 
     return np.array(content, dtype=np.int64)
 
 
+# ---------------------------------------------------------------------- two slots per GPU
+def pair_values(values: np.ndarray, counts: np.ndarray, num_gpus: int) -> np.ndarray:
+    """float64 `[C]`: sorted-pairing value `max_i a_(i) + a_(P+1-i)` of C candidate piece sets.
+
+    values: float64 `[C, E]` piece size of each expert; counts: int `[C, E]` its number of
+    pieces (`sum = P = 2G` in every row). With 2 slots per GPU this is the least busiest load
+    of any pairing of those pieces (bounds.pairing_lp_bound, (i)), duplicates on a GPU allowed.
+    """
+    rows, experts = values.shape
+    total = 2 * num_gpus
+    order = np.argsort(values, axis=1, kind="stable")
+    sorted_values = np.take_along_axis(values, order, axis=1)
+    cum = np.cumsum(np.take_along_axis(counts, order, axis=1), axis=1)         # [C, E] ascending
+    shift = np.arange(rows)[:, None] * (total + 1)
+    ranks = np.arange(total)[None, :] + shift                                   # [C, P]
+    index = np.searchsorted((cum + shift).ravel(), ranks.ravel(), side="right").reshape(rows, total)
+    index -= np.arange(rows)[:, None] * experts
+    ascending = np.take_along_axis(sorted_values, np.minimum(index, experts - 1), axis=1)
+    return (ascending[:, :num_gpus] + ascending[:, ::-1][:, :num_gpus]).max(axis=1)
+
+
+def pair_replicas(loads: np.ndarray, replicas: np.ndarray, num_gpus: int, max_iterations: int | None = None) -> np.ndarray:
+    """int64 `[E]`: replica counts improved for the sorted-pairing value (2 slots per GPU).
+
+    Local search over counts: the bottleneck pair (largest `a_(i) + a_(P+1-i)`) has a big piece
+    of expert `b` and a small one of expert `s`; try moving one replica from any other expert to
+    `b` or to `s` (both shrink their pieces), all candidates evaluated at once by `pair_values`,
+    and take the best that lowers (value, number of pairs within 1e-12 of it). Deterministic.
+    """
+    w = np.asarray(loads, dtype=np.float64)
+    r = np.asarray(replicas, dtype=np.int64).copy()
+    experts = w.size
+    iterations = max_iterations if max_iterations is not None else 4 * (2 * num_gpus - experts) + 50
+
+    def score(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        values = w[None, :] / counts
+        top = pair_values(values, counts, num_gpus)
+        return top, values
+
+    for _ in range(iterations):
+        top, values = score(r[None])
+        pieces = np.repeat(np.arange(experts), r)
+        ascending = pieces[np.argsort(np.repeat(values[0], r), kind="stable")]
+        sums = w[ascending[:num_gpus]] / r[ascending[:num_gpus]] + w[ascending[::-1][:num_gpus]] / r[ascending[::-1][:num_gpus]]
+        i = int(np.argmax(sums))
+        ties = int((sums >= top[0] * (1 - _TOL)).sum())
+        moves = []
+        for give in {int(ascending[::-1][i]), int(ascending[i])}:
+            if r[give] >= num_gpus:
+                continue
+            take = np.flatnonzero((r > 1) & (np.arange(experts) != give))
+            if take.size == 0:
+                continue
+            cand = np.repeat(r[None], take.size, axis=0)
+            cand[:, give] += 1
+            cand[np.arange(take.size), take] -= 1
+            moves.append(cand)
+        if not moves:
+            break
+        cand = np.concatenate(moves)
+        values = w[None, :] / cand
+        tops = pair_values(values, cand, num_gpus)
+        best = int(np.argmin(tops))
+        if tops[best] < top[0] * (1 - _TOL):
+            r = cand[best]
+            continue
+        if ties > 1:  # plateau: accept a move that keeps the value and removes one tied pair
+            same = np.flatnonzero(tops <= top[0] * (1 + _TOL))
+            done = False
+            for k in same[:8]:
+                vals = np.repeat(w / cand[k], cand[k])
+                asc = np.sort(vals)
+                if int(((asc[:num_gpus] + asc[::-1][:num_gpus]) >= top[0] * (1 - _TOL)).sum()) < ties:
+                    r, done = cand[k], True
+                    break
+            if done:
+                continue
+        break
+    return r
+
+
+def pair_plan(loads: np.ndarray, replicas: np.ndarray, num_gpus: int) -> np.ndarray:
+    """int64 `[G, 2]`: sorted pairing of the pieces (largest with smallest), co-located replicas
+    swapped away by `_repair_colocation` (which may raise the busiest load; local search follows)."""
+    w = np.asarray(loads, dtype=np.float64)
+    share = w / replicas
+    pieces = np.repeat(np.arange(w.size), replicas)
+    ascending = pieces[np.argsort(share[pieces], kind="stable")]
+    table = np.stack([ascending[::-1][:num_gpus], ascending[:num_gpus]], axis=1).astype(np.int64)
+    _repair_colocation(table, share)
+    return table
+
+
 # ---------------------------------------------------------------------- local search
 class _State:
     """A layer plan under change: slots `[G, S]`, counts `[G, E]`, replicas, shares, loads."""
@@ -529,6 +622,14 @@ def fast_layer(loads: np.ndarray, num_gpus: int, num_physical: int, *, eplb_row:
         if value < best_value:
             best, best_value = packed, value
         hi = min(hi, value) if value <= target * (1 + _TOL) else min(hi, target)
+    if slots == 2 and num_physical > loads.size and not (deadline is not None and time.perf_counter() > deadline):
+        # step 2b: replica counts searched for the sorted-pairing value, from the best plan and the apportionment
+        for start_counts in (np.bincount(best.ravel(), minlength=loads.size), replicas):
+            counts = pair_replicas(loads, start_counts, num_gpus)
+            paired = pair_plan(loads, counts, num_gpus)
+            value = busiest(paired)
+            if value < best_value * (1 - _TOL):
+                best, best_value = paired, value
     best = local_search(loads, best, bound, max_iterations=max_iterations, deadline=deadline)
     return np.sort(best, axis=1).ravel()
 

@@ -64,3 +64,39 @@ def test_pairing_bound_property(case):
     lower = layer_lower_bound(loads, gpus, 2 * gpus)
     bound = pairing_lp_bound(loads, gpus, 2 * gpus, lower, 2 * optimum + 1, rel_tol=1e-6)
     assert bound <= optimum * (1 + 1e-9)
+
+
+def test_pair_values_is_the_best_pairing_of_the_pieces():
+    from itertools import permutations
+
+    from moe_place.solvers.fast import pair_values
+
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        gpus = int(rng.integers(1, 4))
+        experts = int(rng.integers(1, 2 * gpus + 1))
+        counts = np.ones(experts, dtype=np.int64)
+        for e in rng.integers(0, experts, 2 * gpus - experts):
+            counts[e] += 1
+        values = rng.random(experts) * 10
+        pieces = np.repeat(values, counts)
+        best = min(max(p[2 * i] + p[2 * i + 1] for i in range(gpus)) for p in permutations(pieces))
+        assert pair_values(values[None], counts[None], gpus)[0] == pytest.approx(best)
+
+
+def test_fast_two_slots_matches_brute_force_often_and_never_beats_it():
+    from moe_place.solvers.fast import fast_layer
+
+    rng = np.random.default_rng(5)
+    exact = 0
+    for _ in range(40):
+        loads, gpus = _random_layer(rng)
+        optimum, _ = brute_force_layer(loads, gpus, 2)
+        plan = fast_layer(loads, gpus, 2 * gpus).reshape(gpus, 2)
+        assert (plan[:, 0] != plan[:, 1]).all()
+        counts = np.bincount(plan.ravel(), minlength=loads.size)
+        assert (counts >= 1).all()
+        value = (loads / counts)[plan].sum(axis=1).max()
+        assert value >= optimum * (1 - 1e-9)
+        exact += value <= optimum * (1 + 1e-9)
+    assert exact >= 36
