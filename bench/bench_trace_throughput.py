@@ -1,9 +1,11 @@
 """Throughput of count extraction from a token-level trace file, against plain numpy.bincount.
 
 Routing decisions per second (one decision = one (token, layer, expert) id) for:
-- baseline: `np.bincount` per layer on contiguous in-memory ids `[layers, tokens * k]`
-  (no file, no validation) - the issue's reference. Note: np.bincount copies its input to
-  int64 internally, so on long rows this baseline is partly memory-bound;
+- baseline: `np.bincount` per layer on contiguous in-memory int64 ids `[layers, tokens * k]`
+  (no file, no validation) - the issue's reference, in its fastest form (bincount's own index
+  type, so it converts nothing);
+- base-int16: the same on the int16 ids as stored (np.bincount copies them to int64 first, so
+  on long rows it is partly memory-bound);
 - chunked:  the same per-layer bincount, on the same cache-sized token chunks the stream uses
   (no file, no validation): the cost of validation alone is stream vs chunked;
 - stream:   `moe_place.traces.stream.stream_npz_counts` end to end: open the uncompressed `.npz`,
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = make_ids(args.tokens, args.layers, args.experts, args.top_k, args.seed)
     decisions = ids.size
     by_layer = np.ascontiguousarray(ids.transpose(1, 0, 2)).reshape(args.layers, -1)
+    by_layer_intp = by_layer.astype(np.intp)  # bincount's own index type: no conversion inside
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.npz"
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         chunk = chunk_tokens_for(args.layers, args.top_k, args.chunk_tokens)
         counter = DispatchCounter(args.layers, args.experts, args.top_k, "ids")
         methods = {
-            "baseline": lambda: np.stack([np.bincount(row, minlength=args.experts) for row in by_layer]),
+            "baseline": lambda: np.stack([np.bincount(row, minlength=args.experts) for row in by_layer_intp]),
+            "base-int16": lambda: np.stack([np.bincount(row, minlength=args.experts) for row in by_layer]),
             "chunked": lambda: chunked_bincount(ids, args.experts, chunk),
             "stream": lambda: stream_npz_counts(path, chunk).counts[0],
             "memory": lambda: counter.count(ids, chunk),
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         tracemalloc.stop()
 
     what = {
-        "baseline": "np.bincount per layer, contiguous in memory, no validation",
+        "baseline": "np.bincount per layer, contiguous int64 in memory, no validation (the reference)",
+        "base-int16": "the same on the int16 ids (bincount converts them to int64 first)",
         "chunked": "np.bincount per layer on token chunks, in memory, no validation",
         "stream": "npz file -> chunks -> range + repeat check -> counts",
         "memory": "same validation + counting, in-memory array",

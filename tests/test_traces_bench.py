@@ -22,7 +22,7 @@ def test_bench_writes_table_and_json(tmp_path, capsys):
                        "--output-json", str(out)]) == 0
     report = json.loads(out.read_text())
     methods = [row["method"] for row in report["results"]]
-    assert methods == ["baseline", "chunked", "stream", "memory", "sorted"]
+    assert methods == ["baseline", "base-int16", "chunked", "stream", "memory", "sorted"]
     assert report["decisions"] == 3000 * 3 * 4 and report["results"][0]["ratio_vs_baseline"] == 1.0
     assert "x baseline" in capsys.readouterr().out
 
