@@ -100,3 +100,22 @@ def test_fast_two_slots_matches_brute_force_often_and_never_beats_it():
         assert value >= optimum * (1 - 1e-9)
         exact += value <= optimum * (1 + 1e-9)
     assert exact >= 36
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 12).flatmap(lambda g: st.tuples(
+    st.just(g), st.lists(st.integers(0, 1000), min_size=g + 1, max_size=2 * g))))
+def test_pair_replicas_keeps_counts_valid_and_never_worsens(case):
+    from moe_place.solvers.bounds import apportion
+    from moe_place.solvers.fast import pair_plan, pair_replicas, pair_values
+
+    gpus, raw = case
+    loads = np.array(raw, dtype=np.float64)
+    start = apportion(loads[None], 2 * gpus, cap=gpus)[0]
+    counts = pair_replicas(loads, start, gpus)
+    assert counts.sum() == 2 * gpus and counts.min() >= 1 and counts.max() <= gpus
+    value = pair_values((loads / counts)[None], counts[None], gpus)[0]
+    assert value <= pair_values((loads / start)[None], start[None], gpus)[0] * (1 + 1e-12)
+    plan = pair_plan(loads, counts, gpus)
+    assert (plan[:, 0] != plan[:, 1]).all()
+    assert (np.bincount(plan.ravel(), minlength=loads.size) == counts).all()
