@@ -36,6 +36,13 @@ the solvers optimise; `even=False` leaves it out.
      so that every big piece finds a small partner).
    All of these bound the even split only; brute force checks them on random tiny layers.
 
+4. Pairing LP bound, 2 slots per GPU only (`pairing_lp_bound`, proof in its docstring): the
+   sorted pairing is the best pairing of fixed pieces, Hall's condition on partner limits turns
+   "some replica counts pair up under `T`" into prefix-sum constraints over one-hot count
+   choices, and an infeasible LP relaxation proves `T` infeasible. ~0.5 s a layer at EP144, so
+   it is not part of `lower_bounds` (bench_scale.py uses it); it lifted the certified bound of
+   the synthetic DeepSeek-V3 layers at EP144 by ~2% (bounds 1-3 were the weak side there).
+
 Several windows (`[windows, E]`): the objective is the max, mean or a quantile of per-window
 busiest loads; each window's load is at least its own bound, and max, mean and quantiles are
 monotone, so the same aggregate of per-window bounds is a bound. For max and mean also
