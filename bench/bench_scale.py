@@ -9,7 +9,7 @@ DeepSeek-R1 figures), summed over its steps. For EP32 (9 slots per GPU) and EP14
 - `auto`: fast, then CP-SAT on the layers with a gap, total budget `--auto-time`.
 Reported: wall seconds of the whole model and the gap to the best certified lower bound (mean
 and worst layer), plus busiest GPU / bound. With 2 slots per GPU (EP144) the bound includes
-bound 4 (`bounds.pairing_lp_bound`, an LP over replica counts, ~0.5 s a layer, not part of any
+bound 4 (`bounds.pairing_lp_bound`, an LP over replica counts, ~0.05 s a layer, not part of any
 plan's time); the row `best vs b1-3` shows the best plan against bounds 1-3 alone (the bound
 before bound 4; its wall_s is bound 4's time). Targets (issue 4): whole model <= 10 s with gap
 <= 1%, an anytime plan <= 1 s.
@@ -79,7 +79,7 @@ def run_ep(loads: np.ndarray, gpus: int, jobs: int, anytime: float, auto_time: f
         certified = np.array([s.lower_bound for s in solution.layers])
         bound = np.maximum(bound, certified)
         results[(label, workers)] = (solution, wall)
-    if pairing and NUM_PHYSICAL == 2 * gpus:  # bound 4: certified, but ~0.5 s a layer (not in the plan's time)
+    if pairing and NUM_PHYSICAL == 2 * gpus:  # bound 4: certified, ~0.05 s a layer
         upper = np.minimum.reduce([busiest(phy2log, loads, gpus)]
                                   + [busiest(s.placement.phy2log, loads, gpus) for s, _ in results.values()])
         before = bound.copy()
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auto-time", type=float, default=10.0, help="budget of the auto run (0: skip; default 10)")
     parser.add_argument("--steps", type=int, default=32, help="steps of the synthetic trace (default 32)")
     parser.add_argument("--no-pairing-bound", action="store_true",
-                        help="skip bound 4 (the pairing LP bound for 2 slots per GPU, ~0.5 s a layer)")
+                        help="skip bound 4 (the pairing LP bound for 2 slots per GPU, ~0.05 s a layer)")
     parser.add_argument("--output-json", metavar="FILE")
     args = parser.parse_args(argv)
     trace = deepseek_r1_like(num_steps=args.steps)
