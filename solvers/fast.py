@@ -30,6 +30,11 @@ problem's window objective.
    Vectorised with numpy.
    It runs on the start (which narrows step 2's range) and again on the best plan after step 2.
 
+Reported lower bound: the problem's window bound (bounds 1-3 of moe_place.solvers.bounds,
+computed for all layers at once by `prepare`); for 2-slot layers with one window whose plan is
+above it, also bound 4 (`bounds.pairing_lp_bound`, 3-6 small LPs, ~0.05 s a layer at EP144),
+unless a time limit leaves the layer less than 0.1 s (the 1 s anytime path skips it).
+
 Migration-aware mode (`problem.current` given): starts from the current plan and keeps its slot
 positions; only moves (step 3) that lower `busiest load + move_cost_weight * moved slots` are
 taken, never past `max_moved_slots`. Unmoved experts keep their slots.
@@ -59,6 +64,7 @@ REPACK_PARTNERS = 8  # the busiest GPU is re-split with pairs of the lightest th
 PAIR_SWAP_MAX_SLOTS = 12  # two-for-two swaps only up to this many slots per GPU (their count grows as S**4)
 PAIR_GIVERS = 4  # pair_replicas gives replicas to the experts of this many heaviest pairs
 STOP_GAP = 1e-4  # a plan this close to the lower bound is good enough (auto mode hands the rest to cpsat)
+_PAIRING_BOUND_MIN_S = 0.1  # bound 4 is reported only when a layer has this much time left (never in anytime runs)
 
 
 # ---------------------------------------------------------------------- construction
@@ -713,6 +719,13 @@ class FastSolver:
                              move_cost=problem.move_cost_weight, max_moved=problem.max_moved_slots,
                              bound=planning_bound, deadline=deadline)
         objective = window_objective(problem, layer, phy2log)
+        if (problem.num_physical == 2 * problem.num_gpus and problem.num_windows == 1
+                and objective > window_bound * (1 + STOP_GAP)
+                and (deadline is None or deadline - time.perf_counter() > _PAIRING_BOUND_MIN_S)):
+            from moe_place.solvers.bounds import pairing_lp_bound  # bound 4: 3-6 LP tests, ~0.05 s at EP144
+
+            window_bound = max(window_bound, pairing_lp_bound(loads, problem.num_gpus, problem.num_physical,
+                                                              window_bound, objective))
         bound = min(window_bound, objective)
         status = "optimal" if objective <= bound * (1 + 1e-9) else "heuristic"
         detail = {}

@@ -119,3 +119,21 @@ def test_pair_replicas_keeps_counts_valid_and_never_worsens(case):
     plan = pair_plan(loads, counts, gpus)
     assert (plan[:, 0] != plan[:, 1]).all()
     assert (np.bincount(plan.ravel(), minlength=loads.size) == counts).all()
+
+
+def test_fast_reports_the_pairing_bound_for_two_slot_layers():
+    from moe_place.problem import PlacementProblem
+    from moe_place.solvers import solve
+
+    rng = np.random.default_rng(11)
+    lifted = 0
+    for _ in range(25):
+        gpus = int(rng.integers(2, 5))
+        experts = int(rng.integers(gpus + 1, 2 * gpus))  # some redundant slots: the count search matters
+        loads = np.round(rng.pareto(1.0, experts) * 10) + 1
+        optimum, _ = brute_force_layer(loads, gpus, 2)
+        layer = solve(PlacementProblem(loads[None], gpus, 2 * gpus), "fast", None, 1).layers[0]
+        base = layer_lower_bound(loads, gpus, 2 * gpus)
+        assert min(base, layer.objective) <= layer.lower_bound <= optimum * (1 + 1e-9), (loads, gpus)
+        lifted += layer.lower_bound > base * (1 + 1e-6)
+    assert lifted >= 1  # bound 4 is what the solution reports, not only bounds 1-3
