@@ -33,7 +33,10 @@ problem's window objective.
 Reported lower bound: the problem's window bound (bounds 1-3 of moe_place.solvers.bounds,
 computed for all layers at once by `prepare`); for 2-slot layers with one window whose plan is
 above it, also bound 4 (`bounds.pairing_lp_bound`, 3-6 small LPs, ~0.05 s a layer at EP144),
-unless a time limit leaves the layer less than 0.1 s (the 1 s anytime path skips it).
+unless a time limit leaves the layer less than 0.1 s (the 1 s anytime path skips it). Where the
+plan stays more than 1% above bound 4, up to 3 integer pairing tests (`bounds.pairing_ip`, bound
+5) at 0.9% below the plan either certify it or hand back replica counts that pair lower (the new
+plan, after local search); not with a current plan, nor when a limit leaves the layer < 2 s.
 
 Migration-aware mode (`problem.current` given): starts from the current plan and keeps its slot
 positions; only moves (step 3) that lower `busiest load + move_cost_weight * moved slots` are
@@ -64,6 +67,8 @@ REPACK_PARTNERS = 8  # the busiest GPU is re-split with pairs of the lightest th
 PAIR_SWAP_MAX_SLOTS = 12  # two-for-two swaps only up to this many slots per GPU (their count grows as S**4)
 PAIR_GIVERS = 4  # pair_replicas gives replicas to the experts of this many heaviest pairs
 STOP_GAP = 1e-4  # a plan this close to the lower bound is good enough (auto mode hands the rest to cpsat)
+IP_GAP = 0.01  # 2-slot layers still this far above bound 4 get the integer pairing test (bounds.pairing_ip)
+_PAIRING_IP_MIN_S = 2.0  # ... when a time limit leaves the layer this much (a test costs 0.1-0.6 s at EP144)
 _PAIRING_BOUND_MIN_S = 0.1  # bound 4 is reported only when a layer has this much time left (never in anytime runs)
 
 
@@ -653,6 +658,32 @@ def fast_layer(loads: np.ndarray, num_gpus: int, num_physical: int, *, eplb_row:
     return np.sort(best, axis=1).ravel()
 
 
+def _pairing_ip_step(problem: PlacementProblem, layer: int, loads: np.ndarray, phy2log: np.ndarray,
+                     objective: float, bound: float, rounds: int = 3) -> tuple[np.ndarray, float, float]:
+    """(plan `[P]`, its objective, a bound) after up to `rounds` integer pairing tests (bounds.pairing_ip,
+    2 slots per GPU, one window) at 0.9% below the plan: an infeasible test certifies the plan within
+    ~1%; a feasible one gives replica counts whose sorted pairing is the new plan if it is better."""
+    from moe_place.solvers.bounds import pairing_ip
+
+    for _ in range(rounds):
+        if objective <= bound * (1 + IP_GAP):
+            break
+        target = max(bound, objective * (1 - 0.9 * IP_GAP))
+        verdict, counts = pairing_ip(loads, problem.num_gpus, problem.num_physical, target)
+        if verdict == "infeasible":
+            bound = max(bound, target * (1 - 1e-9))
+            break
+        if verdict != "feasible":
+            break
+        table = local_search(loads, pair_plan(loads, counts, problem.num_gpus), bound)
+        candidate = np.sort(table, axis=1).ravel()
+        value = window_objective(problem, layer, candidate)
+        if value >= objective * (1 - _TOL):
+            break
+        phy2log, objective = candidate, value
+    return phy2log, objective, bound
+
+
 def _no_colocation(table: np.ndarray) -> bool:
     ordered = np.sort(table, axis=1)
     return not (ordered[:, 1:] == ordered[:, :-1]).any()
@@ -726,6 +757,10 @@ class FastSolver:
 
             window_bound = max(window_bound, pairing_lp_bound(loads, problem.num_gpus, problem.num_physical,
                                                               window_bound, objective))
+            if current is None and objective > window_bound * (1 + IP_GAP) and (
+                    deadline is None or deadline - time.perf_counter() > _PAIRING_IP_MIN_S):
+                phy2log, objective, window_bound = _pairing_ip_step(problem, layer, loads, phy2log, objective,
+                                                                    window_bound)
         bound = min(window_bound, objective)
         status = "optimal" if objective <= bound * (1 + 1e-9) else "heuristic"
         detail = {}

@@ -137,3 +137,26 @@ def test_fast_reports_the_pairing_bound_for_two_slot_layers():
         assert min(base, layer.objective) <= layer.lower_bound <= optimum * (1 + 1e-9), (loads, gpus)
         lifted += layer.lower_bound > base * (1 + 1e-6)
     assert lifted >= 1  # bound 4 is what the solution reports, not only bounds 1-3
+
+
+def test_pairing_ip_never_refutes_a_reachable_target_and_its_counts_pair_under_it():
+    from moe_place.solvers.bounds import pairing_ip
+
+    rng = np.random.default_rng(5)
+    refuted = feasible = 0
+    for _ in range(40):
+        loads, gpus = _random_layer(rng)
+        optimum, _ = brute_force_layer(loads, gpus, 2)
+        if optimum <= 0:
+            continue
+        target = optimum * float(rng.uniform(0.85, 1.15))
+        verdict, counts = pairing_ip(loads, gpus, 2 * gpus, target)
+        if target >= optimum:
+            assert verdict != "infeasible", (loads, gpus, target, optimum)
+        if verdict == "feasible":
+            feasible += 1
+            assert counts.sum() == 2 * gpus and counts.min() >= 1 and counts.max() <= gpus
+            pieces = np.sort(np.repeat(loads / counts, counts))
+            assert (pieces + pieces[::-1]).max() <= target * (1 + 1e-6), (loads, gpus, counts, target)
+        refuted += verdict == "infeasible"
+    assert refuted >= 5 and feasible >= 5
