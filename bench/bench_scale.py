@@ -13,7 +13,8 @@ bound 4 (`bounds.pairing_lp_bound`, an LP over replica counts, ~0.05 s a layer);
 `best vs b1-3` shows the best plan against bounds 1-3 alone (the bound before bound 4; its
 wall_s is bound 4's time). `own gap`: the gap each run reports itself (its LayerSolution lower
 bounds, what `moe-place plan` prints; `fast` includes bound 4 on 2-slot layers inside its wall
-time unless a time limit leaves a layer < 0.1 s). Targets (issue 4): whole model <= 10 s with
+time unless a time limit leaves a layer < 0.1 s, and the integer pairing test, bound 5, on
+layers still > 1% above bound 4 unless a limit leaves it < 2 s). Targets (issue 4): whole model <= 10 s with
 gap <= 1%, an anytime plan <= 1 s.
 
     python bench/bench_scale.py [--ep 32,144] [--jobs 2] [--anytime 1] [--auto-time 10] [--output-json FILE]
