@@ -8,7 +8,10 @@ the first `window` steps (what an offline plan loaded at start-up gives):
 - static: never moves.
 - periodic-eplb: vLLM's cadence (window 1000, step_interval 3000, first after 750 steps), a full
   DeepSeek EPLB re-plan each time that ignores the map in use and pays for every slot it changes.
-- ours: the payback controller (moe_place.online.controller.PaybackController).
+- ours: the payback controller (moe_place.online.controller.PaybackController), OURS below; the
+  targets are judged on it.
+- ours-frugal: the same with the earlier, stricter setting (hysteresis 2, 2% minimum saving),
+  shown because it trades time for bytes (it meets the bytes target where ours does not).
 - hindsight-static: one plan for the whole trace, known in advance (no migration).
 - hindsight-per-step: every step on a plan made for its own counts, free migration (estimated
   on every `--hindsight-stride`-th step and scaled, since it needs one solve per step).
@@ -57,6 +60,8 @@ SCENARIOS = {
                                        "BF16 experts"),
 }
 OURS = dict(check_every=16, hysteresis=1.0, min_relative_saving=0.005, max_moved_slots=2)
+# the earlier setting, shown for the bytes/time trade-off: it moves about half the bytes and is slower
+OURS_FRUGAL = dict(check_every=16, hysteresis=2.0, min_relative_saving=0.02, max_moved_slots=2)
 WINDOW, STEP_INTERVAL = 1000, 3000
 TARGET_TIME_RATIO = 0.85
 RESULTS_JSON, RESULTS_PNG = "bench/results/replay.json", "bench/results/replay.png"
@@ -72,9 +77,11 @@ def run_scenario(name: str, steps: int, seed: int, stride: int) -> tuple[dict, d
     results: dict[str, ReplayResult] = {}
     walls: dict[str, float] = {}
     for kind, options in (("static", {}), ("periodic-eplb", dict(window_size=WINDOW, step_interval=STEP_INTERVAL)),
-                          ("ours", OURS)):
+                          ("ours", OURS), ("ours-frugal", OURS_FRUGAL)):
         t0 = time.perf_counter()
-        results[kind] = replay(counts, make_controller(kind, cost, layers, experts, **options), cost, start)
+        controller = make_controller(kind.removesuffix("-frugal"), cost, layers, experts, **options)
+        controller.name = kind
+        results[kind] = replay(counts, controller, cost, start)
         walls[kind] = time.perf_counter() - t0
     t0 = time.perf_counter()
     results["hindsight-static"] = hindsight_static(counts, cost, physical, cfg["nodes"])
@@ -86,7 +93,7 @@ def run_scenario(name: str, steps: int, seed: int, stride: int) -> tuple[dict, d
     summary = {
         "scenario": name, "label": cfg["label"], "trace": params, "gpus": cfg["gpus"], "nodes": cfg["nodes"],
         "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": cost.copy_schedule,
-        "ours_options": {k: v for k, v in OURS.items()}, "hindsight_per_step_stride": stride,
+        "ours_options": dict(OURS), "ours_frugal_options": dict(OURS_FRUGAL), "hindsight_per_step_stride": stride,
         "results": {k: r.to_json(per_step=False) for k, r in results.items()},
         "better_baseline": best_name,
         "ours_time_vs_better_baseline": ours.total_time_s / best.total_time_s,
@@ -95,6 +102,9 @@ def run_scenario(name: str, steps: int, seed: int, stride: int) -> tuple[dict, d
         "hindsight_per_step_vs_better_baseline": results["hindsight-per-step"].total_time_s / best.total_time_s,
         "targets_met": bool(ours.total_time_s <= TARGET_TIME_RATIO * best.total_time_s
                             and ours.total_bytes_moved < periodic.total_bytes_moved),
+        "ours_frugal_time_vs_better_baseline": results["ours-frugal"].total_time_s / best.total_time_s,
+        "ours_frugal_bytes_vs_periodic_eplb":
+            results["ours-frugal"].total_bytes_moved / max(periodic.total_bytes_moved, 1),
         "wall_s": walls,
     }
     return summary, results
@@ -120,7 +130,9 @@ def table(summary: dict) -> str:
                  f"(target <= {TARGET_TIME_RATIO}); ours/periodic-eplb bytes = "
                  f"{summary['ours_bytes_vs_periodic_eplb']:.3f} (target < 1): "
                  f"{'MET' if summary['targets_met'] else 'NOT MET'}; hindsight-per-step/better baseline = "
-                 f"{summary['hindsight_per_step_vs_better_baseline']:.3f}")
+                 f"{summary['hindsight_per_step_vs_better_baseline']:.3f}; ours-frugal: time "
+                 f"{summary['ours_frugal_time_vs_better_baseline']:.3f}, "
+                 f"bytes {summary['ours_frugal_bytes_vs_periodic_eplb']:.3f}")
     return "\n".join(lines)
 
 
