@@ -29,6 +29,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - only while the module i
         raise
 
 AUTO_GAP = 1e-4  # "auto" hands layers with a larger relative gap to cpsat
+DEADLINE_SAFETY = 0.9  # share of a wall-clock budget planned against; the rest absorbs fallbacks
 FAST_SHARE = 0.5  # "auto" with a time limit: the fraction of it that fast may use
 
 __all__ = ["AUTO_GAP", "LayerSolution", "Solution", "get_solver", "register", "solve", "solver_names"]
@@ -84,7 +85,8 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     first = "fast" if solver == "auto" else solver
     use_cpsat = solver == "auto" and time_limit_s is not None and "cpsat" in solver_names()
     share = FAST_SHARE if use_cpsat else 1.0
-    first_deadline = None if deadline is None else start + time_limit_s * share
+    # keep a tenth of the budget for the layers past it (they still get fast's construction)
+    first_deadline = None if deadline is None else start + time_limit_s * share * DEADLINE_SAFETY
     results = _run_layers(problem, first, layers, None, jobs, progress, first_deadline, fallback=True)
     if use_cpsat:
         open_layers = sorted((i for i in layers if results[i].gap > AUTO_GAP), key=lambda i: -results[i].gap)
