@@ -31,12 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"moe_place.cli.{name}")
-        except ModuleNotFoundError as exc:  # a subcommand not built yet
-            if exc.name != f"moe_place.cli.{name}":
-                raise
-            continue
+        module = importlib.import_module(f"moe_place.cli.{name}")
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
         command.set_defaults(_run=module.run)
