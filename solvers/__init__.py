@@ -112,7 +112,8 @@ def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
 
 
 # With a deadline, an exact solver (cpsat) gets a limit its wall-clock safety margin still fits in:
-# CP-SAT stops at EXACT_WALL_FACTOR x its limit + 5 s, and building the model takes time too.
+# CP-SAT stops at EXACT_WALL_FACTOR x its limit + 5 s, and building the model takes time too
+# (at most EXACT_OVERHEAD_S, and at most half of what is left, is set aside for that).
 EXACT_WALL_FACTOR = 4.0
 EXACT_OVERHEAD_S = 10.0
 MIN_EXACT_LIMIT_S = 0.1
@@ -142,7 +143,8 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit:
             left = deadline - time.monotonic()
             share = left / (len(layers) - position + later)
             if name != "fast":  # leave room for the solver's wall-clock margin and model build
-                share = min(share, (left - EXACT_OVERHEAD_S) / EXACT_WALL_FACTOR)
+                overhead = min(EXACT_OVERHEAD_S, 0.5 * left)  # a short budget must still reach the solver
+                share = min(share, (left - overhead) / EXACT_WALL_FACTOR)
             if share < (0.0 if name == "fast" else MIN_EXACT_LIMIT_S):
                 if not fallback:
                     out.append(None)

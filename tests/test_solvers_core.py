@@ -285,3 +285,12 @@ def test_tiny_time_limit_still_plans_every_layer():
             assert quick.objective <= baseline.objective * (1 + 1e-12)  # the construction starts from eplb
     cp = solve(problem, "cpsat", time_limit_s=1e-3) if "cpsat" in solver_names() else anytime
     assert all(layer.detail["solver"] == "fast" for layer in cp.layers)  # no time for cpsat: fast's fallback
+
+
+def test_a_short_time_limit_still_reaches_the_requested_exact_solver():
+    # a budget under the model-build reserve used to hand every layer to fast's construction
+    rng = np.random.default_rng(3)
+    loads = rng.integers(1, 1000, size=(3, 8)).astype(float)
+    problem = PlacementProblem(loads, num_gpus=4, num_physical=12)
+    solution = solve(problem, "cpsat", time_limit_s=3.0)
+    assert [layer.detail["solver"] for layer in solution.layers] == ["cpsat"] * 3
