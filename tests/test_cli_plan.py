@@ -135,6 +135,17 @@ def test_evaluate_rejects_mismatched_trace(two_layer_trace, tiny_trace, tmp_path
     assert "num_experts" in capsys.readouterr().err
 
 
+def test_evaluate_rejects_a_trace_without_the_plans_layers(two_layer_trace, tmp_path, capsys):
+    path, counts = two_layer_trace
+    out, other = tmp_path / "p.json", tmp_path / "one_layer.npz"
+    main(["plan", str(path), "--gpus", "4", "--out", str(out), "--no-progress"])
+    np.savez(other, format_version=1, num_experts=16, top_k=2, layer_ids=np.array([0]), counts=counts[:, :1])
+    capsys.readouterr()
+    assert main(["evaluate", str(out), str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plan's layer ids" in err[0] and "got 1" in err[0]
+
+
 def test_migration_plan_caps_moves(two_layer_trace, tmp_path, capsys):
     path, _ = two_layer_trace
     first, second = tmp_path / "a.json", tmp_path / "b.json"

@@ -131,6 +131,16 @@ class Trace:
         """int64 `[layers, experts]`: dispatches per expert summed over every step."""
         return self.step_counts().sum(axis=0)
 
+    def window_counts(self, num_windows: int | None = None, where: str = "--windows") -> np.ndarray:
+        """int64 `[windows, layers, experts]`: consecutive steps summed into `num_windows` windows
+        (None: one window, the whole trace); InputError naming `where` if there are fewer steps."""
+        steps = self.step_counts()
+        if num_windows is None:
+            return steps.sum(axis=0)[None]
+        if not 1 <= num_windows <= steps.shape[0]:
+            raise InputError(where, f"1 to the {steps.shape[0]} steps of the trace", num_windows)
+        return np.stack([part.sum(axis=0) for part in np.array_split(steps, num_windows)])
+
     def select_layer_ids(self, layer_ids: list[int], where: str = "--layers") -> "Trace":
         """A trace of the layers whose model layer id is in `layer_ids` (InputError names `where`)."""
         positions = {layer_id: pos for pos, layer_id in enumerate(self.meta.layer_ids)}

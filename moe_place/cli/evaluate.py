@@ -22,8 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from moe_place.cli.plan import print_report
     from moe_place.errors import InputError
     from moe_place.solvers.evaluate import evaluate_placement
@@ -36,18 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if trace.num_experts != placement.num_logical_experts:
         raise InputError(f"{args.trace}: num_experts", f"{placement.num_logical_experts} (the plan's)",
                          trace.num_experts)
-    positions = {layer_id: pos for pos, layer_id in enumerate(trace.meta.layer_ids)}
-    missing = [layer for layer in plan.layer_ids if layer not in positions]
-    if missing:
-        raise InputError(f"{args.trace}: layers", f"the plan's layer ids {list(plan.layer_ids)[:8]}",
-                         f"no layer {missing[0]}")
-    steps = trace.step_counts()[:, [positions[layer] for layer in plan.layer_ids], :]
-    if args.windows is None:
-        loads = steps.sum(axis=0)[None]
-    else:
-        if args.windows > steps.shape[0]:
-            raise InputError("--windows", f"at most the {steps.shape[0]} steps of the trace", args.windows)
-        loads = np.stack([part.sum(axis=0) for part in np.array_split(steps, args.windows)])
+    trace = trace.select_layer_ids(list(plan.layer_ids), where=f"{args.trace}: layers (the plan's layer ids)")
+    loads = trace.window_counts(args.windows)
     if not 0.0 <= args.quantile <= 1.0:
         raise InputError("--quantile", "a value in [0, 1]", args.quantile)
     reports = evaluate_placement(placement, loads, args.split, args.window_objective, args.quantile, plan.layer_ids)

@@ -67,13 +67,7 @@ def build_problem(args: argparse.Namespace, current_plan=None):
     if args.layers is not None:
         trace = trace.select_layer_ids(args.layers)
     current = None if current_plan is None else _current_for(current_plan, trace.meta.layer_ids, args.current)
-    steps = trace.step_counts()
-    if args.windows is None:
-        loads = trace.total_counts()[None].astype(np.float64)
-    else:
-        if args.windows > trace.num_steps:
-            raise InputError("--windows", f"at most the {trace.num_steps} steps of the trace", args.windows)
-        loads = np.stack([part.sum(axis=0) for part in np.array_split(steps, args.windows)]).astype(np.float64)
+    loads = trace.window_counts(args.windows).astype(np.float64)
     experts, gpus = trace.num_experts, args.gpus
     if args.nodes and gpus % args.nodes:
         raise InputError("--nodes", f"a divisor of --gpus {gpus}", args.nodes)
