@@ -117,8 +117,7 @@ class Placement:
 
     def gpu_loads(self, expert_load: np.ndarray) -> np.ndarray:
         """float64 `[layers, G]`: load of each GPU under the even split."""
-        slots = self.slot_loads(expert_load)
-        return slots.reshape(self.num_layers, self.num_gpus, self.slots_per_gpu).sum(axis=-1)
+        return even_split_gpu_loads(self.phy2log, self._check_loads(expert_load), self.num_gpus)
 
     def _check_loads(self, expert_load: np.ndarray) -> np.ndarray:
         loads = np.asarray(expert_load, dtype=np.float64)
@@ -149,6 +148,21 @@ class Placement:
     def same_as(self, other: "Placement") -> bool:
         return (self.num_gpus, self.num_nodes, self.num_logical_experts) == (
             other.num_gpus, other.num_nodes, other.num_logical_experts) and np.array_equal(self.phy2log, other.phy2log)
+
+
+def even_split_gpu_loads(phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
+    """float64 `[rows, G]`: GPU loads of `phy2log` int `[rows, P]` under the even split.
+
+    expert_load: `[rows, E]`. Each replica of an expert carries `load / replicas in its row`; slot
+    `p` is on GPU `p // (P/G)`. No validation (callers that need it build a `Placement`), so it
+    serves hot loops and plans with co-located replicas alike.
+    """
+    loads = np.asarray(expert_load, dtype=np.float64)
+    rows, experts = loads.shape
+    offsets = (np.arange(rows) * experts)[:, None]
+    replicas = np.bincount((phy2log + offsets).ravel(), minlength=rows * experts).reshape(rows, experts)
+    share = loads / np.maximum(replicas, 1)
+    return np.take_along_axis(share, phy2log, axis=1).reshape(rows, num_gpus, -1).sum(axis=-1)
 
 
 def _log2phy(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:

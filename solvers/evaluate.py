@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, even_split_gpu_loads
 from moe_place.problem import SPLIT_POLICIES, PlacementProblem
 from moe_place.solvers.bounds import aggregate, windows_lower_bound
 
@@ -55,10 +55,8 @@ def even_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np.
     phy2log: int `[P]` (colocated replicas allowed); loads: `[windows, E]` or `[E]`.
     """
     loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
-    counts = np.bincount(phy2log, minlength=loads.shape[1])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(counts > 0, loads / np.maximum(counts, 1), 0.0)
-    return share[:, phy2log].reshape(loads.shape[0], num_gpus, -1).sum(axis=-1)
+    rows = np.broadcast_to(np.asarray(phy2log, dtype=np.int64), (loads.shape[0], len(phy2log)))
+    return even_split_gpu_loads(rows, loads, num_gpus)
 
 
 def local_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np.ndarray:

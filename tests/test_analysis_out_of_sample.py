@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_place.analysis.balance import gpu_balance
-from moe_place.analysis.out_of_sample import _gpu_loads, out_of_sample
+from moe_place.analysis.out_of_sample import out_of_sample
 from moe_place.analysis.replicate_hottest import replicate_hottest
 from moe_place.errors import InputError
 from moe_place.placement import Placement
@@ -93,7 +93,9 @@ def test_out_of_sample_accepts_another_planner_and_needs_two_windows():
         out_of_sample(loads[:1], 4)
 
 
-def test_fast_gpu_loads_agree_with_placement():
+def test_gpu_loads_agree_with_per_slot_loads():
+    # Placement.gpu_loads (even_split_gpu_loads, replicas counted per row) vs slot loads from logcnt
     loads = np.random.default_rng(4).zipf(1.3, size=(6, 32)).clip(max=5000).astype(float)
     placement = replicate_hottest(loads, 8, redundant_per_gpu=2)
-    np.testing.assert_allclose(_gpu_loads(placement.phy2log, 8, loads), placement.gpu_loads(loads))
+    by_slot = placement.slot_loads(loads).reshape(6, 8, -1).sum(axis=-1)
+    np.testing.assert_allclose(placement.gpu_loads(loads), by_slot)

@@ -18,7 +18,7 @@ import numpy as np
 from moe_place.analysis.profile import max_over_mean
 from moe_place.analysis.replicate_hottest import replicate_hottest_phy2log
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, even_split_gpu_loads
 
 Planner = Callable[[np.ndarray], Placement]
 """Loads `[layers, E]` -> a placement of every layer."""
@@ -76,22 +76,9 @@ def out_of_sample(window_load: np.ndarray, ep_size: int, planner: Planner | None
     next_loads = np.concatenate([loads[1:], loads[-1:]]).reshape(windows * layers, experts)
 
     def judged(judged_loads: np.ndarray) -> np.ndarray:
-        return max_over_mean(_gpu_loads(phy2log, ep_size, judged_loads)).reshape(windows, layers)
+        return max_over_mean(even_split_gpu_loads(phy2log, judged_loads, ep_size)).reshape(windows, layers)
 
     # contiguous blocks: GPU g sums experts g*E/G .. (g+1)*E/G - 1 (what Placement.contiguous gives)
     contiguous = max_over_mean(loads.reshape(windows, layers, ep_size, -1).sum(axis=-1))
     return OutOfSample(ep_size=ep_size, planner=planner_name, contiguous=contiguous[1:],
                        out_of_sample=judged(next_loads)[:-1], in_sample=judged(stacked)[1:])
-
-
-def _gpu_loads(phy2log: np.ndarray, num_gpus: int, expert_load: np.ndarray) -> np.ndarray:
-    """float64 `[rows, G]`: GPU loads of `phy2log [rows, P]` under the even split (as `Placement.gpu_loads`).
-
-    Computed here without building a `Placement`, whose `log2phy` would not fit in memory for
-    thousands of stacked layers with many replicas of one hot expert.
-    """
-    rows, experts = expert_load.shape
-    offsets = (np.arange(rows) * experts)[:, None]
-    replicas = np.bincount((phy2log + offsets).ravel(), minlength=rows * experts).reshape(rows, experts)
-    share = expert_load / np.maximum(replicas, 1)
-    return np.take_along_axis(share, phy2log, axis=1).reshape(rows, num_gpus, -1).sum(axis=-1)
