@@ -1,7 +1,8 @@
 """Count extraction with validation: token-level expert ids -> dispatches per expert.
 
 The hot path of reading token-level traces. Per chunk of ids `[tokens, layers, k]`:
-1. range check: min/max of the raw ids (one cheap pass);
+1. range check: one `max` pass (signed ids viewed as unsigned, so negatives become huge and fail
+   the same `< num_experts` test); min and max are computed only to word the error;
 2. keys = id + layer * num_experts, in the narrowest integer dtype that holds them;
 3. repeat check on the keys: the flat key stream holds each token-layer's k ids side by side, so
    "the same expert twice in one token's top-k" is `key[t] == key[t + s]` for some shift
@@ -11,15 +12,86 @@ The hot path of reading token-level traces. Per chunk of ids `[tokens, layers, k
    per row so that neighbouring rows still differ.)
 4. one `np.bincount` over the keys gives every layer's counts at once.
 Buffers are allocated once per chunk size and reused, so memory is bounded by the chunk.
+
+Parallelism: numpy releases the GIL inside ufuncs and `np.bincount`'s counting loop, so chunks are
+validated and counted on `workers` threads (`run_in_order`; default `min(2, os.cpu_count())`, the
+environment variable MOE_PLACE_THREADS overrides, 1 = sequential). Each thread has its own scratch
+(`DispatchCounter.clone`); results are added and errors raised in chunk order, so the counts and
+the error of the earliest bad chunk are the same as sequentially.
 """
 
 from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 
 from moe_place.errors import InputError
 
 CHUNK_ELEMENTS = 1 << 18  # ids per chunk: 512 KB of int16 (np.bincount's int64 copy: 2 MB), cache-sized
+THREADS_ENV = "MOE_PLACE_THREADS"
+TASKS_IN_FLIGHT_PER_WORKER = 2  # submitted, unconsumed chunks per thread: bounds memory to a few chunks
+
+T = TypeVar("T")
+
+
+def resolve_workers(workers: int | None = None) -> int:
+    """Threads for count extraction: `workers` if given, else $MOE_PLACE_THREADS, else min(2, cores)."""
+    if workers is None:
+        value = os.environ.get(THREADS_ENV, "").strip()
+        if not value:
+            return max(1, min(2, os.cpu_count() or 1))
+        try:
+            workers = int(value)
+        except ValueError:
+            raise InputError(THREADS_ENV, "an integer >= 1 (threads for count extraction)", repr(value)) from None
+        if workers < 1:
+            raise InputError(THREADS_ENV, "an integer >= 1 (threads for count extraction)", repr(value))
+        return workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError("workers", "an integer >= 1", workers)
+    return workers
+
+
+def run_in_order(tasks: Iterable[Callable[[], T]], workers: int, consume: Callable[[T], None]) -> None:
+    """Run `tasks` on `workers` threads and `consume` their results in task order (in this thread).
+
+    At most TASKS_IN_FLIGHT_PER_WORKER * workers tasks are submitted and not yet consumed, so memory
+    stays bounded by a few tasks' results. A task that raises is re-raised when its turn comes:
+    the exception of the EARLIEST failing task wins (later tasks run or not, as timing allows, but
+    their results and errors are dropped) and nothing more is submitted after it.
+    """
+    limit = TASKS_IN_FLIGHT_PER_WORKER * workers
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="moe-place-count") as pool:
+        try:
+            for task in tasks:
+                pending.append(pool.submit(task))
+                if len(pending) >= limit:
+                    consume(pending.popleft().result())
+            while pending:
+                consume(pending.popleft().result())
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def per_thread(make: Callable[[], T]) -> Callable[[], T]:
+    """A getter returning one object per calling thread, made by `make()` on the thread's first call."""
+    local = threading.local()
+
+    def get() -> T:
+        value = getattr(local, "value", None)
+        if value is None:
+            value = local.value = make()
+        return value
+
+    return get
 
 
 def chunk_tokens_for(num_layers: int, top_k: int, chunk_tokens: int | None = None) -> int:
@@ -61,6 +133,18 @@ class DispatchCounter:
         self._equal = np.empty(0, dtype=bool)
         self._offsets = np.empty(0, dtype=self._dtype)
 
+    def clone(self) -> "DispatchCounter":
+        """A counter for the same trace with its own scratch buffers (one per thread); the read-only
+        key offsets are shared."""
+        other = DispatchCounter(self.num_layers, self.num_experts, self.top_k, self.where)
+        other._offsets = self._offsets
+        return other
+
+    def reserve(self, chunk_tokens: int) -> None:
+        """Build the key offsets for chunks of up to `chunk_tokens` tokens now (before cloning)."""
+        if self._offsets.size < chunk_tokens * self.num_layers * self.top_k:
+            self._offsets = self._offset_tile(chunk_tokens)
+
     # ------------------------------------------------------------------ public
     def add(self, ids: np.ndarray, out: np.ndarray, token_offset: int = 0) -> None:
         """Validate `ids` int `[tokens, layers, k]` and add its counts to `out` int64 `[layers, experts]`.
@@ -79,12 +163,33 @@ class DispatchCounter:
         else:
             out += hist.reshape(self.num_layers, self.num_experts)
 
-    def count(self, ids: np.ndarray, chunk_tokens: int | None = None) -> np.ndarray:
-        """int64 `[layers, experts]` counts of a whole in-memory array, validated chunk by chunk."""
+    def count(self, ids: np.ndarray, chunk_tokens: int | None = None, workers: int | None = None) -> np.ndarray:
+        """int64 `[layers, experts]` counts of a whole in-memory array, validated chunk by chunk.
+
+        workers: threads (default `resolve_workers()`); the counts and the error raised (that of the
+        earliest bad chunk) do not depend on it.
+        """
+        workers = resolve_workers(workers)
         out = np.zeros((self.num_layers, self.num_experts), dtype=np.int64)
         chunk_tokens = chunk_tokens_for(self.num_layers, self.top_k, chunk_tokens)
-        for start in range(0, ids.shape[0], chunk_tokens):
-            self.add(ids[start:start + chunk_tokens], out, start)
+        starts = range(0, ids.shape[0], chunk_tokens)
+        if workers == 1 or len(starts) < 2:
+            for start in starts:
+                self.add(ids[start:start + chunk_tokens], out, start)
+            return out
+        self._check_shape(ids)
+        self.reserve(chunk_tokens)
+        counter = per_thread(self.clone)
+
+        def task(start: int) -> np.ndarray:
+            part = np.zeros_like(out)
+            counter().add(ids[start:start + chunk_tokens], part, start)
+            return part
+
+        def add(part: np.ndarray) -> None:
+            np.add(out, part, out=out)
+
+        run_in_order((partial(task, start) for start in starts), workers, add)
         return out
 
     # ------------------------------------------------------------------ steps
@@ -98,6 +203,13 @@ class DispatchCounter:
         return n, num_layers, k
 
     def _check_range(self, ids: np.ndarray) -> None:
+        info = np.iinfo(ids.dtype)
+        if info.min < 0 and self.num_experts <= info.max + 1:
+            # one pass: as unsigned, a negative id is >= 2**(bits-1) >= num_experts, so it fails too
+            if int(ids.view(f"u{ids.dtype.itemsize}").max()) < self.num_experts:
+                return
+        elif info.min == 0 and int(ids.max()) < self.num_experts:
+            return
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.num_experts:
             raise InputError(self.where, f"expert ids in [0, {self.num_experts})", lo if lo < 0 else hi)
@@ -107,7 +219,7 @@ class DispatchCounter:
         if self._keys.size < size:
             self._keys = np.empty(size, dtype=self._dtype)
             self._equal = np.empty(size, dtype=bool)
-            self._offsets = self._offset_tile(ids.shape[0])
+        self.reserve(ids.shape[0])
         keys = self._keys[:size]
         # a contiguous add (SIMD) is several times faster than broadcasting [n, layers, 1] over k
         np.add(ids.reshape(-1), self._offsets[:size], out=keys, casting="unsafe")

@@ -4,26 +4,33 @@ A per-token dump of 1M tokens x 61 layers x top-8 int16 is about 1 GB; this read
 member of an `.npz` (our format, `moe_place.traces.npz`) chunk by chunk, validates each chunk
 (ids in range, no expert twice in one token's top-k) and accumulates the counts per step:
 - an uncompressed (stored) member is read straight from the file: the zip local header and the
-  `.npy` header give the data offset, then `readinto` fills one reused chunk buffer at a time;
-- a compressed (deflated) member is decompressed chunk by chunk through `zipfile`;
+  `.npy` header give the data offset; sequentially `readinto` fills one reused chunk buffer at a
+  time, in parallel (`workers` > 1, see `moe_place.traces.count`) each thread reads its chunks
+  into its own buffer with positional reads (`os.preadv` at the chunk's offset, no shared file
+  position) and returns the chunk's partial counts, added in chunk order by the calling thread;
+- a compressed (deflated) member is decompressed chunk by chunk through `zipfile` (sequential);
 - a plain `.npy` file is memory-mapped (`stream_npy_counts`).
 Memory: one chunk of ids and its keys (`chunk_tokens * layers * k` elements each, about 256K by
 default), the counts
 `[steps, layers, experts]`, and the `step` array if present (8 bytes per token, 1/(layers*k)
-of the ids at int64: that member is read whole).
+of the ids at int64: that member is read whole). In parallel: that per thread, plus the partial
+counts of at most 2 * workers chunks (one `[layers, experts]` per chunk within one step; a chunk
+spanning several steps sends (flat index, count) pairs, at most its number of ids).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import zipfile
+from functools import partial
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.traces.count import DispatchCounter, chunk_tokens_for
+from moe_place.traces.count import DispatchCounter, chunk_tokens_for, per_thread, resolve_workers, run_in_order
 from moe_place.traces.model import Trace
 from moe_place.traces.npz import (check_meta_against_ids, check_num_experts, error_reason, header_meta, open_npz,
                                   read_header, read_member, step_index)
@@ -41,12 +48,15 @@ def token_bytes(path: str | Path) -> int:
         return 0
 
 
-def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None) -> Trace:
+def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers: int | None = None) -> Trace:
     """A count-level Trace `[steps, layers, experts]` from a token-level npz, read in chunks.
 
     chunk_tokens: tokens per chunk (default: about 256K ids, `count.chunk_tokens_for`).
+    workers: threads for an uncompressed member (default `count.resolve_workers()`: $MOE_PLACE_THREADS
+    or min(2, cores)); the counts and the error raised (that of the earliest bad chunk) do not depend on it.
     """
     path = Path(path)
+    workers = resolve_workers(workers)
     with open_npz(path) as npz:
         header = read_header(npz, path)
         if "topk_ids" not in header.keys:
@@ -69,11 +79,14 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None) -> Trac
             index, num_steps = step_index(step, tokens, path)
         counts = np.zeros((num_steps, num_layers, num_experts), dtype=np.int64)
         counter = DispatchCounter(num_layers, num_experts, k, f"{path}: topk_ids")
-        for start, chunk in reader.chunks(chunk_tokens):
-            if index is None:
-                counter.add(chunk, counts[0], start)
-            else:
-                _add_by_step(counter, chunk, index[start:start + chunk.shape[0]], counts, start)
+        if workers > 1 and reader.positional and tokens > chunk_tokens:
+            _count_in_parallel(reader, counter, index, counts, chunk_tokens, workers)
+        else:
+            for start, chunk in reader.chunks(chunk_tokens):
+                if index is None:
+                    counter.add(chunk, counts[0], start)
+                else:
+                    _add_by_step(counter, chunk, index[start:start + chunk.shape[0]], start, counts.__getitem__)
         dtype = str(reader.dtype)
     meta = header_meta(header, path, num_experts, k, num_layers, dtype, num_steps)
     return Trace(meta, counts=counts)
@@ -96,29 +109,105 @@ def stream_npy_counts(path: str | Path, num_experts: int | None = None,
     return counter.count(ids, chunk_tokens)
 
 
-def _add_by_step(counter: DispatchCounter, chunk: np.ndarray, index: np.ndarray, counts: np.ndarray,
-                 start: int) -> None:
-    """Add a chunk whose tokens belong to the steps `index` [tokens] (any order)."""
+def _add_by_step(counter: DispatchCounter, chunk: np.ndarray, index: np.ndarray, start: int,
+                 target: Callable[[int], np.ndarray]) -> None:
+    """Add a chunk whose tokens belong to the steps `index` [tokens] (any order) to `target(step)`,
+    an int64 `[layers, experts]` array, one step after the other in increasing step order."""
     first, last = int(index[0]), int(index[-1])
     if first == last and (index == first).all():
-        counter.add(chunk, counts[first], start)
+        counter.add(chunk, target(first), start)
         return
     order = np.argsort(index, kind="stable")
     ordered = index[order]
     bounds = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
     for part in np.split(order, bounds):
         # token offsets in errors are exact only for the part's first token when steps interleave
-        counter.add(chunk[part], counts[int(index[part[0]])], start + int(part[0]))
+        counter.add(chunk[part], target(int(index[part[0]])), start + int(part[0]))
+
+
+class _ChunkScratch:
+    """One thread's buffers: a counter (keys, flags), the chunk's ids and a `[layers, experts]` sum."""
+
+    def __init__(self, counter: DispatchCounter, chunk_shape: tuple[int, int, int], dtype: np.dtype):
+        self.counter = counter.clone()
+        self.ids = np.empty(chunk_shape, dtype=dtype)
+        self.sums = np.zeros(chunk_shape[1:2] + (counter.num_experts,), dtype=np.int64)
+
+
+def _count_in_parallel(reader: "IdsReader", counter: DispatchCounter, index: np.ndarray | None,
+                       counts: np.ndarray, chunk_tokens: int, workers: int) -> None:
+    """`counts[step] +=` every chunk's counts, chunks read, validated and counted on `workers` threads.
+
+    A task returns [(step, None, [layers, experts] counts)] when its chunk lies in one step, else
+    [(step, flat indices, counts at them), ...] per step (sparse, so bounded by the chunk's ids).
+    """
+    tokens, num_layers, k = reader.shape
+    counter.reserve(chunk_tokens)
+    scratch = per_thread(lambda: _ChunkScratch(counter, (chunk_tokens, num_layers, k), reader.dtype))
+
+    def task(start: int) -> list[tuple[int, np.ndarray | None, np.ndarray]]:
+        own = scratch()
+        ids = own.ids[:min(chunk_tokens, tokens - start)]
+        reader.read_at(start, ids)
+        if index is None:
+            out = np.zeros_like(own.sums)
+            own.counter.add(ids, out, start)
+            return [(0, None, out)]
+        parts = []  # finished steps: (step, flat indices, counts)
+        current = []  # the step whose counts are in own.sums
+
+        def target(step: int) -> np.ndarray:
+            if current:
+                parts.append(_take_sparse(current.pop(), own.sums))
+            current.append(step)
+            return own.sums
+
+        try:
+            _add_by_step(own.counter, ids, index[start:start + ids.shape[0]], start, target)
+        except BaseException:
+            own.sums.fill(0)
+            raise
+        if not parts:  # the chunk lies in one step
+            out = own.sums.copy()
+            own.sums.fill(0)
+            return [(current[0], None, out)]
+        parts.append(_take_sparse(current.pop(), own.sums))
+        return parts
+
+    def add(parts: list[tuple[int, np.ndarray | None, np.ndarray]]) -> None:
+        for step, where, values in parts:
+            if where is None:
+                counts[step] += values
+            else:
+                counts[step].reshape(-1)[where] += values
+
+    run_in_order((partial(task, start) for start in range(0, tokens, chunk_tokens)), workers, add)
+
+
+def _take_sparse(step: int, sums: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """(step, flat indices, counts) of the nonzero entries of `sums` `[layers, experts]`, which is zeroed."""
+    flat = sums.reshape(-1)
+    where = np.flatnonzero(flat)
+    values = flat[where]
+    flat[where] = 0
+    return step, where, values
 
 
 class IdsReader:
-    """Reads the `topk_ids` member of an npz chunk by chunk (a context manager)."""
+    """Reads the `topk_ids` member of an npz chunk by chunk (a context manager).
+
+    `positional`: the member is stored uncompressed, so `read_at` can read any chunk from any thread.
+    Reads stop at the member's end, so a member shorter than its `.npy` header says is a truncated file.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self.where = f"{path}: topk_ids"
+        self.positional = False
         self._zip = None
         self._file = None
+        self._data_offset = 0  # stored member: file offsets of the first id byte and of the member's end
+        self._data_end = 0
 
     def __enter__(self) -> "IdsReader":
         try:
@@ -130,10 +219,15 @@ class IdsReader:
                 fields = _LOCAL_HEADER.unpack(self._file.read(_LOCAL_HEADER.size))
                 if fields[0] != b"PK\x03\x04":
                     raise InputError(self.where, "a zip local file header", "damaged archive")
-                self._file.seek(info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1])
+                member_start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+                self._data_end = member_start + info.compress_size
+                self._file.seek(member_start)
             else:
                 self._file = self._zip.open(info)
             self.shape, self.dtype = self._read_npy_header()
+            if info.compress_type == zipfile.ZIP_STORED:
+                self._data_offset = self._file.tell()
+                self.positional = True
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -169,13 +263,41 @@ class IdsReader:
         for start in range(0, tokens, chunk_tokens):
             n = min(chunk_tokens, tokens - start)
             view = buffer[:n]
+            target = memoryview(view.reshape(-1).view(np.uint8))
+            if self.positional:  # not past the member's end
+                target = target[:max(0, min(view.nbytes, self._data_end - self._file.tell()))]
             try:
-                got = self._file.readinto(memoryview(view.reshape(-1).view(np.uint8)))
+                got = self._file.readinto(target)
             except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
                 raise InputError(self.where, "a readable array", error_reason(exc)) from None
-            if got != view.nbytes:
-                raise InputError(self.where, f"{tokens} tokens of data", f"a truncated file (ends in token {start})")
+            self._check_complete(got, view, start)
             yield start, view
         self._file.seek(start_pos)  # ready for another pass
 
+    def read_at(self, start: int, ids: np.ndarray) -> None:
+        """Fill `ids` `[n, layers, k]` with tokens start..start+n-1 by positional reads (thread-safe;
+        the file position is not used). Only for a `positional` (stored) member."""
+        assert self.positional, "read_at needs an uncompressed member"
+        offset = self._data_offset + start * (ids.nbytes // max(1, ids.shape[0]))
+        target = memoryview(ids.reshape(-1).view(np.uint8))
+        wanted = max(0, min(ids.nbytes, self._data_end - offset))
+        fd = self._file.fileno()
+        got = 0
+        try:
+            while got < wanted:
+                if hasattr(os, "preadv"):
+                    n = os.preadv(fd, [target[got:wanted]], offset + got)
+                else:
+                    data = os.pread(fd, wanted - got, offset + got)
+                    n = len(data)
+                    target[got:got + n] = data
+                if n == 0:
+                    break
+                got += n
+        except OSError as exc:
+            raise InputError(self.where, "a readable array", error_reason(exc)) from None
+        self._check_complete(got, ids, start)
 
+    def _check_complete(self, got: int | None, ids: np.ndarray, start: int) -> None:
+        if got != ids.nbytes:
+            raise InputError(self.where, f"{self.shape[0]} tokens of data", f"a truncated file (ends in token {start})")
