@@ -19,10 +19,11 @@ def test_bench_writes_table_and_json(tmp_path, capsys):
     bench = _bench()
     out = tmp_path / "b.json"
     assert bench.main(["--tokens", "3000", "--layers", "3", "--experts", "32", "--top-k", "4", "--repeats", "1",
-                       "--output-json", str(out)]) == 0
+                       "--threads", "2", "--chunk-tokens", "500", "--output-json", str(out)]) == 0
     report = json.loads(out.read_text())
     methods = [row["method"] for row in report["results"]]
-    assert methods == ["baseline", "base-int16", "chunked", "stream", "memory", "sorted"]
+    assert methods == ["baseline", "base-int16", "chunked", "stream", "stream-1t", "memory", "sorted"]
+    assert report["threads"] == 2
     assert report["decisions"] == 3000 * 3 * 4 and report["results"][0]["ratio_vs_baseline"] == 1.0
     assert "x baseline" in capsys.readouterr().out
 
