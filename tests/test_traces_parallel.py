@@ -218,3 +218,21 @@ def test_bad_thread_env_is_an_input_error(tmp_path, monkeypatch, value):
 def test_bad_workers_argument_is_an_input_error(workers):
     with pytest.raises(InputError, match="workers"):
         resolve_workers(workers)
+
+
+# ------------------------------------------------------------------ one-pass range check
+@pytest.mark.parametrize("dtype, experts, bad, got", [
+    (np.int16, 16, -1, "-1"), (np.int16, 16, 16, "16"), (np.int8, 100, -128, "-128"), (np.uint8, 100, 200, "200"),
+    (np.int64, 16, -(1 << 40), str(-(1 << 40))),
+    (np.int16, 40000, -1, "-1"),  # -1 as uint16 is 65535 >= 40000 but a wider num_experts would hide it
+    (np.int16, 65536, -2, "-2"),  # here the unsigned view cannot prove the range: min and max are checked
+])
+def test_range_check_reports_the_offending_id(dtype, experts, bad, got):
+    span = min(experts, 90)  # ids < 90 fit every dtype here
+    ids = ((np.arange(200 * 2).reshape(200, 2, 1) + np.arange(3)) % span).astype(dtype)  # 3 distinct per row
+    counter = DispatchCounter(2, experts, 3, "ids")
+    counter.count(ids, chunk_tokens=64, workers=1)  # in range: no error
+    ids[150, 1, 2] = bad
+    for workers in (1, 2):
+        assert _error(counter.count, ids, chunk_tokens=64, workers=workers) == \
+            f"ids: expected expert ids in [0, {experts}), got {got}"

@@ -26,7 +26,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from functools import lru_cache, partial
 from typing import Callable, Iterable, TypeVar
 
 import numpy as np
@@ -203,13 +203,9 @@ class DispatchCounter:
         return n, num_layers, k
 
     def _check_range(self, ids: np.ndarray) -> None:
-        info = np.iinfo(ids.dtype)
-        if info.min < 0 and self.num_experts <= info.max + 1:
-            # one pass: as unsigned, a negative id is >= 2**(bits-1) >= num_experts, so it fails too
-            if int(ids.view(f"u{ids.dtype.itemsize}").max()) < self.num_experts:
-                return
-        elif info.min == 0 and int(ids.max()) < self.num_experts:
-            return
+        as_unsigned = _unsigned_view(ids.dtype, self.num_experts)
+        if as_unsigned is not None and int(ids.view(as_unsigned).max()) < self.num_experts:
+            return  # one pass: every id in [0, num_experts)
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.num_experts:
             raise InputError(self.where, f"expert ids in [0, {self.num_experts})", lo if lo < 0 else hi)
@@ -263,6 +259,17 @@ class DispatchCounter:
                 row = int(np.flatnonzero(equal)[0]) // k
                 first = row if first is None else min(first, row)
         return first
+
+
+@lru_cache(maxsize=None)
+def _unsigned_view(dtype: np.dtype, num_experts: int) -> np.dtype | None:
+    """The unsigned dtype of `dtype`'s width if `max(ids.view(it)) < num_experts` alone proves every
+    id in [0, num_experts): a negative id viewed as unsigned is >= 2**(bits-1), so it fails the test
+    whenever num_experts <= 2**(bits-1). None if not (then min and max are both checked)."""
+    info = np.iinfo(dtype)
+    if info.min < 0 and num_experts > info.max + 1:
+        return None
+    return np.dtype(f"u{dtype.itemsize}")
 
 
 def find_repeat(ids: np.ndarray) -> tuple[int, int] | None:
