@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from moe_place.cli.options import positive_int
+from moe_place.cli.options import add_trace_options, positive_int, trace_load_options
 
 HELP = "per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace"
 
@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-objective", choices=("max", "mean", "quantile"), default="max")
     parser.add_argument("--quantile", type=float, default=0.9)
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    add_trace_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.traces.load import load_trace
 
     plan = read_plan(args.plan)
-    trace = load_trace(args.trace)
+    trace = load_trace(args.trace, **trace_load_options(args))
     placement = plan.placement
     if trace.num_experts != placement.num_logical_experts:
         raise InputError(f"{args.trace}: num_experts", f"{placement.num_logical_experts} (the plan's)",

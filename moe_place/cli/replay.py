@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from moe_place.cli.options import layer_selection, non_negative_int, positive_float, positive_int
+from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_int, positive_float, positive_int,
+                                   trace_load_options)
 
 HELP = "replay a multi-step trace through a re-planning controller and the cost model"
 
@@ -17,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(keys: steps, layers, experts, top_k, tokens, domains, drift, skew, shared, "
                              "concentration, seed)")
     parser.add_argument("--controller", choices=("static", "periodic-eplb", "ours"), default="ours")
+    add_trace_options(parser)
     cluster = parser.add_argument_group("cluster (named as for `plan`)")
     cluster.add_argument("--gpus", type=positive_int, default=8, help="EP size G (default 8)")
     cluster.add_argument("--nodes", type=positive_int, default=1, help="servers (default 1)")
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from moe_place.traces.load import load_trace
 
-        trace = load_trace(args.trace)
+        trace = load_trace(args.trace, **trace_load_options(args))
         counts, source, model_hint = np.asarray(trace.step_counts()), str(args.trace), trace.meta.model
     if args.layers is not None:
         bad = [p for p in args.layers if p >= counts.shape[1]]
