@@ -5,6 +5,7 @@ import io
 import threading
 import time
 import zipfile
+from functools import partial
 
 import numpy as np
 import pytest
@@ -144,6 +145,32 @@ def test_earliest_failure_wins_and_stops_submitting():
         run_in_order((lambda i=i: task(i) for i in range(1000)), 2, consumed.append)
     assert consumed == [0, 1, 2]
     assert max(started) < 3 + 2 * 2 + 1  # nothing submitted beyond the in-flight window after chunk 3
+
+
+def test_a_failure_stops_submission_before_its_turn():
+    started = []
+    failed = threading.Event()
+
+    def task(i):
+        started.append(i)
+        if i == 0:
+            failed.wait(10)  # chunk 0 is still running when chunk 1 fails
+            return i
+        failed.set()
+        raise InputError(f"chunk {i}", "good data", "bad")
+
+    def tasks():
+        for i in range(1000):
+            if i == 2:
+                failed.wait(10)
+                time.sleep(0.2)  # chunk 1's future holds its exception by now
+            if i >= 3:
+                time.sleep(0.05)  # time for a worker to start chunk i - 1 (else it would be cancelled unseen)
+            yield partial(task, i)
+
+    with pytest.raises(InputError, match="chunk 1"):
+        run_in_order(tasks(), 2, lambda result: None)
+    assert started == [0, 1]  # without the check, chunks 2 and 3 would fill the in-flight window
 
 
 def _npy_bytes(array):

@@ -64,13 +64,15 @@ def run_in_order(tasks: Iterable[Callable[[], T]], workers: int, consume: Callab
     At most TASKS_IN_FLIGHT_PER_WORKER * workers tasks are submitted and not yet consumed, so memory
     stays bounded by a few tasks' results. A task that raises is re-raised when its turn comes:
     the exception of the EARLIEST failing task wins (later tasks run or not, as timing allows, but
-    their results and errors are dropped) and nothing more is submitted after it.
+    their results and errors are dropped). Once any task has failed nothing more is submitted.
     """
     limit = TASKS_IN_FLIGHT_PER_WORKER * workers
     pending: deque = deque()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="moe-place-count") as pool:
         try:
             for task in tasks:
+                if any(future.done() and future.exception() is not None for future in pending):
+                    break  # a task failed: submit nothing more; its error (or an earlier one) is raised below
                 pending.append(pool.submit(task))
                 if len(pending) >= limit:
                     consume(pending.popleft().result())
