@@ -1,11 +1,10 @@
-"""Threaded count extraction (traces/count.py run_in_order, traces/stream.py): same counts and same
+"""Threaded count extraction (traces/count.py run_chunks, traces/stream.py): same counts and same
 errors as the sequential path, the earliest bad chunk's error, MOE_PLACE_THREADS."""
 
 import io
 import threading
 import time
 import zipfile
-from functools import partial
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from moe_place.errors import InputError
 from moe_place.traces import load_trace
 from moe_place.traces import stream as stream_module
-from moe_place.traces.count import THREADS_ENV, DispatchCounter, resolve_workers, run_in_order
+from moe_place.traces.count import THREADS_ENV, DispatchCounter, resolve_workers, run_chunks
 from moe_place.traces.stream import stream_npz_counts
 
 
@@ -71,20 +70,18 @@ def test_threaded_in_memory_count_equals_sequential(layers):
     np.testing.assert_array_equal(expected, reference)
 
 
-def test_tasks_run_on_several_threads_and_results_come_in_order():
-    seen = set()
+def test_every_chunk_runs_once_on_several_threads():
+    seen = {}
     barrier = threading.Barrier(2, timeout=10)
 
-    def task(i):
-        seen.add(threading.get_ident())
-        if i < 2:
-            barrier.wait()  # the first two tasks can only finish if they run at the same time
-        time.sleep(0.001 * (5 - i % 5))  # later tasks tend to finish first
-        return i
+    def process(start):
+        seen[start] = threading.get_ident()
+        if start < 2:
+            barrier.wait()  # the first two chunks can only finish if they run at the same time
 
-    got = []
-    run_in_order((lambda i=i: task(i) for i in range(12)), 2, got.append)
-    assert got == list(range(12)) and len(seen) == 2
+    run_chunks(range(12), 2, process)
+    assert sorted(seen) == list(range(12)) and len(set(seen.values())) == 2
+    assert seen[0] == threading.get_ident() or seen[1] == threading.get_ident()  # the caller works too
 
 
 # ------------------------------------------------------------------ same errors
@@ -128,49 +125,50 @@ def test_two_bad_chunks_report_the_earlier(tmp_path, first, second):
     assert ("token 1500" if first == "repeat" else ("99" if first == "high" else "-1")) in expected_file
 
 
-def test_earliest_failure_wins_and_stops_submitting():
+def test_earliest_failure_wins_whatever_the_timing():
     started = []
 
-    def task(i):
+    def process(i):
         started.append(i)
         if i == 3:
-            time.sleep(0.05)  # the earlier failure comes last in time
+            time.sleep(0.2)  # the earlier failure comes last in time
             raise InputError("chunk 3", "good data", "bad")
         if i == 5:
             raise InputError("chunk 5", "good data", "bad")
-        return i
 
-    consumed = []
     with pytest.raises(InputError, match="chunk 3"):
-        run_in_order((lambda i=i: task(i) for i in range(1000)), 2, consumed.append)
-    assert consumed == [0, 1, 2]
-    assert max(started) < 3 + 2 * 2 + 1  # nothing submitted beyond the in-flight window after chunk 3
+        run_chunks(range(1000), 2, process)
+    # one thread sits in chunk 3 while the other runs 4 and 5; after 5 fails nothing more is handed out
+    assert sorted(started) == list(range(6))
 
 
-def test_a_failure_stops_submission_before_its_turn():
+def test_a_failure_stops_handing_out_chunks():
     started = []
     failed = threading.Event()
 
-    def task(i):
+    def process(i):
         started.append(i)
         if i == 0:
             failed.wait(10)  # chunk 0 is still running when chunk 1 fails
-            return i
+            return
         failed.set()
         raise InputError(f"chunk {i}", "good data", "bad")
 
-    def tasks():
-        for i in range(1000):
-            if i == 2:
-                failed.wait(10)
-                time.sleep(0.2)  # chunk 1's future holds its exception by now
-            if i >= 3:
-                time.sleep(0.05)  # time for a worker to start chunk i - 1 (else it would be cancelled unseen)
-            yield partial(task, i)
-
     with pytest.raises(InputError, match="chunk 1"):
-        run_in_order(tasks(), 2, lambda result: None)
-    assert started == [0, 1]  # without the check, chunks 2 and 3 would fill the in-flight window
+        run_chunks(range(1000), 2, process)
+    assert sorted(started) == [0, 1]  # the thread done with chunk 0 takes no chunk after the failed one
+
+
+def test_an_interrupt_wins_over_input_errors():
+    def process(i):
+        if i == 0:
+            time.sleep(0.1)
+            raise InputError("chunk 0", "good data", "bad")
+        if i == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_chunks(range(100), 2, process)
 
 
 def _npy_bytes(array):
@@ -217,8 +215,8 @@ def test_thread_env_picks_the_path(tmp_path, monkeypatch):
     path = tmp_path / "t.npz"
     np.savez(path, num_experts=16, topk_ids=ids)
     calls = []
-    real = stream_module.run_in_order
-    monkeypatch.setattr(stream_module, "run_in_order", lambda *a: calls.append(a[1]) or real(*a))
+    real = stream_module.run_chunks
+    monkeypatch.setattr(stream_module, "run_chunks", lambda *a: calls.append(a[1]) or real(*a))
     monkeypatch.setenv(THREADS_ENV, "1")
     assert resolve_workers() == 1
     sequential = stream_npz_counts(path, chunk_tokens=100).counts

@@ -14,20 +14,19 @@ The hot path of reading token-level traces. Per chunk of ids `[tokens, layers, k
 Buffers are allocated once per chunk size and reused, so memory is bounded by the chunk.
 
 Parallelism: numpy releases the GIL inside ufuncs and `np.bincount`'s counting loop, so chunks are
-validated and counted on `workers` threads (`run_in_order`; default `min(2, os.cpu_count())`, the
-environment variable MOE_PLACE_THREADS overrides, 1 = sequential). Each thread has its own scratch
-(`DispatchCounter.clone`); results are added and errors raised in chunk order, so the counts and
-the error of the earliest bad chunk are the same as sequentially.
+validated and counted on `workers` threads (`run_chunks`; default `min(2, os.cpu_count())`, the
+environment variable MOE_PLACE_THREADS overrides, 1 = sequential), the calling thread being one of
+them. Each thread has its own scratch (`DispatchCounter.clone`) and its own counts, summed at the
+end (integer sums: exact in any order); the error raised is that of the earliest bad chunk, so the
+counts and the errors are the same as sequentially.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache, partial
-from typing import Callable, Iterable, TypeVar
+from functools import lru_cache
+from typing import Callable, Generic, Sequence, TypeVar
 
 import numpy as np
 
@@ -35,7 +34,6 @@ from moe_place.errors import InputError
 
 CHUNK_ELEMENTS = 1 << 18  # ids per chunk: 512 KB of int16 (np.bincount's int64 copy: 2 MB), cache-sized
 THREADS_ENV = "MOE_PLACE_THREADS"
-TASKS_IN_FLIGHT_PER_WORKER = 2  # submitted, unconsumed chunks per thread: bounds memory to a few chunks
 
 T = TypeVar("T")
 
@@ -58,42 +56,67 @@ def resolve_workers(workers: int | None = None) -> int:
     return workers
 
 
-def run_in_order(tasks: Iterable[Callable[[], T]], workers: int, consume: Callable[[T], None]) -> None:
-    """Run `tasks` on `workers` threads and `consume` their results in task order (in this thread).
+def run_chunks(starts: Sequence[int], workers: int, process: Callable[[int], None]) -> None:
+    """Call `process(start)` once for every start, on `workers` threads (this thread is one of them).
 
-    At most TASKS_IN_FLIGHT_PER_WORKER * workers tasks are submitted and not yet consumed, so memory
-    stays bounded by a few tasks' results. A task that raises is re-raised when its turn comes:
-    the exception of the EARLIEST failing task wins (later tasks run or not, as timing allows, but
-    their results and errors are dropped). Once any task has failed nothing more is submitted.
+    Starts are handed out one at a time in increasing order from a shared cursor, so each thread
+    holds one chunk at a time (memory: one chunk's scratch per thread, nothing queued). When a call
+    raises, nothing after it is handed out, the calls already running finish, and the exception of
+    the SMALLEST failing start is raised - the one a sequential loop would raise, whatever the
+    timing: every smaller start was handed out before it and has finished. `process` must write
+    only per-thread state (`PerThread`) or take a lock.
     """
-    limit = TASKS_IN_FLIGHT_PER_WORKER * workers
-    pending: deque = deque()
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="moe-place-count") as pool:
-        try:
-            for task in tasks:
-                if any(future.done() and future.exception() is not None for future in pending):
-                    break  # a task failed: submit nothing more; its error (or an earlier one) is raised below
-                pending.append(pool.submit(task))
-                if len(pending) >= limit:
-                    consume(pending.popleft().result())
-            while pending:
-                consume(pending.popleft().result())
-        finally:
-            for future in pending:
-                future.cancel()
+    lock = threading.Lock()
+    cursor = {"next": 0, "stop": len(starts)}  # hand out starts[next] while next < stop
+    errors: dict[int, BaseException] = {}
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = cursor["next"]
+                if i >= cursor["stop"]:
+                    return
+                cursor["next"] = i + 1
+            try:
+                process(starts[i])
+            except BaseException as exc:
+                with lock:
+                    errors[i] = exc
+                    # an interrupt stops everything at once; an input error only what comes after it
+                    cursor["stop"] = min(cursor["stop"], i if isinstance(exc, Exception) else -1)
+                return
+
+    helpers = [threading.Thread(target=work, name=f"moe-place-count-{n}", daemon=True) for n in range(workers - 1)]
+    try:
+        for helper in helpers:
+            helper.start()
+        work()
+        for helper in helpers:
+            helper.join()
+    except BaseException:  # interrupted outside `process`: the helpers stop after their chunk
+        with lock:
+            cursor["stop"] = -1
+        raise
+    if errors:
+        interrupts = [i for i, exc in errors.items() if not isinstance(exc, Exception)]
+        raise errors[min(interrupts or errors)]
 
 
-def per_thread(make: Callable[[], T]) -> Callable[[], T]:
-    """A getter returning one object per calling thread, made by `make()` on the thread's first call."""
-    local = threading.local()
+class PerThread(Generic[T]):
+    """One object per calling thread, made by `make()` on the thread's first `get()`; `made` lists them
+    all (to fold per-thread results once the threads are done)."""
 
-    def get() -> T:
-        value = getattr(local, "value", None)
+    def __init__(self, make: Callable[[], T]):
+        self._make = make
+        self._local = threading.local()
+        self.made: list[T] = []
+
+    def get(self) -> T:
+        value = getattr(self._local, "value", None)
         if value is None:
-            value = local.value = make()
+            value = self._local.value = self._make()
+            self.made.append(value)
         return value
-
-    return get
 
 
 def chunk_tokens_for(num_layers: int, top_k: int, chunk_tokens: int | None = None) -> int:
@@ -181,17 +204,15 @@ class DispatchCounter:
             return out
         self._check_shape(ids)
         self.reserve(chunk_tokens)
-        counter = per_thread(self.clone)
+        scratch = PerThread(lambda: (self.clone(), np.zeros_like(out)))
 
-        def task(start: int) -> np.ndarray:
-            part = np.zeros_like(out)
-            counter().add(ids[start:start + chunk_tokens], part, start)
-            return part
+        def process(start: int) -> None:
+            counter, sums = scratch.get()
+            counter.add(ids[start:start + chunk_tokens], sums, start)
 
-        def add(part: np.ndarray) -> None:
-            np.add(out, part, out=out)
-
-        run_in_order((partial(task, start) for start in starts), workers, add)
+        run_chunks(starts, workers, process)
+        for _, sums in scratch.made:
+            out += sums
         return out
 
     # ------------------------------------------------------------------ steps

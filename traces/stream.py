@@ -5,32 +5,32 @@ member of an `.npz` (our format, `moe_place.traces.npz`) chunk by chunk, validat
 (ids in range, no expert twice in one token's top-k) and accumulates the counts per step:
 - an uncompressed (stored) member is read straight from the file: the zip local header and the
   `.npy` header give the data offset; sequentially `readinto` fills one reused chunk buffer at a
-  time, in parallel (`workers` > 1, see `moe_place.traces.count`) each thread reads its chunks
+  time; in parallel (`workers` > 1, see `moe_place.traces.count`) each thread reads its chunks
   into its own buffer with positional reads (`os.preadv` at the chunk's offset, no shared file
-  position) and returns the chunk's partial counts, added in chunk order by the calling thread;
+  position) and counts them into its own `[layers, experts]` sums, added to the shared counts
+  when it moves to another step and at the end;
 - a compressed (deflated) member is decompressed chunk by chunk through `zipfile` (sequential);
 - a plain `.npy` file is memory-mapped (`stream_npy_counts`).
 Memory: one chunk of ids and its keys (`chunk_tokens * layers * k` elements each, about 256K by
 default), the counts
 `[steps, layers, experts]`, and the `step` array if present (8 bytes per token, 1/(layers*k)
-of the ids at int64: that member is read whole). In parallel: that per thread, plus the partial
-counts of at most 2 * workers chunks (one `[layers, experts]` per chunk within one step; a chunk
-spanning several steps sends (flat index, count) pairs, at most its number of ids).
+of the ids at int64: that member is read whole). In parallel: the chunk's buffers and one
+`[layers, experts]` sums array per thread (nothing is queued between threads).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import threading
 import zipfile
-from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.traces.count import DispatchCounter, chunk_tokens_for, per_thread, resolve_workers, run_in_order
+from moe_place.traces.count import DispatchCounter, PerThread, chunk_tokens_for, resolve_workers, run_chunks
 from moe_place.traces.model import Trace
 from moe_place.traces.npz import (check_meta_against_ids, check_num_experts, error_reason, header_meta, open_npz,
                                   read_header, read_member, step_index)
@@ -126,71 +126,53 @@ def _add_by_step(counter: DispatchCounter, chunk: np.ndarray, index: np.ndarray,
 
 
 class _ChunkScratch:
-    """One thread's buffers: a counter (keys, flags), the chunk's ids and a `[layers, experts]` sum."""
+    """One thread's buffers: a counter (keys, flags), the chunk's ids, and `sums` `[layers, experts]`:
+    counts of step `step` not yet added to the shared `counts` (added under `lock` when the thread
+    moves to another step, and at the end)."""
 
-    def __init__(self, counter: DispatchCounter, chunk_shape: tuple[int, int, int], dtype: np.dtype):
+    def __init__(self, counter: DispatchCounter, chunk_shape: tuple[int, int, int], dtype: np.dtype,
+                 counts: np.ndarray, lock: threading.Lock):
         self.counter = counter.clone()
         self.ids = np.empty(chunk_shape, dtype=dtype)
-        self.sums = np.zeros(chunk_shape[1:2] + (counter.num_experts,), dtype=np.int64)
+        self.sums = np.zeros(counts.shape[1:], dtype=np.int64)
+        self.step = 0
+        self._counts = counts
+        self._lock = lock
+
+    def step_sums(self, step: int) -> np.ndarray:
+        """The array to add step `step`'s counts to (another step's sums are flushed first)."""
+        if step != self.step:
+            self.flush()
+            self.step = step
+        return self.sums
+
+    def flush(self) -> None:
+        with self._lock:
+            self._counts[self.step] += self.sums
+        self.sums.fill(0)
 
 
 def _count_in_parallel(reader: "IdsReader", counter: DispatchCounter, index: np.ndarray | None,
                        counts: np.ndarray, chunk_tokens: int, workers: int) -> None:
-    """`counts[step] +=` every chunk's counts, chunks read, validated and counted on `workers` threads.
-
-    A task returns [(step, None, [layers, experts] counts)] when its chunk lies in one step, else
-    [(step, flat indices, counts at them), ...] per step (sparse, so bounded by the chunk's ids).
-    """
+    """`counts[step] +=` every chunk's counts; chunks read, validated and counted on `workers` threads
+    (`count.run_chunks`: the error raised is the earliest bad chunk's, as sequentially)."""
     tokens, num_layers, k = reader.shape
     counter.reserve(chunk_tokens)
-    scratch = per_thread(lambda: _ChunkScratch(counter, (chunk_tokens, num_layers, k), reader.dtype))
+    lock = threading.Lock()
+    scratch = PerThread(lambda: _ChunkScratch(counter, (chunk_tokens, num_layers, k), reader.dtype, counts, lock))
 
-    def task(start: int) -> list[tuple[int, np.ndarray | None, np.ndarray]]:
-        own = scratch()
+    def process(start: int) -> None:
+        own = scratch.get()
         ids = own.ids[:min(chunk_tokens, tokens - start)]
         reader.read_at(start, ids)
         if index is None:
-            out = np.zeros_like(own.sums)
-            own.counter.add(ids, out, start)
-            return [(0, None, out)]
-        parts = []  # finished steps: (step, flat indices, counts)
-        current = []  # the step whose counts are in own.sums
+            own.counter.add(ids, own.sums, start)
+        else:
+            _add_by_step(own.counter, ids, index[start:start + ids.shape[0]], start, own.step_sums)
 
-        def target(step: int) -> np.ndarray:
-            if current:
-                parts.append(_take_sparse(current.pop(), own.sums))
-            current.append(step)
-            return own.sums
-
-        try:
-            _add_by_step(own.counter, ids, index[start:start + ids.shape[0]], start, target)
-        except BaseException:
-            own.sums.fill(0)
-            raise
-        if not parts:  # the chunk lies in one step
-            out = own.sums.copy()
-            own.sums.fill(0)
-            return [(current[0], None, out)]
-        parts.append(_take_sparse(current.pop(), own.sums))
-        return parts
-
-    def add(parts: list[tuple[int, np.ndarray | None, np.ndarray]]) -> None:
-        for step, where, values in parts:
-            if where is None:
-                counts[step] += values
-            else:
-                counts[step].reshape(-1)[where] += values
-
-    run_in_order((partial(task, start) for start in range(0, tokens, chunk_tokens)), workers, add)
-
-
-def _take_sparse(step: int, sums: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
-    """(step, flat indices, counts) of the nonzero entries of `sums` `[layers, experts]`, which is zeroed."""
-    flat = sums.reshape(-1)
-    where = np.flatnonzero(flat)
-    values = flat[where]
-    flat[where] = 0
-    return step, where, values
+    run_chunks(range(0, tokens, chunk_tokens), workers, process)
+    for own in scratch.made:
+        own.flush()
 
 
 class IdsReader:
