@@ -10,7 +10,7 @@ Routing decisions per second (one decision = one (token, layer, expert) id) for:
   (no file, no validation): the cost of validation alone is stream vs chunked;
 - stream:   `moe_place.traces.stream.stream_npz_counts` end to end: open the uncompressed `.npz`,
   read `topk_ids` chunk by chunk, validate every chunk (ids in range, no expert twice in one
-  token's top-k) and count per layer, with memory bounded by a few chunks, on `--threads`
+  token's top-k) and count per layer, with memory bounded by one chunk per thread, on `--threads`
   threads (default: `MOE_PLACE_THREADS`, else min(2, cores) - the library's default);
 - stream-1t: the same on one thread (the sequential path), so the single-core figure stays visible;
 - memory:   the same validation and counting on the in-memory array (no file), `--threads` threads;
