@@ -128,7 +128,7 @@ def test_streaming_memory_is_bounded_by_the_chunk(tmp_path, workers):
         tracemalloc.stop()
     np.testing.assert_array_equal(trace.counts[0], expected)
     # per thread: the chunk buffer, its keys and compare flags, and np.bincount's internal int64 copy
-    # of the keys; in parallel also the partial counts of the chunks in flight (small here)
+    # of the keys (and a [layers, experts] sums array)
     chunk_bytes = 2048 * 8 * 8 * 2
     assert peak < workers * 8 * chunk_bytes and peak < workers * nbytes / 10
 
