@@ -9,6 +9,10 @@ migration time. Every controller starts from the same map (by default planned fr
 
 Hindsight bounds: `hindsight_static` plans once for the whole trace (knowing it all);
 `hindsight_per_step` plans every step for that step's own counts with free migration.
+A reference that needs no foresight: `free_replan_reference` plans afresh every `every` steps
+from the last `every` steps and migrates for free - what a controller predicting from recent
+history could reach if copies cost nothing (not a bound: a lucky controller can beat it, but
+on the bench traces no migration-paying controller came near it).
 """
 
 from __future__ import annotations
@@ -183,6 +187,27 @@ def hindsight_per_step(counts: np.ndarray, cost: ReplayCost, num_physical: int, 
         balance[step] = balancedness_of(plan, counts[step])
     zeros = np.zeros(steps)
     return ReplayResult("hindsight-per-step", expert_s, balance, np.zeros(steps, dtype=np.int64), zeros, (), 0, 0)
+
+
+def free_replan_reference(counts: np.ndarray, cost: ReplayCost, initial: Placement, every: int = 16,
+                          num_groups: int | None = None, solver: str = "fast") -> ReplayResult:
+    """Reference: from `initial`, every `every` steps a fresh plan for the mean of the last `every`
+    steps' counts (no look-ahead), switched with free migration (see the module note)."""
+    counts = check_counts_3d(counts)
+    if every < 1:
+        raise InputError("every", "an integer >= 1 steps", every)
+    steps = counts.shape[0]
+    expert_s, balance = np.zeros(steps), np.zeros(steps)
+    plan = initial
+    for start in range(0, steps, every):
+        if start:
+            plan = plan_placement(counts[start - every:start].mean(axis=0), initial.num_physical_experts, num_groups,
+                                  initial.num_nodes, initial.num_gpus, solver=solver)
+        for step in range(start, min(start + every, steps)):
+            expert_s[step] = cost.step_time_s(plan, counts[step])
+            balance[step] = balancedness_of(plan, counts[step])
+    return ReplayResult(f"free-replan-{every}", expert_s, balance, np.zeros(steps, dtype=np.int64), np.zeros(steps),
+                        (), 0, 0)
 
 
 # ---------------------------------------------------------------------- synthetic traces
