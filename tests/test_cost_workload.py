@@ -14,6 +14,7 @@ from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import PRESETS, get_model
 from moe_place.cost.topology import parse_topology_spec
 from moe_place.placement import Placement
+from moe_place.planfile import PlanFile, read_plan, write_plan
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
 
@@ -30,8 +31,7 @@ def run_json(capsys, path) -> dict:
 
 def test_trace_and_plan_workload(capsys):
     report = run_json(capsys, SCENARIOS / "trace_qwen3_30b_ep8.toml")
-    plan = json.loads((SCENARIOS / "plan_qwen3_30b_ep8.json").read_text())
-    placement = Placement(np.array(plan["phy2log"]), plan["num_logical_experts"], plan["num_gpus"])
+    placement = read_plan(SCENARIOS / "plan_qwen3_30b_ep8.json").placement
     trace = load_trace(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))
     counts = np.zeros((placement.num_layers, 128))
     counts[0] = trace.step_counts()[0, 0]
@@ -50,8 +50,7 @@ def test_trace_and_plan_workload(capsys):
 def test_count_level_trace_spreads_tokens_over_sources(capsys, tmp_path):
     placement = Placement.contiguous(3, 8, 8)
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"phy2log": placement.phy2log.tolist(), "num_gpus": 8, "num_nodes": 1,
-                                "num_logical_experts": 8}))
+    write_plan(plan, PlanFile(placement, (0, 1, 2)))
     trace_path = bundled_path("mixtral-8x7b_expert_counts_L0_L7_L15.npz")
     scenario = tmp_path / "s.toml"
     scenario.write_text(f'[model]\npreset = "Mixtral-8x7B"\n[topology]\nspec = "2 nodes x 4 H100, 400 Gbit/s NIC"\n'
@@ -66,8 +65,7 @@ def test_count_level_trace_spreads_tokens_over_sources(capsys, tmp_path):
 def test_plan_with_more_gpus_than_topology(capsys, tmp_path):
     placement = Placement.contiguous(1, 128, 16)
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"phy2log": placement.phy2log.tolist(), "num_gpus": 16, "num_nodes": 1,
-                                "num_logical_experts": 128}))
+    write_plan(plan, PlanFile(placement, (0,)))
     scenario = tmp_path / "s.toml"
     scenario.write_text(f'[model]\npreset = "Qwen3-30B-A3B"\n[topology]\nspec = "1 node x 8 H100"\n[workload]\n'
                         f'trace = "{bundled_path("qwen3-30b-a3b_prefill_topk.npz")}"\nplan = "{plan}"\n')
@@ -172,3 +170,15 @@ def test_one_degraded_direction_slows_only_its_phase(capsys, tmp_path):
     capsys.readouterr()
     assert main(["predict", str(path)]) == 2
     assert "links[0]" in capsys.readouterr().err
+
+
+def test_a_plan_file_that_is_not_a_plan_is_one_line_exit_2(capsys, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"phy2log": Placement.contiguous(1, 128, 8).phy2log.tolist(), "num_gpus": 8}))
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'[model]\npreset = "Qwen3-30B-A3B"\n[topology]\nspec = "1 node x 8 H100"\n[workload]\n'
+                        f'trace = "{bundled_path("qwen3-30b-a3b_prefill_topk.npz")}"\nplan = "{plan}"\n')
+    capsys.readouterr()
+    assert main(["predict", str(scenario)]) == 2
+    err = capsys.readouterr().err
+    assert str(plan) in err and len(err.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ from moe_place.cli.main import main
 from moe_place.engines.sglang import read_init_expert_location
 from moe_place.engines.vllm import EXPORT_FORMAT, read_static_map
 from moe_place.placement import Placement
-from moe_place.solvers.planfile import PlanFile, write_plan
+from moe_place.planfile import PlanFile, write_plan
 
 PHY2LOG = np.array([[0, 1, 2, 3, 0, 2], [3, 2, 1, 0, 1, 3], [0, 3, 1, 2, 0, 3]])
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("moe_place.__init__", "moe_place.errors", "moe_place.glossary", "moe_place.io"),
     ("moe_place.traces",),
-    ("moe_place.placement",),
+    ("moe_place.placement", "moe_place.planfile"),
     ("moe_place.analysis",),
     ("moe_place.cost",),
     ("moe_place.problem",),

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.cli.plan import print_report
     from moe_place.errors import InputError
     from moe_place.solvers.evaluate import evaluate_placement
-    from moe_place.solvers.planfile import read_plan
+    from moe_place.planfile import read_plan
     from moe_place.traces.load import load_trace
 
     plan = read_plan(args.plan)

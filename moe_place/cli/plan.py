@@ -127,7 +127,7 @@ def report_rows(problem, solution, split: str) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     from moe_place.errors import InputError
     from moe_place.solvers import solve
-    from moe_place.solvers.planfile import PlanFile, file_sha256, read_plan, write_plan
+    from moe_place.planfile import PlanFile, file_sha256, read_plan, write_plan
 
     if args.current is None and (args.max_moved_slots is not None or args.move_cost):
         raise InputError("--max-moved-slots/--move-cost", "--current PLAN as well")

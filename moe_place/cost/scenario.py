@@ -5,7 +5,6 @@ resolved against the scenario file's folder. See `SCHEMA` for every key.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -172,20 +171,13 @@ def build_workload(sc: Scenario, table: dict | None = None, where: str = "worklo
 
 def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
     from moe_place.analysis.dispatch import dispatch_matrix, expert_to_gpu_share, token_sources
-    from moe_place.placement import Placement
+    from moe_place.planfile import read_plan
     from moe_place.traces.load import load_trace
 
     if "plan" not in table:
         raise InputError(f"{here}.plan", "a plan file next to the trace", "nothing")
     plan_path = sc.resolve(str(table["plan"]))
-    if not plan_path.is_file():
-        raise InputError(str(plan_path), "an existing plan JSON file", "no such file")
-    try:
-        plan = json.loads(plan_path.read_text())
-        placement = Placement(np.asarray(plan["phy2log"]), int(plan["num_logical_experts"]), int(plan["num_gpus"]),
-                              int(plan.get("num_nodes", 1)))
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise InputError(str(plan_path), "JSON with phy2log, num_gpus, num_nodes, num_logical_experts", repr(exc)) from None
+    placement = read_plan(plan_path).placement  # checked: version, keys, shapes, log2phy/logcnt agree
     if placement.num_gpus > topo.num_gpus:
         raise InputError(f"{plan_path}: num_gpus", f"at most the topology's {topo.num_gpus} GPUs", placement.num_gpus)
     trace = load_trace(sc.resolve(str(table["trace"])))

@@ -23,8 +23,8 @@ SUFFIXES = {"sglang": (".json", ".pt"), "vllm": (".json",), "eplb": (".pt", ".np
 
 
 def read_plan_placement(path: str | Path) -> tuple[Placement, tuple[int, ...]]:
-    """The placement and model layer ids of a plan file (`moe_place.solvers.planfile`)."""
-    from moe_place.solvers.planfile import read_plan
+    """The placement and model layer ids of a plan file (`moe_place.planfile`)."""
+    from moe_place.planfile import read_plan
 
     plan = read_plan(path)
     return plan.placement, tuple(plan.layer_ids)
