@@ -8,6 +8,8 @@ import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moe_place.errors import InputError
 from moe_place.traces import load_trace
@@ -261,3 +263,45 @@ def test_range_check_reports_the_offending_id(dtype, experts, bad, got):
     for workers in (1, 2):
         assert _error(counter.count, ids, chunk_tokens=64, workers=workers) == \
             f"ids: expected expert ids in [0, {experts}), got {got}"
+
+
+# ------------------------------------------------------------------ one-call repeat check
+def _brute_first_repeat(ids):
+    for t in range(ids.shape[0]):
+        for layer in range(ids.shape[1]):
+            if len(set(ids[t, layer].tolist())) < ids.shape[2]:
+                return t, layer
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.integers(1, 40), layers=st.integers(1, 3), k=st.integers(1, 6), chunk=st.integers(1, 17),
+       seed=st.integers(0, 10**6), plants=st.integers(0, 2))
+def test_counting_finds_exactly_the_brute_force_repeats(tokens, layers, k, chunk, seed, plants):
+    experts = 8
+    ids = _ids(tokens, layers, experts, k, seed)
+    rng = np.random.default_rng(seed)
+    for _ in range(plants if k > 1 else 0):  # anywhere, the last token of a chunk or of the trace included
+        t, layer = rng.integers(tokens), rng.integers(layers)
+        i, j = rng.choice(k, 2, replace=False)
+        ids[t, layer, i] = ids[t, layer, j]
+    expected = _brute_first_repeat(ids)
+    counter = DispatchCounter(layers, experts, k, "ids")
+    for workers in (1, 2):
+        if expected is None:
+            reference = np.stack([np.bincount(ids[:, m].ravel(), minlength=experts) for m in range(layers)])
+            np.testing.assert_array_equal(counter.count(ids, chunk_tokens=chunk, workers=workers), reference)
+        else:
+            message = _error(counter.count, ids, chunk_tokens=chunk, workers=workers)
+            assert message.endswith(f"a repeated expert at token {expected[0]}, layer {expected[1]}")
+
+
+def test_keys_past_the_chunk_never_count_as_repeats():
+    # the key buffer is np.empty: whatever lies past the chunk's keys must not match its last row
+    counter = DispatchCounter(1, 8, 3, "ids")
+    ids = np.array([[[0, 1, 2]]], dtype=np.int16)  # one token: the last row has keys 0, 1, 2
+    keys = counter._make_keys(ids)
+    counter._keys[keys.size:] = keys[-1]  # poison the slots past the keys, then rebuild them
+    keys = counter._make_keys(ids)
+    assert not counter._has_repeat(keys)
+    np.testing.assert_array_equal(counter.count(ids, workers=1), [[1, 1, 1, 0, 0, 0, 0, 0]])

@@ -122,15 +122,16 @@ def test_streaming_memory_is_bounded_by_the_chunk(tmp_path, workers):
     del ids
     tracemalloc.start()
     try:
-        trace = stream_npz_counts(path, chunk_tokens=2048, workers=workers)
+        trace = stream_npz_counts(path, chunk_tokens=1024, workers=workers)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     np.testing.assert_array_equal(trace.counts[0], expected)
-    # per thread: the chunk buffer, its keys and compare flags, and np.bincount's internal int64 copy
-    # of the keys (and a [layers, experts] sums array)
-    chunk_bytes = 2048 * 8 * 8 * 2
-    assert peak < workers * 8 * chunk_bytes and peak < workers * nbytes / 10
+    # per thread, in units of the chunk's int16 bytes: the chunk buffer (1), its keys (1), the key
+    # offsets (1, shared), the k-1 = 7 compare flags per id (3.5) and np.bincount's internal int64
+    # copy of the keys (4); plus a [layers, experts] sums array
+    chunk_bytes = 1024 * 8 * 8 * 2
+    assert peak < workers * 12 * chunk_bytes and peak < workers * nbytes / 10
 
 
 def test_load_trace_streams_large_token_files(tmp_path):

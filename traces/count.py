@@ -9,7 +9,11 @@ The hot path of reading token-level traces. Per chunk of ids `[tokens, layers, k
    s in 1..k-1 with t and t+s in the same row. Pairs that straddle two rows compare keys of two
    different layers (adjacent rows are adjacent layers), which can never be equal, so no mask is
    needed: k-1 contiguous vector compares, no sort. (One-layer traces get an alternating offset
-   per row so that neighbouring rows still differ.)
+   per row so that neighbouring rows still differ.) The k-1 shifts are ONE `np.equal` over a
+   `[k-1, n]` strided view of the keys (k-1 sentinels -1 after them) and one `any`: two long
+   numpy calls instead of 2(k-1) short ones, so threads rarely wait for each other's GIL (a
+   waiting thread cannot wake up within a call of a few microseconds); the exact row is looked
+   up shift by shift only when a repeat exists.
 4. one `np.bincount` over the keys gives every layer's counts at once.
 Buffers are allocated once per chunk size and reused, so memory is bounded by the chunk.
 
@@ -154,9 +158,10 @@ class DispatchCounter:
         self._virtual_layers = 2 if num_layers == 1 else num_layers
         self._num_keys = self._virtual_layers * num_experts
         self._dtype = key_dtype(self._num_keys)
-        self._keys = np.empty(0, dtype=self._dtype)
-        self._equal = np.empty(0, dtype=bool)
+        self._keys = np.empty(0, dtype=self._dtype)  # chunk keys, then k - 1 sentinels
+        self._equal = np.empty(0, dtype=bool)  # [k - 1, chunk ids] compare flags
         self._offsets = np.empty(0, dtype=self._dtype)
+        self._shift_views: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def clone(self) -> "DispatchCounter":
         """A counter for the same trace with its own scratch buffers (one per thread); the read-only
@@ -235,13 +240,16 @@ class DispatchCounter:
 
     def _make_keys(self, ids: np.ndarray) -> np.ndarray:
         size = ids.size
-        if self._keys.size < size:
-            self._keys = np.empty(size, dtype=self._dtype)
-            self._equal = np.empty(size, dtype=bool)
+        k = self.top_k
+        if self._keys.size < size + k - 1:
+            self._keys = np.empty(size + k - 1, dtype=self._dtype)
+            self._equal = np.empty(max(1, k - 1) * size, dtype=bool)
+            self._shift_views = None
         self.reserve(ids.shape[0])
         keys = self._keys[:size]
         # a contiguous add (SIMD) is several times faster than broadcasting [n, layers, 1] over k
         np.add(ids.reshape(-1), self._offsets[:size], out=keys, casting="unsafe")
+        self._keys[size:size + k - 1] = -1  # sentinels: never equal to a key
         return keys
 
     def _offset_tile(self, n: int) -> np.ndarray:
@@ -264,7 +272,24 @@ class DispatchCounter:
                 return start + token, layer
         return None
 
+    def _has_repeat(self, keys: np.ndarray) -> bool:
+        """Whether `key[t] == key[t + s]` for any t and shift s in 1..k-1 (keys from `_make_keys`)."""
+        k, size = self.top_k, keys.size
+        if k < 2:
+            return False
+        if self._shift_views is None or self._shift_views[0] != size:
+            base, item = self._keys, self._keys.itemsize
+            # left[s - 1, t] = key[t], right[s - 1, t] = key[t + s] (past the keys: the sentinels)
+            left = np.ndarray((k - 1, size), dtype=base.dtype, buffer=base, strides=(0, item))
+            right = np.ndarray((k - 1, size), dtype=base.dtype, buffer=base, offset=item, strides=(item, item))
+            self._shift_views = (size, left, right, self._equal[: (k - 1) * size].reshape(k - 1, size))
+        _, left, right, equal = self._shift_views
+        np.equal(left, right, out=equal)
+        return bool(equal.any())
+
     def _check_repeats(self, keys: np.ndarray, n: int, token_offset: int) -> None:
+        if not self._has_repeat(keys):
+            return
         row = self._first_repeated_row(keys)
         if row is not None:
             token, layer = divmod(row, self.num_layers)
