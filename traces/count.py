@@ -36,7 +36,7 @@ import numpy as np
 
 from moe_place.errors import InputError
 
-CHUNK_ELEMENTS = 1 << 18  # ids per chunk: 512 KB of int16 (np.bincount's int64 copy: 2 MB), cache-sized
+CHUNK_ELEMENTS = 1 << 18  # ids per chunk: 512 KB of int16 (+ k-1 compare flags per id, np.bincount's int64 copy: 2 MB)
 THREADS_ENV = "MOE_PLACE_THREADS"
 
 T = TypeVar("T")
