@@ -561,63 +561,12 @@ def section_dispatch(ctx: Context) -> dict:
 
 # ---------------------------------------------------------------------------------------- tables
 def print_tables(result: dict, out=sys.stdout) -> None:
-    sec = result["sections"]
-    cal = result["calibration"]
-    p = lambda *a: print(*a, file=out)  # noqa: E731
-    p(f"# moe-place microbench ({result['env']['timing']}; device {result['env'].get('gpu_name', result['env']['device'])})")
-    p(f"calibration: dense matmul {cal['dense_flops_per_s'] / 1e12:.3g} TFLOP/s, copy {cal['copy_bytes_per_s'] / 1e9:.3g} GB/s, "
-      f"alpha {cal['alpha_s'] * 1e6:.1f} us; catalog {result['env']['gpu_part']}: "
-      f"{cal['catalog_flops_per_s'] / 1e12:.1f} TFLOP/s, {cal['catalog_hbm_bytes_per_s'] / 1e9:.0f} GB/s")
-    if "padding" in sec:
-        p("\n## padding staircase (measured / predicted with measured rates)")
-        p(f"{'BLOCK_M':>7} {'rows/exp':>8} {'padded':>7} {'pad x':>6} {'useful TF/s':>11} {'exec TF/s':>9} "
-          f"{'measured ms':>11} {'pred ms':>8} {'ratio':>6}")
-        for r in sec["padding"]["rows"]:
-            p(f"{r['block_m']:>7} {r['rows_per_expert']:>8} {r['padded_rows_kernel']:>7} {r['padding_ratio']:>6.2f} "
-              f"{r['useful_tflops']:>11.3f} {r['executed_tflops']:>9.3f} {r['measured_s'] * 1e3:>11.4f} "
-              f"{r['predicted_s'] * 1e3:>8.4f} {_fmt(r['ratio'])}")
-    if "gemm" in sec:
-        p("\n## grouped GEMM vs dense torch.matmul (same rows)")
-        p(f"{'rows/exp':>8} {'BLOCK_M':>7} {'grouped TF/s':>12} {'dense TF/s':>10} {'grouped/dense':>13} {'ratio':>6} "
-          f"{'fp8 TF/s':>8}")
-        for r in sec["gemm"]["rows"]:
-            fp8 = f"{r['fp8_grouped_tflops']:>8.1f}" if "fp8_grouped_tflops" in r else f"{'-':>8}"
-            p(f"{r['rows_per_expert']:>8} {r['block_m']:>7} {r['grouped_tflops']:>12.3f} {r['dense_tflops']:>10.3f} "
-              f"{r['grouped_over_dense']:>13.2f} {_fmt(r['ratio'])} {fp8}")
-    if "skew" in sec:
-        p("\n## skew at equal total rows (busiest rank / balanced)")
-        p(f"{'load':<34} {'placement':<20} {'max rows':>8} {'skew meas':>9} {'skew pred':>9} {'ratio':>6}")
-        for c in sec["skew"]["cases"]:
-            p(f"{c['load']:<34} {c['placement']:<20} {max(c['rows_per_gpu']):>8} {c['skew_measured']:>9.3f} "
-              f"{c['skew_predicted']:>9.3f} {_fmt(c['ratio'])}")
-    if "payback" in sec:
-        b = sec["payback"]
-        p("\n## replica payback (SPEC C9 shape)")
-        p(f"saving per batch: measured {b['saving_measured_s'] * 1e3:.4f} ms, predicted {b['saving_predicted_s'] * 1e3:.4f} ms "
-          f"(ratio {_fmt(b['saving_ratio'])})")
-        p(f"copy 7 x {b['expert_bytes'] / 2**20:.1f} MiB: measured {b['copy_measured_s'] * 1e3:.4f} ms at "
-          f"{b['copy_bytes_per_s'] / 1e9:.1f} GB/s, model {b['copy_predicted_s'] * 1e3:.4f} ms")
-        p(f"N_min: measured {b['n_min_measured']}, predicted {b['n_min_predicted']} "
-          f"(model with the measured saving: {b['n_min_model_with_measured_saving']}); "
-          f"catalog NVLink 450 GB/s: {b['nvlink_catalog']['n_min']}")
-    if "dispatch" in sec:
-        d = sec["dispatch"]
-        p(f"\n## dispatch/combine per rank (Qwen3 layer {d['layer']}, {d['tokens']} tokens, {d['gpus']} ranks; "
-          f"traffic matches model: {d['traffic_matches_model']}; NVLink transfer bound {d['dispatch_transfer_predicted_s'] * 1e6:.1f} us)")
-        p(f"{'rank':>4} {'send MiB':>8} {'off-rank':>8} {'pack us':>8} {'pred':>8} {'combine us':>10} {'pred':>8}")
-        for r in d["per_rank"]:
-            p(f"{r['rank']:>4} {r['send_bytes'] / 2**20:>8.3f} {r['send_bytes_off_rank'] / 2**20:>8.3f} "
-              f"{r['pack_measured_s'] * 1e6:>8.1f} {r['pack_predicted_s'] * 1e6:>8.1f} "
-              f"{r['combine_measured_s'] * 1e6:>10.1f} {r['combine_predicted_s'] * 1e6:>8.1f}")
-    for name, why in result.get("skipped", {}).items():
-        p(f"\n## {name}: skipped ({why})")
-    if result.get("checks"):
-        bad = [c for c in result["checks"] if not c["ok"]]
-        p(f"\nkernel checks vs torch reference: {len(result['checks']) - len(bad)}/{len(result['checks'])} ok")
+    """The result as `moe-place report` renders it (markdown tables, no plots): one rendering for both."""
+    from pathlib import Path
 
+    from moe_place.cli.report import render_markdown
 
-def _fmt(x) -> str:
-    return f"{x:>6.2f}" if x is not None else f"{'-':>6}"
+    print(render_markdown(result, Path("microbench"), {}), file=out)
 
 
 # ---------------------------------------------------------------------------------------- main

@@ -36,7 +36,7 @@ def test_dry_run_records_environment_and_kernel_checks(dry_run):
     assert {"torch", "triton", "gpu_part"} <= set(result["env"])
     assert set(result["sections"]) == {"padding", "gemm", "skew", "payback", "dispatch"}
     assert result["checks"] and all(c["ok"] for c in result["checks"])
-    assert "## padding staircase" in stdout and "## replica payback" in stdout
+    assert "### Padding staircase" in stdout and "### Replica payback" in stdout
 
 
 def test_dry_run_padding_counts_follow_the_formula(dry_run):
@@ -109,7 +109,7 @@ def test_bench_cli_forwards_to_microbench(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert list(result["sections"]) == ["dispatch"]
     assert result["sections"]["dispatch"]["traffic_matches_model"] is True
-    assert "dispatch/combine per rank" in capsys.readouterr().out
+    assert "Dispatch/combine per rank" in capsys.readouterr().out  # the report's rendering
 
 
 def test_bench_predictions_reproduce_spec_c9():
