@@ -237,8 +237,18 @@ def test_bad_thread_env_is_an_input_error(tmp_path, monkeypatch, value):
     monkeypatch.setenv(THREADS_ENV, value)
     for call in (lambda: stream_npz_counts(path), lambda: load_trace(path, max_token_bytes=10),
                  lambda: DispatchCounter(2, 16, 4, "x").count(_ids(50, 2, 16, 4))):
-        message = _error(call)  # (load_trace prefixes its file to every InputError raised inside)
-        assert f"{THREADS_ENV}: expected an integer >= 1" in message and message.endswith(f"got {value!r}")
+        message = _error(call)
+        assert message.startswith(f"{THREADS_ENV}: expected an integer >= 1") and message.endswith(f"got {value!r}")
+
+
+def test_bad_thread_env_from_the_cli_names_the_variable(monkeypatch, capsys):
+    from moe_place.cli.main import main
+    from moe_place.traces.bundled import bundled_path
+
+    monkeypatch.setenv(THREADS_ENV, "abc")
+    assert main(["analyze", str(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"error: {THREADS_ENV}: expected an integer >= 1" in err[0]
 
 
 @pytest.mark.parametrize("workers", [0, -1, True, 2.0])

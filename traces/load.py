@@ -17,6 +17,7 @@ from pathlib import Path
 
 from moe_place.errors import InputError
 from moe_place.traces.bundled import is_bundled, load_bundled
+from moe_place.traces.count import resolve_workers
 from moe_place.traces.model import Trace, located
 from moe_place.traces.npz import READ_ERRORS, error_reason
 
@@ -38,6 +39,7 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
     max_token_bytes: token-level npz traces larger than this are streamed into a count-level
         trace (memory bounded by the chunk size) instead of being loaded whole.
     """
+    resolve_workers()  # a bad $MOE_PLACE_THREADS is named as itself, not as a fault of the file
     path = Path(path)
     kind = detect_format(path)
     try:
