@@ -147,32 +147,10 @@ def table(summary: dict) -> str:
 
 
 def plot(path: str, runs: list[tuple[dict, dict[str, ReplayResult]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from moe_place.io import write_atomic
+    from moe_place.online.plot import render_replay_png
 
-    fig, axes = plt.subplots(len(runs), 2, figsize=(13, 3.2 * len(runs)), squeeze=False)
-    for row, (summary, results) in enumerate(runs):
-        for name, r in results.items():
-            smooth = np.convolve(r.balancedness, np.ones(50) / 50, mode="valid")
-            axes[row, 0].plot(smooth, label=name, lw=1)
-            axes[row, 1].plot(r.cumulative_time_s(), label=name, lw=1)
-            for step in r.rebalance_steps if name == "periodic-eplb" else ():
-                axes[row, 0].axvline(step, color="grey", lw=0.5, ls=":")
-        name = f"{summary['scenario']} seed {summary['trace']['seed']}"
-        axes[row, 0].set(title=f"{name}: balancedness (50-step mean)", xlabel="step", ylabel="mean / max GPU load")
-        axes[row, 1].set(title=f"{name}: cumulative time", xlabel="step", ylabel="seconds")
-        axes[row, 0].legend(fontsize=7)
-        axes[row, 1].legend(fontsize=7)
-    fig.tight_layout()
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    write_atomic(path, buffer.getvalue())
+    write_atomic(path, render_replay_png([(f"{s['scenario']} seed {s['trace']['seed']}", r) for s, r in runs]))
 
 
 def _run_job(job: tuple) -> tuple[dict, dict[str, ReplayResult]]:

@@ -8,7 +8,6 @@ whose gap to the lower bound is above `AUTO_GAP`, within the total time limit.
 
 from __future__ import annotations
 
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
+from moe_place.progress import ProgressBar
 from moe_place.solvers import eplb as _eplb  # noqa: F401  (registers "eplb")
 from moe_place.solvers import fast as _fast  # noqa: F401  (registers "fast")
 from moe_place.solvers.base import STATUSES, LayerSolution, get_solver, register, solver_names
@@ -165,7 +165,7 @@ def _run_layers(problem: PlacementProblem, name: str, layers: list[int], limit: 
     """Solve `layers` with solver `name` in `jobs` processes; {layer: solution} (skipped layers absent)."""
     if not layers:
         return {}
-    bar = _Progress(len(layers), name) if progress else None
+    bar = ProgressBar(len(layers), f"plan {name}", "layers") if progress else None
     results: dict[int, LayerSolution] = {}
     if jobs == 1 or len(layers) == 1:
         instances: dict = {}
@@ -192,25 +192,3 @@ def _run_layers(problem: PlacementProblem, name: str, layers: list[int], limit: 
     if bar:
         bar.close()
     return results
-
-
-class _Progress:
-    """A one-line progress bar on stderr: `plan fast [#####.....] 12/48 layers`."""
-
-    def __init__(self, total: int, label: str, width: int = 30):
-        self.total, self.label, self.width, self.done = total, label, width, 0
-        self._draw()
-
-    def advance(self, count: int) -> None:
-        self.done += count
-        self._draw()
-
-    def _draw(self) -> None:
-        filled = self.width * self.done // max(self.total, 1)
-        sys.stderr.write(f"\rplan {self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                         f"{self.done}/{self.total} layers")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
-        sys.stderr.flush()

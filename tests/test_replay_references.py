@@ -55,3 +55,25 @@ def test_rejects_a_non_positive_interval():
     start = initial_placement(counts, GPUS, PHYSICAL)
     with pytest.raises(InputError, match="every"):
         free_replan_reference(counts, _cost(), start, every=0)
+
+
+def test_on_step_sees_every_step_in_order():
+    counts = _two_regimes(steps_each=5)
+    start = initial_placement(counts, GPUS, PHYSICAL)
+    seen = []
+    replay(counts, StaticController(), _cost(), start, on_step=seen.append)
+    assert seen == list(range(len(counts)))
+
+
+def test_cli_replay_plot_and_progress(tmp_path, capsys):
+    from moe_place.cli.main import main
+
+    png = tmp_path / "replay.png"
+    argv = ["replay", "--synthetic", "drift:steps=120,layers=2,experts=16,tokens=256,seed=0", "--gpus", "4",
+            "--controller", "ours", "--window", "40"]
+    assert main(argv + ["--plot", str(png)]) == 0
+    err = capsys.readouterr().err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert err.rstrip().endswith("replay ours [" + "#" * 30 + "] 120/120 steps")
+    assert main(argv + ["--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
     parser.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE (atomically)")
+    parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG: per-step balancedness and cumulative time")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.online.controller import make_controller
     from moe_place.online.costing import cluster_cost
     from moe_place.online.replay import initial_placement, parse_synthetic, replay
+    from moe_place.progress import ProgressBar
 
     if (args.trace is None) == (args.synthetic is None):
         raise InputError("replay", "a TRACE file or --synthetic SPEC (exactly one)")
@@ -98,12 +101,24 @@ def run(args: argparse.Namespace) -> int:
                        max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
     controller = make_controller(args.controller, cost, layers, experts, **options)
     start = initial_placement(counts, args.gpus, physical, args.nodes, window=args.window)
-    result = replay(counts, controller, cost, start, drain_steps=args.drain_steps)
+    bar = None if args.no_progress else ProgressBar(steps, f"replay {args.controller}", "steps")
+    result = replay(counts, controller, cost, start, drain_steps=args.drain_steps,
+                    on_step=None if bar is None else lambda _: bar.advance())
+    if bar is not None:
+        bar.close()
     doc = {**result.to_json(per_step=not args.no_per_step), "trace": source, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "hardware": cost.gpu.name,
            "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": args.copy_schedule}
     if args.out:
         write_json_atomic(args.out, doc)
+    if args.plot:
+        from pathlib import Path
+
+        from moe_place.io import write_atomic
+        from moe_place.online.plot import render_replay_png
+
+        title = f"{args.synthetic or Path(args.trace).name}, {args.gpus} GPUs"
+        write_atomic(args.plot, render_replay_png([(title, {args.controller: result})]))
     if args.format == "json":
         print(json.dumps(doc))
         return 0

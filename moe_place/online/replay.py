@@ -18,6 +18,7 @@ on the bench traces no migration-paying controller came near it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -123,8 +124,11 @@ def balancedness_of(placement: Placement, counts: np.ndarray) -> float:
 
 
 def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial: Placement,
-           drain_steps: int = 1) -> ReplayResult:
-    """Run `controller` over `counts [steps, layers, E]` starting from the map `initial`."""
+           drain_steps: int = 1, on_step: Callable[[int], None] | None = None) -> ReplayResult:
+    """Run `controller` over `counts [steps, layers, E]` starting from the map `initial`.
+
+    on_step: called with each step's index once it is done (e.g. a progress bar).
+    """
     counts = check_counts_3d(counts)
     steps, layers, experts = counts.shape
     if (initial.num_layers, initial.num_logical_experts) != (layers, experts):
@@ -144,21 +148,18 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
         expert_s[step] = cost.step_time_s(in_use, counts[step])
         balance[step] = balancedness_of(in_use, counts[step])
         controller.observe(step, counts[step])
-        if switch.busy:
-            continue
-        decision = controller.decide(step, switch.latest)
-        if decision is None:
-            continue
-        copies = cost.copies(switch.latest, decision.placement)
-        if not copies:
-            continue
-        staging = sum(c.num_bytes for c in copies)
-        switch.schedule(decision.placement, step, staging_bytes=staging)
-        moved_bytes[step] = sum(c.num_bytes for c in copies if c.src_gpu != c.dst_gpu)
-        copy_s[step] = cost.migration_time_s(copies)
-        rebalance_steps.append(step)
-        slots_moved += len(copies)
-        peak_staging = max(peak_staging, staging)
+        decision = None if switch.busy else controller.decide(step, switch.latest)
+        copies = cost.copies(switch.latest, decision.placement) if decision is not None else []
+        if copies:
+            staging = sum(c.num_bytes for c in copies)
+            switch.schedule(decision.placement, step, staging_bytes=staging)
+            moved_bytes[step] = sum(c.num_bytes for c in copies if c.src_gpu != c.dst_gpu)
+            copy_s[step] = cost.migration_time_s(copies)
+            rebalance_steps.append(step)
+            slots_moved += len(copies)
+            peak_staging = max(peak_staging, staging)
+        if on_step is not None:
+            on_step(step)
     return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
                         slots_moved, peak_staging)
 

@@ -1,0 +1,41 @@
+"""Replay figures: per-step balancedness and cumulative time of each controller, one row per run."""
+
+from __future__ import annotations
+
+import io
+from typing import Sequence
+
+import numpy as np
+
+from moe_place.online.replay import ReplayResult
+
+SMOOTH_STEPS = 50
+
+
+def render_replay_png(runs: Sequence[tuple[str, dict[str, ReplayResult]]], dpi: int = 110) -> bytes:
+    """PNG bytes: for each `(title, {controller: result})` a row with balancedness (a `SMOOTH_STEPS`-step
+    mean; the rebalances of periodic controllers marked) and cumulative expert + migration time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 2, figsize=(13, 3.2 * len(runs)), squeeze=False)
+    for row, (title, results) in enumerate(runs):
+        for name, r in results.items():
+            window = min(SMOOTH_STEPS, max(r.steps, 1))
+            smooth = np.convolve(r.balancedness, np.ones(window) / window, mode="valid")
+            axes[row, 0].plot(np.arange(window - 1, r.steps), smooth, label=name, lw=1)  # mean of the steps up to x
+            axes[row, 1].plot(r.cumulative_time_s(), label=name, lw=1)
+            for step in r.rebalance_steps if name == "periodic-eplb" else ():
+                axes[row, 0].axvline(step, color="grey", lw=0.5, ls=":")
+        axes[row, 0].set(title=f"{title}: balancedness ({window}-step mean)", xlabel="step",
+                         ylabel="mean / max GPU load")
+        axes[row, 1].set(title=f"{title}: cumulative time", xlabel="step", ylabel="seconds")
+        axes[row, 0].legend(fontsize=7)
+        axes[row, 1].legend(fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    plt.close(fig)
+    return buffer.getvalue()
