@@ -4,12 +4,10 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from moe_place.errors import InputError
 from moe_place.traces import load_trace
-from moe_place.traces.count import DispatchCounter, find_repeat
+from moe_place.traces.count import DispatchCounter
 from moe_place.traces.stream import stream_npy_counts, stream_npz_counts
 
 
@@ -20,29 +18,6 @@ def _ids(tokens, layers, experts, k, seed=0, dtype=np.int16):
 
 def _reference(ids, experts):
     return np.stack([np.bincount(ids[:, layer].ravel(), minlength=experts) for layer in range(ids.shape[1])])
-
-
-def _brute_first_repeat(ids):
-    for t in range(ids.shape[0]):
-        for layer in range(ids.shape[1]):
-            if len(set(ids[t, layer].tolist())) < ids.shape[2]:
-                return t, layer
-    return None
-
-
-@settings(max_examples=200, deadline=None)
-@given(tokens=st.integers(1, 12), layers=st.integers(1, 4), k=st.integers(1, 5), seed=st.integers(0, 10**6),
-       plant=st.booleans())
-def test_repeat_check_agrees_with_brute_force(tokens, layers, k, seed, plant):
-    experts = 8
-    ids = _ids(tokens, layers, experts, k, seed)
-    rng = np.random.default_rng(seed)
-    if plant and k > 1:
-        t, layer = rng.integers(tokens), rng.integers(layers)
-        i, j = rng.choice(k, 2, replace=False)
-        ids[t, layer, i] = ids[t, layer, j]
-    # neighbouring tokens and layers share experts freely: only same-row repeats count
-    assert find_repeat(ids) == _brute_first_repeat(ids)
 
 
 def test_counter_matches_bincount_across_chunks():
