@@ -21,6 +21,10 @@ the first `window` steps (what an offline plan loaded at start-up gives):
   time target is out of reach for any controller that predicts from recent steps and pays
   for its copies.
 
+Each run also reports how long the trace's hot spots last (`hot_spot_steps`: an expert is hot while
+its 16-step mean load is above twice its layer's mean), to show the traces are the issue's kind:
+hot spots of tens to hundreds of steps.
+
 Time = expert-layer time (busiest GPU per layer, summed over layers, cost model) + migration
 time (copies over the real path, SPEC formula 7, paid as a stall). Targets (issue 6): ours spends
 >= 15% less total time than the better of static and periodic-eplb, and moves fewer bytes than
@@ -43,6 +47,7 @@ import time
 
 import numpy as np
 
+from moe_place.analysis.persistence import run_lengths
 from moe_place.cost.models import ExpertShape
 from moe_place.io import write_json_atomic
 from moe_place.online.controller import make_controller
@@ -73,6 +78,21 @@ FREE_REPLAN_EVERY = 16
 RESULTS_JSON, RESULTS_PNG = "bench/results/replay.json", "bench/results/replay.png"
 
 
+def hot_spot_steps(counts: np.ndarray, smooth: int = 16, hot_factor: float = 2.0) -> dict:
+    """How long hot spots last in a trace `[steps, layers, E]`: an expert is hot while its `smooth`-step
+    mean load exceeds `hot_factor` x its layer's mean (the controller's tracker definition); run lengths
+    in steps, over all layers and experts."""
+    counts = np.asarray(counts, dtype=np.float64)
+    total = np.concatenate([np.zeros((1,) + counts.shape[1:]), np.cumsum(counts, axis=0)])
+    mean = (total[smooth:] - total[:-smooth]) / smooth                  # [steps - smooth + 1, layers, E]
+    hot = mean > hot_factor * mean.mean(axis=-1, keepdims=True)
+    runs = run_lengths(np.moveaxis(hot, 0, 1))                                  # [layers, windows, E]
+    if runs.size == 0:
+        return {"runs": 0}
+    return {"runs": int(runs.size), "median": float(np.median(runs)), "mean": float(runs.mean()),
+            "p90": float(np.percentile(runs, 90))}
+
+
 def run_scenario(name: str, steps: int, seed: int, stride: int) -> tuple[dict, dict[str, ReplayResult]]:
     cfg = SCENARIOS[name]
     counts, params = parse_synthetic(cfg["spec"].format(steps=steps, seed=seed))
@@ -98,7 +118,8 @@ def run_scenario(name: str, steps: int, seed: int, stride: int) -> tuple[dict, d
     best_name = min(("static", "periodic-eplb"), key=lambda k: results[k].total_time_s)
     ours, best, periodic = results["ours"], results[best_name], results["periodic-eplb"]
     summary = {
-        "scenario": name, "label": cfg["label"], "trace": params, "gpus": cfg["gpus"], "nodes": cfg["nodes"],
+        "scenario": name, "label": cfg["label"], "trace": params, "hot_spot_steps": hot_spot_steps(counts),
+        "gpus": cfg["gpus"], "nodes": cfg["nodes"],
         "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": cost.copy_schedule,
         "ours_options": dict(OURS), "ours_frugal_options": dict(OURS_FRUGAL), "hindsight_per_step_stride": stride,
         "results": {k: r.to_json(per_step=False) for k, r in results.items()},
@@ -128,7 +149,9 @@ def _scale(sampled: ReplayResult, stride: int, steps: int) -> ReplayResult:
 
 def table(summary: dict) -> str:
     best = summary["results"][summary["better_baseline"]]["total_time_s"]
-    lines = [f"{summary['scenario']}: {summary['label']}",
+    life = summary["hot_spot_steps"]
+    lines = [f"{summary['scenario']}: {summary['label']}; hot spots last {life.get('median', 0):.0f} steps (median), "
+             f"{life.get('mean', 0):.0f} (mean), {life.get('p90', 0):.0f} (p90)",
              f"{'controller':<20}{'total s':>10}{'expert s':>10}{'migr. s':>9}{'rebal.':>8}{'GiB moved':>11}"
              f"{'balanced.':>11}{'vs best baseline':>18}"]
     for name, r in summary["results"].items():

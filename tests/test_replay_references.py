@@ -77,3 +77,18 @@ def test_cli_replay_plot_and_progress(tmp_path, capsys):
     assert err.rstrip().endswith("replay ours [" + "#" * 30 + "] 120/120 steps")
     assert main(argv + ["--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_bench_hot_spot_lifetimes_on_a_known_trace():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_replay.py"
+    spec = importlib.util.spec_from_file_location("bench_replay_hot", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    counts = np.full((300, 1, 4), 10)
+    counts[100:140, 0, 0] = 1000  # one expert hot for 40 steps
+    # hot while any of the 16 steps in the smoothing window is hot: 40 + 16 - 1 windows, one run
+    assert bench.hot_spot_steps(counts) == {"runs": 1, "median": 55.0, "mean": 55.0, "p90": 55.0}
+    assert bench.hot_spot_steps(np.full((50, 2, 4), 10)) == {"runs": 0}
