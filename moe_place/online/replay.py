@@ -18,7 +18,7 @@ on the bench traces no migration-paying controller came near it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -180,14 +180,9 @@ def hindsight_per_step(counts: np.ndarray, cost: ReplayCost, num_physical: int, 
                        num_groups: int | None = None, solver: str = "fast") -> ReplayResult:
     """Bound: every step runs on a map planned for its own counts; migration is free."""
     counts = check_counts_3d(counts)
-    steps = counts.shape[0]
-    expert_s, balance = np.zeros(steps), np.zeros(steps)
-    for step in range(steps):
-        plan = plan_placement(counts[step], num_physical, num_groups, num_nodes, cost.num_gpus, solver=solver)
-        expert_s[step] = cost.step_time_s(plan, counts[step])
-        balance[step] = balancedness_of(plan, counts[step])
-    zeros = np.zeros(steps)
-    return ReplayResult("hindsight-per-step", expert_s, balance, np.zeros(steps, dtype=np.int64), zeros, (), 0, 0)
+    plans = ((plan_placement(counts[step], num_physical, num_groups, num_nodes, cost.num_gpus, solver=solver),
+              range(step, step + 1)) for step in range(counts.shape[0]))
+    return _free_migration_run("hindsight-per-step", counts, cost, plans)
 
 
 def free_replan_reference(counts: np.ndarray, cost: ReplayCost, initial: Placement, every: int = 16,
@@ -198,17 +193,27 @@ def free_replan_reference(counts: np.ndarray, cost: ReplayCost, initial: Placeme
     if every < 1:
         raise InputError("every", "an integer >= 1 steps", every)
     steps = counts.shape[0]
-    expert_s, balance = np.zeros(steps), np.zeros(steps)
-    plan = initial
-    for start in range(0, steps, every):
-        if start:
+
+    def plans():
+        yield initial, range(0, min(every, steps))
+        for start in range(every, steps, every):
             plan = plan_placement(counts[start - every:start].mean(axis=0), initial.num_physical_experts, num_groups,
                                   initial.num_nodes, initial.num_gpus, solver=solver)
-        for step in range(start, min(start + every, steps)):
+            yield plan, range(start, min(start + every, steps))
+
+    return _free_migration_run(f"free-replan-{every}", counts, cost, plans())
+
+
+def _free_migration_run(name: str, counts: np.ndarray, cost: ReplayCost,
+                        plans: Iterable[tuple[Placement, range]]) -> ReplayResult:
+    """Each `(plan, steps)` of `plans` serves those steps of `counts`; switches cost nothing."""
+    steps = counts.shape[0]
+    expert_s, balance = np.zeros(steps), np.zeros(steps)
+    for plan, block in plans:
+        for step in block:
             expert_s[step] = cost.step_time_s(plan, counts[step])
             balance[step] = balancedness_of(plan, counts[step])
-    return ReplayResult(f"free-replan-{every}", expert_s, balance, np.zeros(steps, dtype=np.int64), np.zeros(steps),
-                        (), 0, 0)
+    return ReplayResult(name, expert_s, balance, np.zeros(steps, dtype=np.int64), np.zeros(steps), (), 0, 0)
 
 
 # ---------------------------------------------------------------------- synthetic traces
