@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class Sizes:
                    padding_rows=(1, 8, 16, 17, 32, 33, 64, 65, 128, 129, 256, 512, 1024, 2048, 4096),
                    block_ms=(16, 32, 64, 128), gemm_hidden=4096, gemm_intermediate=1536,
                    gemm_rows=(64, 128, 256, 512, 1024, 2048, 4096), skew_experts=128, skew_gpus=8,
-                   skew_total_rows=16384, payback_rows=128, payback_block_m=64, dispatch_tokens=0, calib_matmul=8192,
+                   skew_total_rows=65536, payback_rows=128, payback_block_m=64, dispatch_tokens=0, calib_matmul=8192,
                    calib_copy_bytes=1 << 30)
 
     @classmethod
@@ -82,7 +83,15 @@ class Timer:
     """The one timing helper: median seconds of `fn` over `reps` runs after a warm-up.
 
     On a GPU each run is timed with CUDA events after flushing L2 (a 256 MiB write), so weights
-    are read from HBM as the model assumes. On a CPU, `time.perf_counter`.
+    come from HBM as the model assumes, in two ways:
+
+        graph   `fn` captured once in a CUDA graph and replayed: the GPU time of its kernels, what a
+                serving engine that replays graphs pays (the model predicts this);
+        eager   `fn` called from Python: adds the host's launch overhead (Triton's launcher is tens
+                of microseconds per kernel), which a small kernel cannot hide.
+
+    `__call__` returns the graph time (the eager time where `fn` cannot be captured) and keeps the
+    eager time in `last_eager_s`. On a CPU, `time.perf_counter` of plain calls.
     """
 
     def __init__(self, device, reps: int):
@@ -91,27 +100,62 @@ class Timer:
         self.torch, self.device, self.reps = torch, device, reps
         self.cuda = device.type == "cuda"
         self.flush = torch.empty(256 << 20, dtype=torch.int8, device=device) if self.cuda else None
+        self.last_eager_s: float | None = None
+        self.last_graph_s: float | None = None
 
-    def __call__(self, fn, reps: int | None = None) -> float:
-        torch, reps = self.torch, reps or self.reps
-        times = []
-        if self.cuda:
-            fn()  # warm-up (and Triton compile)
-            torch.cuda.synchronize()
-            for _ in range(reps):
-                self.flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-        else:
+    def __call__(self, fn, reps: int | None = None, graph: bool = True) -> float:
+        """Median seconds of `fn`; `graph=False` times plain calls only (copies: a device-to-device copy
+        captured in a graph becomes a memcpy node, which ran at 1.38 TB/s against 2.12 TB/s for the
+        eager copy kernel on an H200, and engines issue weight copies eagerly)."""
+        reps = reps or self.reps
+        if not self.cuda:
+            times = []
             for _ in range(reps):
                 t0 = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
+            self.last_eager_s, self.last_graph_s = float(np.median(times)), None
+            return self.last_eager_s
+        torch = self.torch
+        fn()  # warm-up (and Triton compile)
+        torch.cuda.synchronize()
+        self.last_eager_s = self._events(fn, reps)
+        captured = self._capture(fn) if graph else None
+        self.last_graph_s = self._events(captured.replay, reps) if captured is not None else None
+        return self.last_graph_s if self.last_graph_s is not None else self.last_eager_s
+
+    def _events(self, fn, reps: int) -> float:
+        torch = self.torch
+        times = []
+        for _ in range(reps):
+            self.flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
         return float(np.median(times))
+
+    def _capture(self, fn):
+        """`fn` in a CUDA graph, or None where it cannot be captured (a host sync inside it)."""
+        torch = self.torch
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                fn()  # warm-up on the capture stream (allocator pools)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                fn()
+        except RuntimeError as exc:
+            print(f"microbench: CUDA graph capture failed ({exc.__class__.__name__}: {str(exc)[:80]}); eager timing",
+                  file=sys.stderr)
+            torch.cuda.synchronize()
+            return None
+        torch.cuda.synchronize()
+        return graph
 
 
 # ---------------------------------------------------------------------------------------- context
@@ -171,10 +215,10 @@ def calibrate(ctx: Context) -> dict:
     t_mm = ctx.timer(lambda: torch.matmul(a, b))
     src = torch.empty(ctx.sizes.calib_copy_bytes, dtype=torch.uint8, device=ctx.device)
     dst = torch.empty_like(src)
-    t_copy = ctx.timer(lambda: dst.copy_(src))
+    t_copy = ctx.timer(lambda: dst.copy_(src), graph=False)
     tiny_src = torch.empty(4096, dtype=torch.uint8, device=ctx.device)
     tiny_dst = torch.empty_like(tiny_src)
-    ctx.alpha_s = ctx.timer(lambda: tiny_dst.copy_(tiny_src))
+    ctx.alpha_s = ctx.timer(lambda: tiny_dst.copy_(tiny_src), graph=False)
     ctx.flops_per_s = 2 * n ** 3 / t_mm
     # a copy reads and writes every byte: HBM traffic is 2x the size; the copy *rate* is size/time
     ctx.copy_bytes_per_s = src.numel() / t_copy
@@ -234,17 +278,21 @@ def run_expert_work(ctx: Context, bank: ExpertBank, rows_per_expert, block_m: in
         if not ok:
             raise AssertionError(f"grouped GEMM differs from the torch reference: max error {err} (scale {scale})")
     measured = ctx.timer(kernel if ctx.on_gpu else reference)
-    return {"measured_s": measured, "valid_rows": int(rows.sum()), "kernel_padded_rows": layout.num_padded_rows,
+    return {"measured_s": measured, "measured_eager_s": ctx.timer.last_eager_s, "valid_rows": int(rows.sum()), "kernel_padded_rows": layout.num_padded_rows,
             "tiles": layout.num_tiles}
 
 
-def predict_s(ctx: Context, rows_per_expert, hidden: int, intermediate: int, block_m: int, catalog: bool = False) -> float:
-    """The cost model's time for one GPU's grouped GEMM (formula 1 with formulas 4 and 5)."""
+def predict_s(ctx: Context, rows_per_expert, hidden: int, intermediate: int, block_m: int, catalog: bool = False,
+              weights: str = "tiles") -> float:
+    """The cost model's time for one GPU's grouped GEMM (formula 1 with formulas 4 and 5).
+
+    weights="tiles": formula 5, no L2 reuse (the upper end); "l2": re-reads served from L2 (the lower end).
+    """
     from moe_place.cost.gemm import expert_time_s
 
     flops = ctx.gpu_part.flops_per_s if catalog else ctx.flops_per_s
     hbm = ctx.gpu_part.memory_bytes_per_s if catalog else 2 * ctx.copy_bytes_per_s
-    return expert_time_s(np.asarray(rows_per_expert), hidden, intermediate, 2, flops, hbm, weights="tiles",
+    return expert_time_s(np.asarray(rows_per_expert), hidden, intermediate, 2, flops, hbm, weights=weights,
                          block_m=block_m, block_n=ctx.sizes.block_n)
 
 
@@ -268,6 +316,8 @@ def section_padding(ctx: Context) -> dict:
             predicted_padded = padded_rows(rows, block_m)
             assert m["kernel_padded_rows"] == predicted_padded, "kernel layout and cost model disagree on padding"
             pred, pred_cat = (predict_s(ctx, rows, s.hidden, s.intermediate, block_m, catalog=c) for c in (False, True))
+            pred_l2, pred_l2_cat = (predict_s(ctx, rows, s.hidden, s.intermediate, block_m, catalog=c, weights="l2")
+                                    for c in (False, True))
             useful = mlp_flops(m["valid_rows"], s.hidden, s.intermediate)
             executed = mlp_flops(m["kernel_padded_rows"], s.hidden, s.intermediate)
             rows_out.append({"block_m": block_m, "rows_per_expert": r, "experts": s.padding_experts,
@@ -276,8 +326,10 @@ def section_padding(ctx: Context) -> dict:
                              "padding_ratio": m["kernel_padded_rows"] / m["valid_rows"],
                              "useful_tflops": useful / m["measured_s"] / 1e12,
                              "executed_tflops": executed / m["measured_s"] / 1e12,
-                             "measured_s": m["measured_s"], "predicted_s": pred, "predicted_catalog_s": pred_cat,
-                             "ratio": _ratio(m["measured_s"], pred)})
+                             "measured_s": m["measured_s"], "measured_eager_s": m["measured_eager_s"],
+                             "predicted_s": pred, "predicted_catalog_s": pred_cat,
+                             "predicted_l2_s": pred_l2, "predicted_l2_catalog_s": pred_l2_cat,
+                             "ratio": _ratio(m["measured_s"], pred), "ratio_l2": _ratio(m["measured_s"], pred_l2)})
     return {"hidden": s.hidden, "intermediate": s.intermediate, "block_n": s.block_n, "block_k": s.block_k,
             "rows": rows_out}
 
@@ -306,12 +358,17 @@ def section_gemm(ctx: Context) -> dict:
             return torch.matmul(act, w2.T)
 
         t_dense = ctx.timer(dense)
+        t_dense_eager = ctx.timer.last_eager_s
         flops = mlp_flops(m["valid_rows"], s.gemm_hidden, s.gemm_intermediate)
         pred = predict_s(ctx, rows, s.gemm_hidden, s.gemm_intermediate, block_m)
+        pred_l2 = predict_s(ctx, rows, s.gemm_hidden, s.gemm_intermediate, block_m, weights="l2")
+        pred_l2_cat = predict_s(ctx, rows, s.gemm_hidden, s.gemm_intermediate, block_m, catalog=True, weights="l2")
         row = {"rows_per_expert": r, "experts": experts, "block_m": block_m, "grouped_s": m["measured_s"],
-               "dense_s": t_dense, "grouped_tflops": flops / m["measured_s"] / 1e12,
+               "dense_s": t_dense, "dense_eager_s": t_dense_eager, "grouped_eager_s": m["measured_eager_s"], "grouped_tflops": flops / m["measured_s"] / 1e12,
                "dense_tflops": flops / t_dense / 1e12, "grouped_over_dense": t_dense / m["measured_s"],
-               "measured_s": m["measured_s"], "predicted_s": pred, "ratio": _ratio(m["measured_s"], pred)}
+               "measured_s": m["measured_s"], "predicted_s": pred, "ratio": _ratio(m["measured_s"], pred),
+               "predicted_l2_s": pred_l2, "predicted_l2_catalog_s": pred_l2_cat,
+               "ratio_l2": _ratio(m["measured_s"], pred_l2)}
         if fp8_supported(ctx.device) and (ctx.on_gpu or i == 0):  # on a CPU: once, in the interpreter
             t_fp8 = _time_fp8(ctx, bank, rows, block_m)
             row.update(fp8_grouped_s=t_fp8, fp8_grouped_tflops=flops / t_fp8 / 1e12)
@@ -398,16 +455,22 @@ def section_skew(ctx: Context) -> dict:
             slots = slot_rows(load, placement.phy2log[0]).reshape(gpus, -1)
             measured = [run_expert_work(ctx, bank, slots[g], block_m, check=(g == 0 and not cases))["measured_s"]
                         for g in range(gpus)]
-            predicted = layer_time([slots[g] for g in range(gpus)], s.hidden, s.intermediate, 2, ctx.flops_per_s,
-                                   2 * ctx.copy_bytes_per_s, weights="tiles", block_m=block_m, block_n=s.block_n).times_s
+            predicted, predicted_l2 = (
+                layer_time([slots[g] for g in range(gpus)], s.hidden, s.intermediate, 2, ctx.flops_per_s,
+                           2 * ctx.copy_bytes_per_s, weights=mode, block_m=block_m, block_n=s.block_n).times_s
+                for mode in ("tiles", "l2"))
             cases.append({"load": name, "placement": pname, "rows_per_gpu": slots.sum(axis=1).tolist(),
                           "measured_per_gpu_s": measured, "predicted_per_gpu_s": predicted.tolist(),
                           "busiest_measured_s": max(measured), "busiest_predicted_s": float(predicted.max()),
+                          "predicted_l2_per_gpu_s": predicted_l2.tolist(),
+                          "busiest_predicted_l2_s": float(predicted_l2.max()),
                           "mean_measured_s": float(np.mean(measured))})
     balanced = next(c for c in cases if c["load"] == "uniform")
     for c in cases:
         c["skew_measured"] = c["busiest_measured_s"] / balanced["busiest_measured_s"]
         c["skew_predicted"] = c["busiest_predicted_s"] / balanced["busiest_predicted_s"]
+        c["skew_predicted_l2"] = c["busiest_predicted_l2_s"] / balanced["busiest_predicted_l2_s"]
+        c["ratio_l2"] = c["skew_measured"] / c["skew_predicted_l2"]
         c["ratio"] = c["skew_measured"] / c["skew_predicted"]
         c["busiest_ratio"] = _ratio(c["busiest_measured_s"], c["busiest_predicted_s"])
     return {"experts": experts, "gpus": gpus, "total_rows": s.skew_total_rows, "block_m": block_m,
@@ -441,6 +504,8 @@ def section_payback(ctx: Context) -> dict:
     dt_predicted = predict_s(ctx, before, hidden, inter, block_m) - predict_s(ctx, after, hidden, inter, block_m)
     dt_catalog = (predict_s(ctx, before, hidden, inter, block_m, catalog=True)
                   - predict_s(ctx, after, hidden, inter, block_m, catalog=True))
+    dt_l2 = (predict_s(ctx, before, hidden, inter, block_m, weights="l2")
+             - predict_s(ctx, after, hidden, inter, block_m, weights="l2"))
     # copies: 7 experts' weights (w13 + w2 of one expert), one after another, device to device
     expert_bytes = (bank.w13[0].numel() + bank.w2[0].numel()) * bank.w13.element_size()
     dst13, dst2 = torch.empty_like(bank.w13[:7]), torch.empty_like(bank.w2[:7])
@@ -450,7 +515,8 @@ def section_payback(ctx: Context) -> dict:
             dst13[e].copy_(bank.w13[e + 1])
             dst2[e].copy_(bank.w2[e + 1])
 
-    t_copy = ctx.timer(copy_seven)
+    t_copy = ctx.timer(copy_seven, graph=False)
+    t_copy_eager = ctx.timer.last_eager_s
     copy_bw = 7 * expert_bytes / t_copy
     # the model with the rates calibrated in this run: copy bandwidth of a 1 GiB copy, alpha of a tiny
     # copy per launch (two launches per expert: w13 and w2)
@@ -462,10 +528,14 @@ def section_payback(ctx: Context) -> dict:
     n = np.arange(0, 65)
     return {"hidden": hidden, "intermediate": inter, "block_m": block_m, "block_n": s.block_n,
             "rows_before": before, "rows_after": after, "expert_bytes": expert_bytes,
-            "t_before_s": t_before, "t_after_s": t_after,
+            "t_before_s": t_before, "t_after_s": t_after, "saving_predicted_l2_s": dt_l2,
+            "t_before_predicted_s": predict_s(ctx, before, hidden, inter, block_m),
+            "t_after_predicted_s": predict_s(ctx, after, hidden, inter, block_m),
+            "t_before_predicted_l2_s": predict_s(ctx, before, hidden, inter, block_m, weights="l2"),
+            "t_after_predicted_l2_s": predict_s(ctx, after, hidden, inter, block_m, weights="l2"),
             "saving_measured_s": dt_measured, "saving_predicted_s": dt_predicted, "saving_catalog_s": dt_catalog,
             "saving_ratio": _ratio(dt_measured, dt_predicted),
-            "copy_measured_s": t_copy, "copy_bytes_per_s": copy_bw, "copy_predicted_s": model.copy_time_s,
+            "copy_measured_s": t_copy, "copy_eager_s": t_copy_eager, "copy_bytes_per_s": copy_bw, "copy_predicted_s": model.copy_time_s,
             "copy_ratio": _ratio(t_copy, model.copy_time_s), "copy_model_bytes_per_s": ctx.copy_bytes_per_s,
             "copy_path": "device-to-device on one GPU (stands in for the NVLink copy)",
             "n_min_measured": n_min_measured, "n_min_predicted": model.n_min,
@@ -510,8 +580,9 @@ def section_dispatch(ctx: Context) -> dict:
     row_bytes = hidden * 2
     x_all = torch.randn(tokens, hidden, device=ctx.device).to(dtype)
     weights_all = torch.softmax(torch.randn(tokens, top_k, device=ctx.device), dim=1)
-    gather = gather_rows if ctx.on_gpu else gather_rows_torch
-    merge = combine if ctx.on_gpu else combine_torch
+    # timed without the index range checks (a host sync each); the plans are checked once below
+    gather = partial(gather_rows, check_index=False) if ctx.on_gpu else gather_rows_torch
+    merge = partial(combine, check_index=False) if ctx.on_gpu else combine_torch
     per_rank, a_kernel = [], np.zeros((gpus, gpus), dtype=np.int64)
     for rank in range(gpus):
         lo, hi = int(bounds[rank]), int(bounds[rank + 1])
@@ -530,10 +601,13 @@ def section_dispatch(ctx: Context) -> dict:
             if not ok:
                 raise AssertionError(f"dispatch/combine kernels differ from the torch reference (error {err})")
         t_pack = ctx.timer(lambda: gather(x, token_of_row))
+        t_pack_eager = ctx.timer.last_eager_s
         sent = gather(x, token_of_row)
         t_combine = ctx.timer(lambda: merge(sent, plan.row_of_pair, w))
+        t_combine_eager = ctx.timer.last_eager_s
         rows_sent = int(plan.send_counts.sum())
-        # local HBM model: pack reads and writes every sent row; combine reads k rows, writes 1 per token
+        # local HBM model: pack reads and writes every sent row; combine reads k rows, writes 1 per token;
+        # plus alpha, the fixed cost of one small device operation (formula 7's per-transfer term)
         pack_bytes = 2 * rows_sent * row_bytes
         combine_bytes = (rows_sent + (hi - lo)) * row_bytes
         per_rank.append({"rank": rank, "tokens": hi - lo, "send_rows": a_kernel[rank].tolist(),
@@ -541,9 +615,11 @@ def section_dispatch(ctx: Context) -> dict:
                          "send_bytes_off_rank": int(a_kernel[rank].sum() - a_kernel[rank, rank]) * row_bytes,
                          "recv_bytes_off_rank": 0,
                          "send_bytes_model": float(a_model[rank].sum()) * row_bytes,
-                         "pack_measured_s": t_pack, "pack_predicted_s": pack_bytes / (2 * ctx.copy_bytes_per_s),
+                         "pack_measured_s": t_pack, "pack_eager_s": t_pack_eager,
+                         "combine_eager_s": t_combine_eager,
+                         "pack_predicted_s": ctx.alpha_s + pack_bytes / (2 * ctx.copy_bytes_per_s),
                          "combine_measured_s": t_combine,
-                         "combine_predicted_s": combine_bytes / (2 * ctx.copy_bytes_per_s)})
+                         "combine_predicted_s": ctx.alpha_s + combine_bytes / (2 * ctx.copy_bytes_per_s)})
     for rank, row in enumerate(per_rank):
         row["recv_bytes_off_rank"] = int(a_kernel[:, rank].sum() - a_kernel[rank, rank]) * row_bytes
         row["pack_ratio"] = _ratio(row["pack_measured_s"], row["pack_predicted_s"])

@@ -51,16 +51,19 @@ def _gather_rows_kernel(
 
 
 # ---------------------------------------------------------------------------------------- wrappers
-def gather_rows(src: torch.Tensor, index: torch.Tensor, block_r: int | None = None, block_h: int = 1024) -> torch.Tensor:
+def gather_rows(src: torch.Tensor, index: torch.Tensor, block_r: int | None = None, block_h: int = 1024,
+                check_index: bool = True) -> torch.Tensor:
     """`src[index]` with a Triton kernel. src: `[n, h]` (unit column stride); index: int `[m]` in `[0, n)`.
 
     A program copies `block_r x block_h` elements (default: 8192, about 64 registers per thread).
+    check_index: verify the ids are in range first (a device-to-host sync; the kernel has no bounds
+    checks). Pass False on a hot path whose ids are already known good (it can then be graph-captured).
     """
     if src.ndim != 2 or src.stride(1) != 1:
         raise InputError("src", "a 2-D tensor [rows, h] with contiguous rows", f"shape {tuple(src.shape)}")
     if index.ndim != 1 or index.dtype.is_floating_point:
         raise InputError("index", "a 1-D integer tensor", f"{index.dtype} {tuple(index.shape)}")
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= src.shape[0]):
+    if check_index and index.numel() and (int(index.min()) < 0 or int(index.max()) >= src.shape[0]):
         raise InputError("index", f"row ids in [0, {src.shape[0]})", f"[{int(index.min())}, {int(index.max())}]")
     out = torch.empty((index.numel(), src.shape[1]), dtype=src.dtype, device=src.device)
     if out.numel() == 0:

@@ -205,3 +205,41 @@ def test_pool_stability():
     pool = offload.pool_stability(100.0, [1e12, 2e9], [494.7e12, 50e9], ["gpu0", "link"])
     assert not pool.stable and pool.binding == "link" and math.isclose(pool.max_rate_batches_per_s, 25.0)
     assert offload.pool_stability(24.0, [1e12, 2e9], [494.7e12, 50e9]).stable
+
+
+def _traffic_by_tiles(rows, hidden, inter, b, block_m, block_n, reuse):
+    """Independent count, tile by tile: every (M-tile, N-tile) program of gate+up then down loads its
+    weight panel and its activation rows; with `reuse` only the first load of each panel/row reaches HBM."""
+    seen, total = set(), 0
+    for expert, m in enumerate(rows):
+        for tile in range(-(-m // block_m)):
+            tile_rows = range(tile * block_m, min(m, (tile + 1) * block_m))
+            for gemm_name, n_cols, k_dim in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
+                for n_tile in range(-(-n_cols // block_n)):
+                    width = min(block_n, n_cols - n_tile * block_n)
+                    key = (expert, gemm_name, "w", n_tile)
+                    if not reuse or key not in seen:
+                        total += width * k_dim * b
+                        seen.add(key)
+                    for r in tile_rows:
+                        key = (expert, gemm_name, "x", r)
+                        if not reuse or key not in seen:
+                            total += k_dim * b
+                            seen.add(key)
+            total += len(tile_rows) * (2 * inter + hidden) * b  # outputs written once (formula 5's last terms)
+    return total
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 70), min_size=1, max_size=5), st.sampled_from([16, 32, 64]),
+       st.sampled_from([(64, 32), (96, 48), (128, 64)]))
+def test_l2_and_formula5_traffic_match_a_tile_by_tile_count(rows, block_m, shape):
+    hidden, inter = shape
+    tiles = gemm.tile_traffic_bytes(rows, hidden, inter, 2, block_m, 32)
+    l2 = gemm.l2_traffic_bytes(rows, hidden, inter, 2)
+    assert tiles == _traffic_by_tiles(rows, hidden, inter, 2, block_m, 32, reuse=False)
+    assert l2 == _traffic_by_tiles(rows, hidden, inter, 2, block_m, 32, reuse=True)
+    assert l2 <= tiles
+    t_l2 = gemm.expert_time_s(rows, hidden, inter, 2, 1e12, 1e11, weights="l2", block_m=block_m)
+    t_tiles = gemm.expert_time_s(rows, hidden, inter, 2, 1e12, 1e11, weights="tiles", block_m=block_m, block_n=32)
+    assert t_l2 <= t_tiles

@@ -130,3 +130,15 @@ def test_bench_predictions_reproduce_spec_c9():
     assert (before - after) * 1e3 == pytest.approx(0.24046821, rel=1e-6)
     model = bench.payback_model(ctx.gpu_part, before - after, 3 * 4096 * 1536 * 2, None, 5e-6)
     assert model.copy_time_s * 1e3 == pytest.approx(0.62220256, rel=1e-6) and model.n_min == 3
+
+
+def test_committed_gpu_result_renders(tmp_path, capsys):
+    """The H200 run in bench/results stays readable by `moe-place report` (predicted beside measured)."""
+    (path,) = sorted((ROOT / "bench" / "results").glob("NVIDIA_H200_*Z.json"))
+    result = json.loads(path.read_text())
+    assert result["env"]["timing"] == "gpu" and result["env"]["compute_capability"] == "9.0"
+    assert main(["report", str(path), "--out", str(tmp_path), "--no-plots"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "NVIDIA H200" in text and "formula 5 ms" in text and "L2 ms" in text
+    for row in result["sections"]["padding"]["rows"]:  # the measurement lies above the L2 (lower) bound
+        assert row["measured_s"] > row["predicted_l2_s"]

@@ -71,6 +71,14 @@ def _ratio_cell(ratio) -> str:
     return f"{ratio:.2f}{flag}"
 
 
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.4f}"
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
 def _table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -82,7 +90,10 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
     device = env.get("gpu_name", env.get("device", "?"))
     parts = [f"## {path.name}: {device}", f"Timing: **{env.get('timing')}**. Ratios are measured / predicted; "
              f"**!** marks a ratio outside +-{TOLERANCE:.0%}. `predicted` uses the rates measured in this run "
-             f"(dense BF16 matmul, device copy); `catalog` uses {env.get('gpu_part')} datasheet peaks x 0.5."]
+             f"(dense BF16 matmul, device copy); `catalog` uses {env.get('gpu_part')} datasheet peaks x 0.5. "
+             f"`formula 5` re-reads weights per M-tile and activations per N-tile from HBM (no cache reuse: the "
+             f"upper end); `L2` serves those re-reads from L2 (compulsory traffic: the lower end). GPU times are "
+             f"CUDA-graph replays with L2 flushed; `eager` adds the host's launch overhead."]
     keys = ("gpu_name", "sm_count", "compute_capability", "torch", "triton", "cuda", "python", "cpu_count")
     env_rows = [[k, env[k]] for k in keys if k in env]
     env_rows += [[f"nvidia-smi {k}", v] for k, v in (env.get("nvidia_smi") or {}).items()]
@@ -98,40 +109,53 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
                      f"BLOCK_K={p['block_k']})")
         parts.append(_table(
             ["BLOCK_M", "rows/expert", "padded rows (kernel)", "padded rows (model)", "padding x", "useful TFLOP/s",
-             "executed TFLOP/s", "measured ms", "predicted ms", "catalog ms", "ratio"],
+             "executed TFLOP/s", "measured ms", "eager ms", "formula 5 ms", "ratio", "L2 ms", "ratio L2",
+             "catalog L2 ms", "ratio"],
             [[r["block_m"], r["rows_per_expert"], r["padded_rows_kernel"], r["padded_rows_predicted"],
               f"{r['padding_ratio']:.2f}", f"{r['useful_tflops']:.2f}", f"{r['executed_tflops']:.2f}",
-              f"{r['measured_s'] * 1e3:.4f}", f"{r['predicted_s'] * 1e3:.4f}", f"{r['predicted_catalog_s'] * 1e3:.4f}",
-              _ratio_cell(r["ratio"])] for r in p["rows"]]))
+              f"{r['measured_s'] * 1e3:.4f}", _ms(r.get("measured_eager_s")), f"{r['predicted_s'] * 1e3:.4f}",
+              _ratio_cell(r["ratio"]), _ms(r.get("predicted_l2_s")), _ratio_cell(r.get("ratio_l2")),
+              _ms(r.get("predicted_l2_catalog_s")), _ratio_cell(_div(r["measured_s"], r.get("predicted_l2_catalog_s")))]
+             for r in p["rows"]]))
     if "gemm" in sec:
         g = sec["gemm"]
         parts.append(f"### Grouped GEMM vs dense torch.matmul, BF16 (h={g['hidden']}, I={g['intermediate']})")
         parts.append(_table(
             ["rows/expert", "BLOCK_M", "grouped TFLOP/s", "dense TFLOP/s", "grouped / dense", "measured ms",
-             "predicted ms", "ratio", "FP8 grouped TFLOP/s"],
+             "formula 5 ms", "ratio", "L2 ms", "ratio L2", "catalog L2 ms", "ratio", "FP8 grouped TFLOP/s"],
             [[r["rows_per_expert"], r["block_m"], f"{r['grouped_tflops']:.2f}", f"{r['dense_tflops']:.2f}",
               f"{r['grouped_over_dense']:.2f}", f"{r['measured_s'] * 1e3:.4f}", f"{r['predicted_s'] * 1e3:.4f}",
-              _ratio_cell(r["ratio"]), f"{r['fp8_grouped_tflops']:.2f}" if "fp8_grouped_tflops" in r else "-"]
+              _ratio_cell(r["ratio"]), _ms(r.get("predicted_l2_s")), _ratio_cell(r.get("ratio_l2")),
+              _ms(r.get("predicted_l2_catalog_s")), _ratio_cell(_div(r["measured_s"], r.get("predicted_l2_catalog_s"))),
+              f"{r['fp8_grouped_tflops']:.2f}" if "fp8_grouped_tflops" in r else "-"]
              for r in g["rows"]]))
-        parts.append("Target (issue 5): grouped / dense >= 0.70 at >= 512 rows per expert.")
+        parts.append("Target: grouped / dense >= 0.70 at >= 512 rows per expert.")
     if "skew" in sec:
         s = sec["skew"]
         parts.append(f"### Skew at equal total rows ({s['total_rows']} rows, {s['experts']} experts, EP{s['gpus']}, "
                      f"BLOCK_M={s['block_m']}; ranks run one after another)")
         parts.append(_table(
-            ["load", "placement", "max rows/rank", "busiest measured ms", "busiest predicted ms", "skew measured",
-             "skew predicted", "ratio"],
+            ["load", "placement", "max rows/rank", "busiest measured ms", "busiest formula 5 ms", "busiest L2 ms",
+             "skew measured", "skew formula 5", "ratio", "skew L2", "ratio L2"],
             [[c["load"], c["placement"], max(c["rows_per_gpu"]), f"{c['busiest_measured_s'] * 1e3:.4f}",
-              f"{c['busiest_predicted_s'] * 1e3:.4f}", f"{c['skew_measured']:.3f}", f"{c['skew_predicted']:.3f}",
-              _ratio_cell(c["ratio"])] for c in s["cases"]]))
+              f"{c['busiest_predicted_s'] * 1e3:.4f}", _ms(c.get("busiest_predicted_l2_s")),
+              f"{c['skew_measured']:.3f}", f"{c['skew_predicted']:.3f}", _ratio_cell(c["ratio"]),
+              f"{c['skew_predicted_l2']:.3f}" if "skew_predicted_l2" in c else "-", _ratio_cell(c.get("ratio_l2"))]
+             for c in s["cases"]]))
+        parts.append("Skew = busiest rank's time / the uniform load's busiest rank's time.")
     if "payback" in sec:
         b = sec["payback"]
         parts.append(f"### Replica payback (SPEC C9 shape: h={b['hidden']}, I={b['intermediate']}, "
                      f"{b['expert_bytes'] / 2**20:.1f} MiB experts, rows {b['rows_before'][0]} -> GPU 0 keeps "
                      f"{b['rows_after'][0]} + 7x{b['rows_after'][1]})")
         parts.append(_table(["quantity", "measured", "predicted", "ratio"], [
-            ["saving per batch (ms)", f"{b['saving_measured_s'] * 1e3:.4f}", f"{b['saving_predicted_s'] * 1e3:.4f}",
-             _ratio_cell(b["saving_ratio"])],
+            ["saving per batch (ms), formula 5", f"{b['saving_measured_s'] * 1e3:.4f}",
+             f"{b['saving_predicted_s'] * 1e3:.4f}", _ratio_cell(b["saving_ratio"])],
+            ["saving per batch (ms), L2", f"{b['saving_measured_s'] * 1e3:.4f}", _ms(b.get("saving_predicted_l2_s")),
+             _ratio_cell(_div(b["saving_measured_s"], b.get("saving_predicted_l2_s")))],
+            ["GPU 0 before / after (ms)", f"{b['t_before_s'] * 1e3:.4f} / {b['t_after_s'] * 1e3:.4f}",
+             f"{_ms(b.get('t_before_predicted_s'))} / {_ms(b.get('t_after_predicted_s'))} (formula 5), "
+             f"{_ms(b.get('t_before_predicted_l2_s'))} / {_ms(b.get('t_after_predicted_l2_s'))} (L2)", "-"],
             ["copy 7 experts (ms)", f"{b['copy_measured_s'] * 1e3:.4f}", f"{b['copy_predicted_s'] * 1e3:.4f}",
              _ratio_cell(b.get("copy_ratio"))],
             ["copy bandwidth (GB/s)", f"{b['copy_bytes_per_s'] / 1e9:.1f}", f"{b.get('copy_model_bytes_per_s', 0) / 1e9:.1f}", "-"],
@@ -145,7 +169,8 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
                      f"EP{d['gpus']}, {d['placement']} placement, {d['split_policy']} split)")
         parts.append(f"Send plans match the traffic matrix of `moe_place.analysis.dispatch`: "
                      f"**{d['traffic_matches_model']}**. {d['transfer_note']}: "
-                     f"{d['dispatch_transfer_predicted_s'] * 1e6:.1f} us.")
+                     f"{d['dispatch_transfer_predicted_s'] * 1e6:.1f} us. Pack and combine are predicted as alpha "
+                     f"(one small device operation) + HBM bytes / the measured copy bandwidth.")
         parts.append(_table(
             ["rank", "send MiB", "off-rank send MiB", "off-rank recv MiB", "pack us (meas / pred)", "ratio",
              "combine us (meas / pred)", "ratio"],

@@ -20,7 +20,7 @@ import numpy as np
 
 from moe_place.errors import InputError
 
-WEIGHT_MODES = ("none", "once", "tiles")
+WEIGHT_MODES = ("none", "once", "tiles", "l2")
 
 
 def check_rows(rows_per_expert, where: str = "rows_per_expert") -> np.ndarray:
@@ -99,6 +99,22 @@ def tile_traffic_bytes(rows_per_expert, hidden: int, intermediate: int, dtype_by
                                                                                   block_n)))
 
 
+def l2_traffic_bytes(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float) -> int:
+    """HBM bytes of the same grouped GEMM when every re-read of formula 5 is served from L2.
+
+    Each touched expert's weights are read once and each valid row's activations once:
+    `rows*(h + I + 2I + h)*b + touched*3*h*I*b` (formula 5 with one M-tile per expert and one N-tile).
+    This is the compulsory traffic, a lower bound; it is what a Hopper GPU reaches when an expert's
+    weight panel (`2*I*h*b`) and a group of activation tiles fit its L2 (50 MB on an H100) and the
+    kernel walks GROUP_M M-tiles together over the N-tiles, as ours does. Formula 5 is the upper end
+    (no reuse); a measurement lies between the two.
+    """
+    rows = check_rows(rows_per_expert)
+    row_bytes = (2 * hidden + 3 * intermediate) * dtype_bytes
+    weight_bytes = 3 * hidden * intermediate * dtype_bytes
+    return int(round(float(rows.sum()) * row_bytes + float(np.count_nonzero(rows)) * weight_bytes))
+
+
 @dataclass(frozen=True)
 class GpuExpertWork:
     """One GPU's expert work for one layer and its time bound `max(F/C, W/B)`."""
@@ -133,7 +149,8 @@ def gpu_expert_work(rows_per_expert, hidden: int, intermediate: int, dtype_bytes
     """FLOPs, bytes and time of one GPU's grouped expert GEMM.
 
     weights: `none` counts compute only (SPEC C3, C6); `once` reads each touched expert's weights once
-    (formula 1); `tiles` uses formula 5 and needs `block_m`.
+    (formula 1); `tiles` uses formula 5 and needs `block_m` (no cache reuse: an upper bound on HBM
+    bytes); `l2` is formula 5 with the re-reads served from L2 (`l2_traffic_bytes`, a lower bound).
     FLOPs are `flops_per_row` (default `2*P_e`) per computed row: padded rows when `block_m` is given
     (formula 4: the work is done on padded rows), valid rows otherwise.
     """
@@ -150,6 +167,8 @@ def gpu_expert_work(rows_per_expert, hidden: int, intermediate: int, dtype_bytes
         memory = 0.0
     elif weights == "once":
         memory = float(np.count_nonzero(rows)) * params * dtype_bytes
+    elif weights == "l2":
+        memory = float(l2_traffic_bytes(rows, hidden, intermediate, dtype_bytes))
     else:
         if block_m is None:
             raise InputError("block_m", "a tile height when weights = 'tiles'", "nothing")

@@ -32,7 +32,7 @@ name = "..."                      # optional label
               trace = "trace.npz" + plan = "plan.json" (+ layer = 0, step = 0, token_layout = "blocks",
                 sources = [GPU ids holding the tokens], default all GPUs of the plan)
             tokens = n (optional: dispatches must sum to n * top_k)
-            weights = "none" | "once" | "tiles" (default "once"); block_m, block_n = 128, pad_empty = false
+            weights = "none" | "once" | "tiles" | "l2" (default "once"); block_m, block_n = 128, pad_empty = false
             dispatch_dtype / combine_dtype = "bf16" | "fp8" (row = hidden * bytes) or dispatch_bytes / combine_bytes
             flops_per_dispatch (default 2 * P_e)
 [pipeline]  micro_batches = 2, breakeven = [["dispatch", "combine"], ["compute"]]
