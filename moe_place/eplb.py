@@ -18,13 +18,17 @@ heuristic by default; "cpsat" proves optimality on small layers), no GPU holds t
 one expert, and the policy choice follows EPLB's rule (hierarchical when `num_groups` is a
 multiple of `num_nodes`, global otherwise) only through the problem's `num_groups`.
 The solver and its time limit are chosen by keyword or by the environment:
-`MOE_PLACE_SOLVER` (default "fast") and `MOE_PLACE_TIME_LIMIT` (seconds).
+`MOE_PLACE_SOLVER` (default "fast") and `MOE_PLACE_TIME_LIMIT` (seconds). A limit is kept: below
+0.01 s per layer the answer is the anytime plan (`moe_place.solvers.quick`, vectorised across
+layers: about 45-55 ms for 58 layers x 288 slots on one core), deterministic; with more time, fast
+and then the solver asked for improve on it (see `moe_place.solvers.solve`).
 
 torch is imported lazily: importing this module needs only numpy.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +112,10 @@ def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None,
     problem = PlacementProblem(loads=loads, num_gpus=num_gpus, num_physical=num_replicas, num_nodes=nodes,
                                num_groups=groups, current=current, max_moved_slots=max_moved_slots,
                                move_cost_weight=move_cost_weight, seed=seed)
-    return solve(problem, solver=name, time_limit_s=limit).placement
+    solution = solve(problem, solver=name, time_limit_s=limit)
+    for note in solution.notes:  # e.g. a time limit that returned the anytime plan
+        logging.getLogger("moe_place").info("rebalance_experts: %s", note)
+    return solution.placement
 
 
 def placement_tensors(placement: Placement, log2phy_width: int | None = None):

@@ -40,6 +40,8 @@ class PlacementProblem:
     move_cost_weight: load units charged per moved slot in the objective (0: moves are free).
     layer_ids: model layer index of each layer (reporting only).
     seed: for every randomised choice; same problem + seed -> same plan.
+    allow_colocated: plans may put two replicas of one expert on one GPU, as DeepSeek EPLB does
+        (then EPLB's plan is a candidate on every layer, so no solver does worse than `eplb`).
     """
 
     loads: np.ndarray
@@ -56,6 +58,7 @@ class PlacementProblem:
     move_cost_weight: float = 0.0
     layer_ids: tuple[int, ...] = ()
     seed: int = 0
+    allow_colocated: bool = False
 
     def __post_init__(self) -> None:
         loads = np.asarray(self.loads, dtype=np.float64)

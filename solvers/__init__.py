@@ -1,9 +1,26 @@
 """Placement solvers behind one protocol and registry, and `solve` to plan a whole model.
 
 Registered solvers (`solver_names()`): `eplb` (DeepSeek EPLB, the baseline), `fast`
-(construction + target packing + local search), `cpsat` (OR-Tools CP-SAT, when its module is
-present). `solve(problem, solver="auto")` runs `fast` on every layer, then `cpsat` on the layers
-whose gap to the lower bound is above `AUTO_GAP`, within the total time limit.
+(construction + target packing + local search), `cpsat` (OR-Tools CP-SAT, starting from `fast`).
+`solve(problem, solver)` also takes "auto": `fast`, then `cpsat` on the layers whose gap to the
+lower bound is above `AUTO_GAP` when a time limit gives it room.
+
+How a time limit is spent (`solve(..., time_limit_s=T)`), so that the result depends on the
+inputs and `T`, not on the wall clock:
+1. The anytime plan of every layer: `quick.quick_plan` (vectorised across layers, tens of ms),
+   or EPLB's plan where that is better and has no co-located replicas; in migration mode the
+   current placement. Every layer has a valid plan from here on.
+2. `fast` on every layer, complete and deterministic, when `T >= FAST_MIN_S_PER_LAYER * layers`
+   (otherwise the anytime plan is the answer, and `Solution.notes` says so).
+3. For `cpsat` and `auto`: CP-SAT on the layers with a gap, largest gap first, each starting from
+   `fast`'s plan (hint and incumbent: never worse). Which layers and how many deterministic
+   seconds each get is fixed from `T` and the model sizes alone (`cpsat_schedule`), and CP-SAT
+   runs on deterministic time with one worker.
+With `problem.allow_colocated`, EPLB's plan (co-located replicas included) is a candidate on every
+layer at the end, so no solver returns a layer worse than `eplb`'s.
+The wall clock is only a safety cap: when `T` runs out (a slow machine, or a limit below what
+steps 2-3 need), the layers not finished keep their plan so far and `Solution.notes` says which
+and that such a run may not repeat exactly. Without a limit every solver runs to completion.
 """
 
 from __future__ import annotations
@@ -18,21 +35,24 @@ from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
-from moe_place.solvers import eplb as _eplb  # noqa: F401  (registers "eplb")
+from moe_place.solvers import cpsat as _cpsat
+from moe_place.solvers import eplb as _eplb
 from moe_place.solvers import fast as _fast  # noqa: F401  (registers "fast")
 from moe_place.solvers.base import STATUSES, LayerSolution, get_solver, register, solver_names
+from moe_place.solvers.bounds import model_lower_bounds
+from moe_place.solvers.evaluate import model_objectives
+from moe_place.solvers.quick import quick_plan
 
-try:  # the CP-SAT model lives in its own module (registers "cpsat")
-    from moe_place.solvers import cpsat as _cpsat  # noqa: F401
-except ModuleNotFoundError as exc:  # pragma: no cover - only while the module is absent
-    if exc.name != "moe_place.solvers.cpsat":
-        raise
+AUTO_GAP = 1e-4              # "auto" hands layers with a larger relative gap to cpsat
+FAST_MIN_S_PER_LAYER = 0.01  # a time limit below this many seconds per layer returns the anytime plan
+CPSAT_SHARE = 0.6            # share of the time limit planned for CP-SAT (the rest: steps 1-2, I/O)
+CPSAT_WALL_PER_DET = 4.0     # wall seconds per CP-SAT deterministic second, planned (measured 1-4 on 2 cores)
+CPSAT_BUILD_S_PER_VAR = 3e-5  # wall seconds to build the model, per placement literal (measured 0.76 s at E*G=8192)
+CPSAT_MIN_DET_S = 0.05       # fewer deterministic seconds than this: the layer is not worth a model
+DEADLINE_RESERVE, DEADLINE_RESERVE_S = 0.05, 0.1  # time kept back from the limit for assembling the plan
 
-AUTO_GAP = 1e-4  # "auto" hands layers with a larger relative gap to cpsat
-DEADLINE_SAFETY = 0.9  # share of a wall-clock budget planned against; the rest absorbs fallbacks
-FAST_SHARE = 0.5  # "auto" with a time limit: the fraction of it that fast may use
-
-__all__ = ["AUTO_GAP", "LayerSolution", "Solution", "get_solver", "register", "solve", "solver_names"]
+__all__ = ["AUTO_GAP", "LayerSolution", "Solution", "get_solver", "register", "solve", "solver_names",
+           "cpsat_schedule"]
 
 
 @dataclass(frozen=True)
@@ -42,12 +62,15 @@ class Solution:
     placement: the plan (co-located replicas allowed only when a solver such as `eplb` made them).
     layers: one LayerSolution per layer, in layer order.
     solver: the solver name asked for ("auto" included). wall_s: seconds for the whole solve.
+    notes: one line each about how a time limit was spent when it did not cover the solve
+        (the CLI prints them on stderr); empty when the result does not depend on the wall clock.
     """
 
     placement: Placement
     layers: tuple[LayerSolution, ...]
     solver: str
     wall_s: float
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         assert len(self.layers) == self.placement.num_layers, (len(self.layers), self.placement.num_layers)
@@ -60,17 +83,12 @@ class Solution:
 
 def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float | None = None, jobs: int = 1,
           progress: bool = False) -> Solution:
-    """Plan every layer of `problem`.
+    """Plan every layer of `problem` (module docstring).
 
-    solver: a registered name or "auto" (fast everywhere, then cpsat on the layers whose gap is
-        above AUTO_GAP, largest gap first, while the time limit lasts; without a time limit
-        "auto" is just fast).
-    time_limit_s: the budget for the whole plan in wall-clock seconds (None: no limit, and the
-        result is deterministic). Layers are given an even share; a layer started after the
-        budget is spent gets `fast`'s construction only (the anytime fallback), so the plan
-        always covers every layer. CP-SAT layers get limits that leave room for its wall-clock
-        safety margin (EXACT_WALL_FACTOR, EXACT_OVERHEAD_S); a slow model build can still overrun.
-    jobs: worker processes for the per-layer solves (same result as jobs=1 without a limit).
+    solver: a registered name or "auto" (fast, then cpsat on layers with a gap above AUTO_GAP when
+        a time limit is given; without one, "auto" is fast).
+    time_limit_s: the budget for the whole plan in wall-clock seconds, kept (None: no limit).
+    jobs: worker processes for the per-layer solves (the same result as jobs=1).
     progress: draw a progress bar on stderr.
     """
     if jobs < 1:
@@ -80,25 +98,118 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     if solver != "auto":
         get_solver(solver)  # InputError listing the names when unknown
     start = time.monotonic()
-    deadline = None if time_limit_s is None else start + time_limit_s
     layers = list(range(problem.num_layers))
-    first = "fast" if solver == "auto" else solver
-    use_cpsat = solver == "auto" and time_limit_s is not None and "cpsat" in solver_names()
-    share = FAST_SHARE if use_cpsat else 1.0
-    # keep a tenth of the budget for the layers past it (they still get fast's construction)
-    first_deadline = None if deadline is None else start + time_limit_s * share * DEADLINE_SAFETY
-    results = _run_layers(problem, first, layers, None, jobs, progress, first_deadline, fallback=True)
-    if use_cpsat:
-        open_layers = sorted((i for i in layers if results[i].gap > AUTO_GAP), key=lambda i: -results[i].gap)
-        exact = _run_layers(problem, "cpsat", open_layers, None, jobs, progress, deadline, fallback=False)
-        for i, solution in exact.items():
-            results[i] = merge(results[i], solution)
+    notes: list[str] = []
+    if solver == "eplb":
+        results = _run_layers(problem, "eplb", layers, jobs, progress)
+    elif time_limit_s is None:
+        results = _run_layers(problem, "fast", layers, jobs, progress)
+        if solver == "cpsat":
+            _improve(results, _run_layers(problem, "cpsat", layers, jobs, progress, starts=results))
+    else:
+        # the deadline keeps back what assembling the plan takes after it (a few ms to 0.1 s)
+        deadline = start + time_limit_s - min(DEADLINE_RESERVE_S, DEADLINE_RESERVE * time_limit_s)
+        results = anytime_layers(problem, deadline)
+        _note_cut(notes, problem, "the anytime plan", layers, results, time_limit_s)
+        if time_limit_s < FAST_MIN_S_PER_LAYER * problem.num_layers:
+            notes.append(f"time limit {time_limit_s:g} s is below what fast needs ({FAST_MIN_S_PER_LAYER:g} s a "
+                         f"layer, {FAST_MIN_S_PER_LAYER * problem.num_layers:g} s here): returned the anytime plan")
+        else:
+            order = sorted(layers, key=lambda i: (-results[i].gap, i))  # the layers that need it most first
+            fast = _run_layers(problem, "fast", order, jobs, progress, deadline=deadline)
+            _improve(results, fast)
+            _note_cut(notes, problem, "fast", order, fast, time_limit_s)
+            if solver in ("cpsat", "auto"):
+                threshold = AUTO_GAP if solver == "auto" else 0.0
+                gaps = {i: results[i].gap for i in layers if i in fast and results[i].gap > threshold}
+                schedule = cpsat_schedule(problem, gaps, time_limit_s)
+                chosen = [i for i, _ in schedule]
+                exact = _run_layers(problem, "cpsat", chosen, jobs, progress, deadline=deadline, starts=results,
+                                    limits=dict(schedule))
+                _improve(results, exact)
+                _note_cut(notes, problem, "cpsat", chosen, exact, time_limit_s)
+    if problem.allow_colocated and solver != "eplb":
+        _improve(results, _colocated_eplb(problem))
     solutions = tuple(results[i] for i in layers)
     phy2log = np.stack([s.phy2log for s in solutions])
     colocated = any(s.detail.get("colocated", False) for s in solutions)
     placement = Placement(phy2log, problem.num_experts, problem.num_gpus, problem.num_nodes,
                           allow_colocated=colocated)
-    return Solution(placement, solutions, solver, time.monotonic() - start)
+    return Solution(placement, solutions, solver, time.monotonic() - start, tuple(notes))
+
+
+def anytime_layers(problem: PlacementProblem, deadline: float | None = None) -> dict[int, LayerSolution]:
+    """Step 1 of the module docstring for every layer: {layer: solution}, in milliseconds to tens.
+
+    Migration mode: the current placement (it moves nothing). Otherwise the better of
+    `quick_plan` and EPLB's plan (when EPLB co-locates no replicas). Bounds 1-2 only (cheap).
+    deadline: `time.monotonic()` seconds; quick_plan's swap rounds stop there (marked `cut`).
+    """
+    started = time.perf_counter()
+    bounds = model_lower_bounds(problem, quick=True)
+    candidates: list[tuple[str, np.ndarray]] = []
+    cut = False
+    if problem.current is not None:
+        candidates.append(("current", np.asarray(problem.current.phy2log, dtype=np.int64)))
+    else:
+        loads = problem.planning_loads()
+        stop = None if deadline is None else started + (deadline - time.monotonic())
+        candidates.append(("quick", quick_plan(loads, problem.num_gpus, problem.num_physical, deadline=stop)))
+        cut = stop is not None and time.perf_counter() > stop
+        eplb = _eplb.eplb_rebalance(loads, problem.num_physical, problem.num_groups or 1, problem.num_nodes,
+                                    problem.num_gpus)
+        colocated = np.array([_eplb.has_colocation(row, problem.num_gpus) for row in eplb])
+        candidates.append(("eplb", np.where(colocated[:, None], candidates[0][1], eplb)))
+    values = np.stack([model_objectives(problem, plans) for _, plans in candidates])   # [candidates, layers]
+    choice = np.argmin(values, axis=0)                                                # first on ties: quick
+    wall = (time.perf_counter() - started) / problem.num_layers
+    out = {}
+    for layer in range(problem.num_layers):
+        name, plans = candidates[int(choice[layer])]
+        value = float(values[choice[layer], layer])
+        bound = min(float(bounds[layer]), value)
+        status = "optimal" if value <= bound * (1 + 1e-9) else "heuristic"
+        detail = {"solver": name}
+        if problem.current is not None:
+            detail["moved_slots"] = 0
+        if cut:
+            detail["cut"] = True
+        out[layer] = LayerSolution(np.array(plans[layer], dtype=np.int64), status, value, bound, wall, detail)
+    return out
+
+
+def _colocated_eplb(problem: PlacementProblem) -> dict[int, LayerSolution]:
+    """EPLB's plan of every layer, co-located replicas and all (`problem.allow_colocated`)."""
+    rows = _eplb.eplb_rebalance(problem.planning_loads(), problem.num_physical, problem.num_groups or 1,
+                                problem.num_nodes, problem.num_gpus)
+    values = model_objectives(problem, rows)
+    bounds = model_lower_bounds(problem, quick=True)
+    return {layer: LayerSolution(rows[layer], "heuristic", float(values[layer]), min(float(bounds[layer]),
+                                                                                   float(values[layer])), 0.0,
+                                 {"solver": "eplb", "colocated": _eplb.has_colocation(rows[layer], problem.num_gpus)})
+            for layer in range(problem.num_layers)}
+
+
+def cpsat_schedule(problem: PlacementProblem, gaps: dict[int, float], time_limit_s: float) -> list[tuple[int, float]]:
+    """[(layer, deterministic seconds)]: which layers CP-SAT gets within a time limit, largest gap first.
+
+    Planned from `time_limit_s` and the model sizes only (never from measured times), so the same
+    inputs give the same schedule: `CPSAT_SHARE` of the limit, each layer costing
+    `CPSAT_BUILD_S_PER_VAR` per placement literal to build and `CPSAT_WALL_PER_DET` per
+    deterministic second; as many layers as can each get at least `CPSAT_MIN_DET_S`, capped at
+    cpsat's default per layer.
+    """
+    order = sorted(gaps, key=lambda i: (-gaps[i], i))
+    if not order:
+        return []
+    budget = CPSAT_SHARE * time_limit_s
+    build = CPSAT_BUILD_S_PER_VAR * _cpsat.placement_literals(problem.num_experts, problem.num_gpus)
+    for count in range(len(order), 0, -1):
+        det = (budget - count * build) / (CPSAT_WALL_PER_DET * count)
+        if det >= CPSAT_MIN_DET_S:
+            det = min(det, _cpsat.DEFAULT_TIME_LIMIT_S)
+            return [(layer, det) for layer in order[:count]]
+    return []
 
 
 def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
@@ -107,71 +218,64 @@ def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
     bound = min(max(first.lower_bound, second.lower_bound), best.objective)
     status = "optimal" if best.objective <= bound * (1 + 1e-9) or best.status == "optimal" else best.status
     detail = {**first.detail, **second.detail, "solver": best.detail.get("solver"),
-              "solvers": [first.detail.get("solver"), second.detail.get("solver")]}
+              "colocated": bool(best.detail.get("colocated", False)),
+              "solvers": first.detail.get("solvers", [first.detail.get("solver")]) + [second.detail.get("solver")]}
     return LayerSolution(best.phy2log, status, best.objective, bound, first.wall_s + second.wall_s, detail)
 
 
-# With a deadline, an exact solver (cpsat) gets a limit its wall-clock safety margin still fits in:
-# CP-SAT stops at EXACT_WALL_FACTOR x its limit + 5 s, and building the model takes time too
-# (at most EXACT_OVERHEAD_S, and at most half of what is left, is set aside for that).
-EXACT_WALL_FACTOR = 4.0
-EXACT_OVERHEAD_S = 10.0
-MIN_EXACT_LIMIT_S = 0.1
-QUICK_PREPARE_S = 0.05  # below this many seconds per layer, `prepare` skips the costlier bounds
+def _improve(results: dict[int, LayerSolution], new: dict[int, LayerSolution]) -> None:
+    """Keep, per layer, the better of the plan so far and the new one (in place)."""
+    for layer, solution in new.items():
+        results[layer] = merge(results[layer], solution) if layer in results else solution
 
 
-def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], limit: float | None,
-                 deadline: float | None, fallback: bool, later: int = 0,
-                 solvers: dict | None = None, prepare_layers: list[int] | None = None) -> list[LayerSolution | None]:
-    """Solve `layers` in order with solver `name` and per-layer limit `limit`.
+def _note_cut(notes: list[str], problem: PlacementProblem, name: str, layers: list[int],
+              results: dict[int, LayerSolution], time_limit_s: float) -> None:
+    """A line for `Solution.notes` when the wall clock stopped `name` on some of `layers`."""
+    skipped = [i for i in layers if i not in results]
+    cut = [i for i in layers if i in results and results[i].detail.get("cut")]
+    if skipped or cut:
+        ids = [problem.layer_id(i) for i in skipped + cut]
+        shown = ", ".join(str(i) for i in ids[:8]) + (", ..." if len(ids) > 8 else "")
+        notes.append(f"time limit {time_limit_s:g} s ran out during {name}: {len(skipped)} layer(s) not reached, "
+                     f"{len(cut)} cut short (layers {shown}); they keep their plan so far, and a rerun may "
+                     f"differ (a longer --time-limit makes it reproducible)")
 
-    With a deadline (time.monotonic seconds, one clock for all processes), each layer gets an even
-    share of the time left over the layers still to come in this worker (`later` more after this
-    list); past the deadline a layer gets fast's construction (fallback=True) or is skipped (None).
-    """
-    out: list[LayerSolution | None] = []
+
+def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], deadline: float | None,
+                 starts: dict[int, LayerSolution] | None, limits: dict[int, float] | None,
+                 prepare_layers: list[int] | None = None, solvers: dict | None = None) -> list[LayerSolution | None]:
+    """Solve `layers` in order with solver `name`; None for a layer reached after `deadline`
+    (time.monotonic seconds, one clock for all processes)."""
     instances = solvers if solvers is not None else {}  # one instance per solver name: they may cache
     if name not in instances:
         instances[name] = get_solver(name)
-        if hasattr(instances[name], "prepare"):  # optional hook: vectorised work for a run of layers
-            run = layers if solvers is None else prepare_layers or layers
-            tight = deadline is not None and (deadline - time.monotonic()) / len(run) < QUICK_PREPARE_S
-            instances[name].prepare(problem, run, quick=tight)
-    for position, layer in enumerate(layers):
-        used, layer_limit = name, limit
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            share = left / (len(layers) - position + later)
-            if name != "fast":  # leave room for the solver's wall-clock margin and model build
-                overhead = min(EXACT_OVERHEAD_S, 0.5 * left)  # a short budget must still reach the solver
-                share = min(share, (left - overhead) / EXACT_WALL_FACTOR)
-            if share < (0.0 if name == "fast" else MIN_EXACT_LIMIT_S):
-                if not fallback:
-                    out.append(None)
-                    continue
-                used, layer_limit = "fast", 0.0
-            else:
-                layer_limit = share if limit is None else min(limit, share)
-        if used not in instances:
-            instances[used] = get_solver(used)
-        solution = instances[used].solve_layer(problem, layer, layer_limit)
+        instances[name].prepare(problem, prepare_layers or layers)
+    out: list[LayerSolution | None] = []
+    for layer in layers:
+        if deadline is not None and time.monotonic() >= deadline:
+            out.append(None)
+            continue
+        start = None if starts is None else starts.get(layer)
+        limit = None if limits is None else limits.get(layer)
+        solution = instances[name].solve_layer(problem, layer, limit, start=start, deadline=deadline)
         out.append(LayerSolution(solution.phy2log, solution.status, solution.objective, solution.lower_bound,
-                                 solution.wall_s, {"solver": used, **solution.detail}))
+                                 solution.wall_s, {"solver": name, **solution.detail}))
     return out
 
 
-def _run_layers(problem: PlacementProblem, name: str, layers: list[int], limit: float | None, jobs: int,
-                progress: bool, deadline: float | None = None, fallback: bool = True) -> dict[int, LayerSolution]:
-    """Solve `layers` with solver `name` in `jobs` processes; {layer: solution} (skipped layers absent)."""
+def _run_layers(problem: PlacementProblem, name: str, layers: list[int], jobs: int, progress: bool,
+                deadline: float | None = None, starts: dict[int, LayerSolution] | None = None,
+                limits: dict[int, float] | None = None) -> dict[int, LayerSolution]:
+    """Solve `layers` with solver `name` in `jobs` processes; {layer: solution} (layers past the deadline absent)."""
     if not layers:
         return {}
     bar = ProgressBar(len(layers), f"plan {name}", "layers") if progress else None
     results: dict[int, LayerSolution] = {}
     if jobs == 1 or len(layers) == 1:
         instances: dict = {}
-        for position, layer in enumerate(layers):
-            solution = _solve_chunk(problem, name, [layer], limit, deadline, fallback, len(layers) - position - 1,
-                                    instances, layers)[0]
+        for layer in layers:
+            solution = _solve_chunk(problem, name, [layer], deadline, starts, limits, layers, instances)[0]
             if solution is not None:
                 results[layer] = solution
             if bar:
@@ -180,9 +284,9 @@ def _run_layers(problem: PlacementProblem, name: str, layers: list[int], limit: 
         size = max(1, -(-len(layers) // (4 * jobs)))  # ~4 chunks per worker: progress without much pickling
         chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_solve_chunk, problem, name, chunk, limit, deadline, fallback,
-                                   -(-(len(layers) - i * size - len(chunk)) // jobs))
-                       for i, chunk in enumerate(chunks)]
+            futures = [pool.submit(_solve_chunk, problem, name, chunk, deadline,
+                                   None if starts is None else {i: starts[i] for i in chunk if i in starts},
+                                   limits) for chunk in chunks]
             for chunk, future in zip(chunks, futures):
                 for layer, solution in zip(chunk, future.result()):
                     if solution is not None:

@@ -54,8 +54,20 @@ class Solver(Protocol):
 
     name: ClassVar[str]
 
-    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
-        """Plan one layer of `problem` within `time_limit_s` seconds (None: the solver's default)."""
+    def prepare(self, problem: PlacementProblem, layers: list[int]) -> None:
+        """Work shared by a run of `layers` of `problem` (vectorised bounds, say), before solve_layer."""
+        ...
+
+    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None, *,
+                    start: LayerSolution | None = None, deadline: float | None = None) -> LayerSolution:
+        """Plan one layer of `problem`.
+
+        time_limit_s: the solver's own budget for this layer, in its unit (cpsat: deterministic
+            seconds); None: its default. What it decides with depends on this, never on the clock.
+        start: a plan of this layer to start from (cpsat: hint and incumbent); solvers may ignore it.
+        deadline: a wall-clock safety stop (`time.monotonic()` seconds): past it the solver returns
+            its best plan so far with `detail["cut"] = True` (such a result may not repeat).
+        """
         ...
 
 

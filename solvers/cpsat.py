@@ -558,6 +558,8 @@ def cpsat_layer(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
             detail.update(moved_slots=moved, cost=load)
         return LayerSolution(hint, "optimal", load, min(lower_bound, load), time.perf_counter() - start, detail)
     layer_model = build_model(instance, hint, lower_bound, max_state_literals)
+    if wall_limit_s is not None:  # the model build counts against the wall-clock stop too
+        wall_limit_s = max(0.01, wall_limit_s - (time.perf_counter() - start))
     result = solve_model(layer_model, time_limit_s, seed, wall_limit_s=wall_limit_s)
 
     hint_cost = instance.cost(hint)
@@ -586,19 +588,35 @@ def cpsat_layer(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
                          time.perf_counter() - start, detail)
 
 
+def placement_literals(num_experts: int, num_gpus: int, max_state_literals: int = MAX_STATE_LITERALS) -> int:
+    """About how many Boolean literals `build_model` creates for a layer: `x[e, g]` and `z[e, s, g]`
+    for up to `exact_counts + 1` states per expert, and no more states than replica counts `1..G`
+    (the planning estimate of `solvers.cpsat_schedule`)."""
+    cells = num_experts * num_gpus
+    return cells * (min(max(2, max_state_literals // max(1, cells)), num_gpus) + 2)
+
+
 @register
 class CpSatSolver:
     """CP-SAT on one layer, hinted with `fast` (or the current plan); deterministic; proves when it can."""
 
     name: ClassVar[str] = "cpsat"
 
-    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
+    def prepare(self, problem: PlacementProblem, layers: list[int]) -> None:
+        """Nothing to share: each layer is its own model."""
+
+    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None, *,
+                    start: LayerSolution | None = None, deadline: float | None = None) -> LayerSolution:
+        """CP-SAT for `time_limit_s` deterministic seconds (None: DEFAULT_TIME_LIMIT_S), from `start`
+        (or `fast`'s plan) and the current plan in migration mode, whichever costs less; `deadline`
+        caps the wall clock (then `detail["cut"]`)."""
         from moe_place.solvers.fast import FastSolver
 
         instance = LayerInstance(problem.layer_loads(layer), problem.num_gpus, problem.slots_per_gpu,
                                  problem.window_objective, problem.quantile, problem.current_row(layer),
                                  problem.move_cost_weight, problem.max_moved_slots)
-        candidates = [FastSolver().solve_layer(problem, layer, None).phy2log]
+        first = start.phy2log if start is not None else FastSolver().solve_layer(problem, layer, None).phy2log
+        candidates = [np.asarray(first, dtype=np.int64)]
         if instance.current is not None:  # the current plan moves nothing: always within a cap
             candidates = [align_to_current(c, instance.current, problem.num_gpus) for c in candidates]
             candidates.append(instance.current)
@@ -609,5 +627,11 @@ class CpSatSolver:
         hint = min(allowed, key=instance.cost)
         bound = windows_lower_bound(instance.loads, problem.num_gpus, problem.num_physical,
                                     problem.window_objective, problem.quantile)
+        if start is not None:
+            bound = max(bound, min(start.lower_bound, instance.evaluate(hint)[0]))
         limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
-        return cpsat_layer(instance, hint, bound, limit, problem.seed)
+        wall = None if deadline is None else max(0.0, deadline - time.monotonic())
+        solution = cpsat_layer(instance, hint, bound, limit, problem.seed, wall_limit_s=wall)
+        if solution.detail.get("wall_limit_hit"):
+            solution.detail["cut"] = True
+        return solution

@@ -191,7 +191,12 @@ class EplbSolver:
 
     name: ClassVar[str] = "eplb"
 
-    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
+    def prepare(self, problem: PlacementProblem, layers: list[int]) -> None:
+        """Nothing to share: EPLB plans a layer in well under a millisecond."""
+
+    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None, *,
+                    start: LayerSolution | None = None, deadline: float | None = None) -> LayerSolution:
+        """EPLB's plan (time limit, start and deadline unused: it takes well under a millisecond)."""
         from moe_place.solvers.bounds import window_lower_bound
         from moe_place.solvers.evaluate import window_objective
 

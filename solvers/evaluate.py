@@ -147,3 +147,15 @@ def window_objective(problem: PlacementProblem, layer: int, phy2log: np.ndarray)
     """The objective solvers minimise: the even-split busiest load of one layer, windows combined."""
     busiest = even_gpu_loads(np.asarray(phy2log), problem.layer_loads(layer), problem.num_gpus).max(axis=1)
     return problem.aggregate(busiest)
+
+
+def model_objectives(problem: PlacementProblem, phy2log: np.ndarray) -> np.ndarray:
+    """float64 `[layers]`: `window_objective` of every layer of a whole-model plan int `[layers, P]`,
+    in one vectorised pass."""
+    windows, layers, experts = problem.loads.shape
+    rows = np.broadcast_to(np.asarray(phy2log, dtype=np.int64), (windows, layers, problem.num_physical))
+    busiest = even_split_gpu_loads(rows.reshape(windows * layers, -1), problem.loads.reshape(windows * layers, experts),
+                                   problem.num_gpus).max(axis=1).reshape(windows, layers)
+    if windows == 1:
+        return busiest[0]
+    return np.array([problem.aggregate(busiest[:, i]) for i in range(layers)])

@@ -707,7 +707,7 @@ class FastSolver:
 
     def prepare(self, problem: PlacementProblem, layers: list[int], quick: bool = False) -> None:
         """Precompute EPLB's plans and the window lower bounds of `layers` of `problem`
-        (`quick`: only the bounds that cost milliseconds, for tight time limits)."""
+        (`quick`: only the bounds that cost milliseconds)."""
         from moe_place.problem import PlacementProblem as Problem
         from moe_place.solvers.bounds import model_lower_bounds
         from moe_place.solvers.eplb import eplb_rebalance
@@ -739,26 +739,46 @@ class FastSolver:
             return row, window_lower_bound(problem, layer)
         return self._prepared[layer]
 
-    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None) -> LayerSolution:
-        start = time.perf_counter()
-        deadline = None if time_limit_s is None else start + time_limit_s
+    def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None, *,
+                    start: LayerSolution | None = None, deadline: float | None = None) -> LayerSolution:
+        """fast's plan of one layer; `start` is not used (fast builds its own start, EPLB's plan among
+        its candidates). `time_limit_s` bounds the search (the costlier bounds are skipped when it
+        leaves a layer under 0.1 s / 2 s); `deadline` only cuts it short."""
+        begin = time.perf_counter()
+        soft = None if time_limit_s is None else begin + time_limit_s
+        hard = None if deadline is None else begin + (deadline - time.monotonic())
+        stop = soft if hard is None else hard if soft is None else min(soft, hard)
+        cut = False
+
+        def room(seconds: float) -> bool:
+            """True when a step of about `seconds` fits the time limit and the deadline; a step the
+            deadline alone forbids marks the result as cut."""
+            nonlocal cut
+            now = time.perf_counter()
+            if soft is not None and soft - now <= seconds:
+                return False
+            if hard is not None and hard - now <= seconds:
+                cut = True
+                return False
+            return True
+
         eplb_row, window_bound = self._layer_figures(problem, layer)
         loads = problem.planning_loads()[layer]
         current = problem.current_row(layer)
         planning_bound = window_bound if problem.num_windows == 1 else None  # the same loads: reuse it
         phy2log = fast_layer(loads, problem.num_gpus, problem.num_physical, eplb_row=eplb_row, current=current,
                              move_cost=problem.move_cost_weight, max_moved=problem.max_moved_slots,
-                             bound=planning_bound, deadline=deadline)
+                             bound=planning_bound, deadline=stop)
+        if hard is not None and time.perf_counter() > hard:
+            cut = True
         objective = window_objective(problem, layer, phy2log)
         if (problem.num_physical == 2 * problem.num_gpus and problem.num_windows == 1
-                and objective > window_bound * (1 + STOP_GAP)
-                and (deadline is None or deadline - time.perf_counter() > _PAIRING_BOUND_MIN_S)):
+                and objective > window_bound * (1 + STOP_GAP) and room(_PAIRING_BOUND_MIN_S)):
             from moe_place.solvers.bounds import pairing_lp_bound  # bound 4: 3-6 LP tests, ~0.05 s at EP144
 
             window_bound = max(window_bound, pairing_lp_bound(loads, problem.num_gpus, problem.num_physical,
                                                               window_bound, objective))
-            if current is None and objective > window_bound * (1 + IP_GAP) and (
-                    deadline is None or deadline - time.perf_counter() > _PAIRING_IP_MIN_S):
+            if current is None and objective > window_bound * (1 + IP_GAP) and room(_PAIRING_IP_MIN_S):
                 phy2log, objective, window_bound = _pairing_ip_step(problem, layer, loads, phy2log, objective,
                                                                     window_bound)
         bound = min(window_bound, objective)
@@ -766,4 +786,6 @@ class FastSolver:
         detail = {}
         if current is not None:
             detail["moved_slots"] = int((phy2log != current).sum())
-        return LayerSolution(phy2log, status, objective, bound, time.perf_counter() - start, detail)
+        if cut:
+            detail["cut"] = True
+        return LayerSolution(phy2log, status, objective, bound, time.perf_counter() - begin, detail)

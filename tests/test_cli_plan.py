@@ -65,7 +65,6 @@ def test_plan_is_deterministic_and_table_output(tiny_trace, tmp_path, capsys):
     (["--gpus", "8", "--expert-memory-budget", "10", "--expert-bytes", "20"], "one copy of each"),
     (["--gpus", "8", "--solver", "magic"], "solver: expected one of"),
     (["--gpus", "8", "--nodes", "3"], "--nodes"),
-    (["--gpus", "8", "--windows", "5"], "--windows"),
     (["--gpus", "8", "--max-moved-slots", "2"], "--current"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(tiny_trace, tmp_path, capsys, argv, message):

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moe_place.errors import InputError
 from moe_place.placement import Placement
@@ -272,25 +274,82 @@ def test_even_split_bound_is_not_used_for_other_splits():
     assert layer_figures(plan, loads, 2, "local").lower_bound <= layer_figures(plan, loads, 2, "local").max_gpu_load
 
 
-def test_tiny_time_limit_still_plans_every_layer():
+def test_tiny_time_limit_returns_the_anytime_plan_and_says_so():
     rng = np.random.default_rng(8)
     loads = np.round(rng.lognormal(0, 1.0, (5, 16)) * 100)
     problem = PlacementProblem(loads, 4, 24)
-    anytime = solve(problem, "fast", time_limit_s=1e-3)
     eplb = solve(problem, "eplb")
-    assert anytime.placement.num_layers == 5 and not anytime.placement.allow_colocated
-    for quick, baseline in zip(anytime.layers, eplb.layers):
-        assert quick.lower_bound <= quick.objective
-        if not baseline.detail.get("colocated"):
-            assert quick.objective <= baseline.objective * (1 + 1e-12)  # the construction starts from eplb
-    cp = solve(problem, "cpsat", time_limit_s=1e-3) if "cpsat" in solver_names() else anytime
-    assert all(layer.detail["solver"] == "fast" for layer in cp.layers)  # no time for cpsat: fast's fallback
+    for name in ("fast", "auto", "cpsat"):
+        anytime = solve(problem, name, time_limit_s=1e-3)
+        assert anytime.placement.num_layers == 5 and not anytime.placement.allow_colocated
+        assert anytime.notes and "anytime plan" in anytime.notes[0]
+        assert {layer.detail["solver"] for layer in anytime.layers} <= {"quick", "eplb"}
+        for quick, baseline in zip(anytime.layers, eplb.layers):
+            assert quick.lower_bound <= quick.objective
+            if not baseline.detail.get("colocated"):
+                assert quick.objective <= baseline.objective * (1 + 1e-12)  # EPLB's plan is a candidate
 
 
 def test_a_short_time_limit_still_reaches_the_requested_exact_solver():
-    # a budget under the model-build reserve used to hand every layer to fast's construction
     rng = np.random.default_rng(3)
     loads = rng.integers(1, 1000, size=(3, 8)).astype(float)
     problem = PlacementProblem(loads, num_gpus=4, num_physical=12)
     solution = solve(problem, "cpsat", time_limit_s=3.0)
-    assert [layer.detail["solver"] for layer in solution.layers] == ["cpsat"] * 3
+    for layer in solution.layers:  # every layer went through CP-SAT unless fast had already met the bound
+        assert "cpsat" in layer.detail["solvers"] or layer.status == "optimal"
+    assert not solution.notes
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "auto"])
+def test_time_limited_cpsat_is_never_worse_than_fast_and_repeats(solver):
+    """The solver path as users run it: with a time limit, cpsat/auto start from fast's plan of every
+    layer, so no layer is worse than the default, and two runs give the same plan."""
+    rng = np.random.default_rng(11)
+    loads = np.round(rng.lognormal(0, 1.2, (6, 24)) * 50)
+    problem = PlacementProblem(loads, 8, 32)
+    default = solve(problem, "fast")
+    runs = [solve(problem, solver, time_limit_s=4.0) for _ in range(2)]
+    assert np.array_equal(runs[0].placement.phy2log, runs[1].placement.phy2log)
+    assert [s.objective for s in runs[0].layers] == [s.objective for s in runs[1].layers]
+    for mine, base in zip(runs[0].layers, default.layers):
+        assert mine.objective <= base.objective * (1 + 1e-12)
+    assert not runs[0].notes
+
+
+def test_cpsat_schedule_depends_on_the_limit_and_sizes_only():
+    from moe_place.solvers import CPSAT_MIN_DET_S, cpsat_schedule
+
+    problem = PlacementProblem(np.ones((6, 16)), 4, 24)
+    gaps = {0: 0.01, 3: 0.05, 5: 0.02}
+    schedule = cpsat_schedule(problem, gaps, 3.0)
+    assert [layer for layer, _ in schedule] == [3, 5, 0]  # largest gap first
+    assert schedule == cpsat_schedule(problem, gaps, 3.0)
+    assert all(det >= CPSAT_MIN_DET_S for _, det in schedule)
+    assert cpsat_schedule(problem, gaps, 0.01) == []      # too short for one model
+    assert len(cpsat_schedule(problem, gaps, 0.5)) < 3    # fewer layers, each still worth a model
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_allow_colocated_is_never_worse_than_eplb(seed):
+    """With --allow-colocated EPLB's plan is a candidate on every layer: no solver does worse."""
+    rng = np.random.default_rng(seed)
+    experts, gpus = int(rng.integers(4, 14)), int(rng.integers(2, 6))
+    slots = int(rng.integers(max(1, -(-experts // gpus)), experts + 1))
+    loads = rng.integers(0, 6, size=(2, experts)).astype(float)
+    problem = PlacementProblem(loads, gpus, gpus * slots, allow_colocated=True)
+    eplb = solve(problem, "eplb")
+    for name in ("fast", "auto"):
+        mine = solve(problem, name)
+        for a, b in zip(mine.layers, eplb.layers):
+            assert a.objective <= b.objective * (1 + 1e-12)
+
+
+def test_issue_example_fast_loses_to_eplb_only_by_colocation():
+    loads = np.array([[1, 2, 3, 1, 1, 0, 2, 1, 1, 0, 2, 3]], dtype=float)
+    strict = PlacementProblem(loads, 4, 32)
+    eplb = solve(strict, "eplb")
+    assert eplb.layers[0].detail["colocated"]
+    assert solve(strict, "fast").layers[0].objective > eplb.layers[0].objective  # forbidden co-location costs here
+    parity = solve(PlacementProblem(loads, 4, 32, allow_colocated=True), "fast")
+    assert parity.layers[0].objective <= eplb.layers[0].objective and parity.placement.allow_colocated

@@ -38,10 +38,13 @@ def run(args: argparse.Namespace) -> int:
         if name != "auto" and name not in solver_names():
             raise InputError("--solvers", f"names among auto, {', '.join(solver_names())}", name)
     problem, trace, options = build_problem(args)
-    results = {}
+    results, solutions = {}, {}
     for name in args.solvers:
         solution = solve(problem, name, args.time_limit, args.jobs, progress=False)
+        for note in solution.notes:
+            print(f"compare: note: {name}: {note}", file=sys.stderr)
         rows = report_rows(problem, solution, args.split)
+        solutions[name] = solution
         results[name] = {"wall_s": round(solution.wall_s, 6), "status": solution.status,
                          "colocated": bool(solution.placement.allow_colocated), "layers": rows}
         print(f"compare: {name} done in {solution.wall_s:.2f} s", file=sys.stderr)
@@ -73,8 +76,33 @@ def run(args: argparse.Namespace) -> int:
         note = " (co-located replicas)" if row["colocated"] else ""
         lines.append(f"{name:<8} {row['mean_max_over_bound']:>15.4f} {row['worst_max_over_bound']:>16.4f} "
                      f"{row['mean_balancedness']:>13.4f} {row['wall_s']:>8.2f}  {row['status']}{note}")
+    lines += _losses_to_eplb(results, solutions)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _losses_to_eplb(results: dict, solutions: dict) -> list[str]:
+    """Lines saying on how many layers a solver's busiest GPU is above eplb's, and why.
+
+    Without --allow-colocated our solvers never put two replicas of one expert on one GPU; EPLB
+    may, and on such a layer it can reach a lower busiest load than any plan without co-location
+    (every solver has EPLB's plan among its candidates where it co-locates nothing).
+    """
+    if "eplb" not in results:
+        return []
+    base = results["eplb"]["layers"]
+    lines = []
+    for name, result in results.items():
+        if name == "eplb":
+            continue
+        worse = [i for i, (row, ref) in enumerate(zip(result["layers"], base))
+                 if row["max_gpu_load"] > ref["max_gpu_load"] * (1 + 1e-9)]
+        if not worse:
+            continue
+        colocated = sum(bool(solutions["eplb"].layers[i].detail.get("colocated")) for i in worse)
+        lines.append(f"{name} is above eplb on {len(worse)} layer(s); on {colocated} of them eplb co-locates "
+                     f"replicas, which {name} does only with --allow-colocated")
+    return lines
 
 
 def _plot_png(layer_ids, results: dict, best_bound: list[float]) -> bytes:

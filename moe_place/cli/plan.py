@@ -26,14 +26,15 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
                        help="per-GPU bytes for the expert weights of all planned layers (needs --expert-bytes)")
     parser.add_argument("--expert-bytes", type=positive_int, metavar="B", help="bytes of one expert's weights")
     parser.add_argument("--time-limit", type=positive_float, metavar="S",
-                        help="seconds for the whole plan (default: no limit; auto is then fast only)")
+                        help="wall-clock seconds for the whole plan, kept: the anytime plan of every layer, then "
+                             "fast, then (auto, cpsat) CP-SAT on deterministic time from fast's plan, never worse "
+                             "than it; the same inputs give the same plan unless the limit runs out (a note on "
+                             "stderr says so). Default: no limit (auto is then fast only)")
     parser.add_argument("--split", choices=("even", "local", "optimal"), default="even",
                         help="token split among replicas used in the report (solvers plan on even; default even)")
-    parser.add_argument("--windows", type=positive_int, metavar="W",
-                        help="plan on W windows of consecutive steps instead of their sum")
-    parser.add_argument("--window-objective", choices=("max", "mean", "quantile"), default="max",
-                        help="how per-window busiest loads combine (default max)")
-    parser.add_argument("--quantile", type=float, default=0.9, help="the quantile for --window-objective quantile")
+    parser.add_argument("--allow-colocated", action="store_true",
+                        help="let a GPU hold two replicas of one expert, as DeepSeek EPLB may (EPLB's plan is then "
+                             "a candidate on every layer, so no solver does worse than eplb; default: forbidden)")
     parser.add_argument("--layers", type=layer_selection, metavar="IDS", help="model layer ids to plan (default all)")
     parser.add_argument("--jobs", type=positive_int, default=1, metavar="J", help="worker processes (default 1)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed for randomised choices (default 0)")
@@ -67,7 +68,7 @@ def build_problem(args: argparse.Namespace, current_plan=None):
     if args.layers is not None:
         trace = trace.select_layer_ids(args.layers)
     current = None if current_plan is None else _current_for(current_plan, trace.meta.layer_ids, args.current)
-    loads = trace.window_counts(args.windows).astype(np.float64)
+    loads = trace.window_counts(None).astype(np.float64)  # summed over steps (bench/bench_windows.py: why)
     experts, gpus = trace.num_experts, args.gpus
     if args.nodes and gpus % args.nodes:
         raise InputError("--nodes", f"a divisor of --gpus {gpus}", args.nodes)
@@ -91,19 +92,17 @@ def build_problem(args: argparse.Namespace, current_plan=None):
                              args.redundant)
     if args.groups is not None and experts % args.groups:
         raise InputError("--groups", f"a divisor of the {experts} experts", args.groups)
-    if not 0.0 <= args.quantile <= 1.0:
-        raise InputError("--quantile", "a value in [0, 1]", args.quantile)
     options = {"gpus": gpus, "nodes": args.nodes, "groups": args.groups, "num_physical": physical,
-               "redundant": physical - experts, "split": args.split, "windows": args.windows,
-               "window_objective": args.window_objective, "layers": args.layers, "time_limit_s": args.time_limit}
+               "redundant": physical - experts, "split": args.split, "layers": args.layers,
+               "time_limit_s": args.time_limit,
+               "allow_colocated": args.allow_colocated}
     extra = {}
     if current is not None:
         extra = {"current": current, "max_moved_slots": getattr(args, "max_moved_slots", None),
                  "move_cost_weight": getattr(args, "move_cost", 0.0)}
     problem = PlacementProblem(loads, gpus, physical, num_nodes=args.nodes, num_groups=args.groups,
-                               split=args.split, window_objective=args.window_objective, quantile=args.quantile,
-                               expert_bytes=args.expert_bytes, layer_ids=tuple(trace.meta.layer_ids),
-                               seed=args.seed, **extra)
+                               split=args.split, expert_bytes=args.expert_bytes, layer_ids=tuple(trace.meta.layer_ids),
+                               seed=args.seed, allow_colocated=args.allow_colocated, **extra)
     return problem, trace, options
 
 
@@ -137,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     problem, trace, options = build_problem(args, current_plan)
     current = problem.current
     solution = solve(problem, args.solver, args.time_limit, args.jobs, progress=not args.no_progress)
+    for note in solution.notes:
+        print(f"plan: note: {note}", file=sys.stderr)
     rows = report_rows(problem, solution, args.split)
     report = {"solver": args.solver, "status": solution.status, "wall_s": round(solution.wall_s, 6),
               "split": args.split, "layers": rows}
