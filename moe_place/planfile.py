@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.io import write_json_atomic
+from moe_place.io import read_input_text, write_json_atomic
 from moe_place.placement import Placement
 
 FORMAT_VERSION = 1
@@ -105,13 +105,18 @@ def write_plan(path: str | Path, plan: PlanFile) -> None:
 def read_plan(path: str | Path) -> PlanFile:
     """Read and validate a plan file; InputError naming the file and field on any problem."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), "an existing plan file", "no such file")
+    text = read_input_text(path, "a plan file")
     try:
-        document = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        document = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
         raise InputError(str(path), "a JSON plan file", f"unreadable JSON ({exc})") from None
+    except ValueError as exc:  # NaN / Infinity: plan files are strict JSON
+        raise InputError(str(path), "a strict JSON plan file (finite numbers)", str(exc)) from None
     return parse_plan(document, str(path))
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} in the file")
 
 
 def parse_plan(document: Any, where: str = "plan") -> PlanFile:

@@ -95,8 +95,8 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
         raise InputError("jobs", "an integer >= 1", jobs)
     if time_limit_s is not None and not time_limit_s > 0:
         raise InputError("time_limit_s", "a positive number of seconds", time_limit_s)
-    if solver != "auto":
-        get_solver(solver)  # InputError listing the names when unknown
+    if solver != "auto" and solver not in solver_names():
+        raise InputError("solver", f"one of auto, {', '.join(solver_names())}", solver)
     start = time.monotonic()
     layers = list(range(problem.num_layers))
     notes: list[str] = []

@@ -149,6 +149,9 @@ def test_table_output(capsys, qwen_json):
 def test_plot_and_output_files(capsys, tmp_path):
     png, table = tmp_path / "sub" / "qwen.png", tmp_path / "table.txt"
     code, out, err = run(capsys, "analyze", QWEN, "--ep", "8,32", "--plot", png, "--output", table)
+    assert code == 2 and "--plot" in err and "a missing folder" in err and not table.exists()
+    png.parent.mkdir()
+    code, out, err = run(capsys, "analyze", QWEN, "--ep", "8,32", "--plot", png, "--output", table)
     assert code == 0 and out == ""
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     assert "EP sweep" in table.read_text()

@@ -24,7 +24,7 @@ def tiny_trace(tmp_path):
 def two_layer_trace(tmp_path):
     rng = np.random.default_rng(0)
     path = tmp_path / "two.npz"
-    counts = rng.integers(0, 200, (4, 2, 16))  # 4 steps, 2 layers, 16 experts
+    counts = 2 * rng.integers(0, 100, (4, 2, 16))  # 4 steps, 2 layers, 16 experts; top-2: even totals
     np.savez(path, format_version=1, num_experts=16, top_k=2, counts=counts)
     return path, counts
 

@@ -7,7 +7,7 @@ from moe_place.progress import ProgressBar
 
 def test_draws_each_percent_once_and_the_end():
     out = io.StringIO()
-    bar = ProgressBar(1000, "replay ours", "steps", width=10, stream=out)
+    bar = ProgressBar(1000, "replay ours", "steps", width=10, stream=out, enabled=True)
     for _ in range(1000):
         bar.advance()
     bar.close()
@@ -20,8 +20,16 @@ def test_draws_each_percent_once_and_the_end():
 
 def test_small_totals_draw_every_unit_and_never_overrun():
     out = io.StringIO()
-    bar = ProgressBar(3, "plan fast", "layers", width=3, stream=out)
+    bar = ProgressBar(3, "plan fast", "layers", width=3, stream=out, enabled=True)
     bar.advance(2)
     bar.advance(5)
     assert out.getvalue().split("\r")[1:] == ["plan fast [...] 0/3 layers", "plan fast [##.] 2/3 layers",
                                               "plan fast [###] 3/3 layers"]
+
+
+def test_nothing_is_drawn_when_the_stream_is_not_a_terminal():
+    out = io.StringIO()  # a log file, a pipe: isatty() is False
+    bar = ProgressBar(10, "plan fast", "layers", stream=out)
+    bar.advance(10)
+    bar.close()
+    assert out.getvalue() == ""

@@ -65,7 +65,9 @@ def test_on_step_sees_every_step_in_order():
     assert seen == list(range(len(counts)))
 
 
-def test_cli_replay_plot_and_progress(tmp_path, capsys):
+def test_cli_replay_plot_and_progress(tmp_path, capsys, monkeypatch):
+    import sys
+
     from moe_place.cli.main import main
 
     png = tmp_path / "replay.png"
@@ -74,7 +76,10 @@ def test_cli_replay_plot_and_progress(tmp_path, capsys):
     assert main(argv + ["--plot", str(png)]) == 0
     err = capsys.readouterr().err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert err.rstrip().endswith("replay ours [" + "#" * 30 + "] 120/120 steps")
+    assert "\r" not in err  # stderr is not a terminal here: no progress bar in a log
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert main(argv) == 0
+    assert capsys.readouterr().err.rstrip().endswith("replay ours [" + "#" * 30 + "] 120/120 steps")
     assert main(argv + ["--no-progress"]) == 0
     assert capsys.readouterr().err == ""
 

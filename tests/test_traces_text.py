@@ -36,12 +36,15 @@ def test_round_trip(tmp_path, save):
     assert back.meta.layer_ids == (1, 5) and back.step_names == ("a", "b") and back.top_k == 2
 
 
-def test_json_minimal(tmp_path):
+def test_json_minimal_needs_top_k_from_the_user(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"counts": [[[6, 2, 0, 4]], [[1, 1, 1, 0]]]}))
-    trace = load_trace(path)
-    # top_k inferred as the gcd of the step totals 12 and 3
+    with pytest.raises(InputError, match="top_k: expected the router's top-k.*--top-k"):
+        load_trace(path)  # totals 12 and 3 fit top-3 and top-1 alike: never guessed
+    trace = load_trace(path, top_k=3)
     assert trace.num_experts == 4 and trace.top_k == 3 and trace.meta.layer_ids == (0,)
+    with pytest.raises(InputError, match=r"counts\[step 1, layer 0\]: expected a total that is a multiple of top_k = 2"):
+        load_trace(path, top_k=2)  # the second step's 3 dispatches cannot come from top-2 tokens: 12 passes, 3 fails
 
 
 @pytest.mark.parametrize(("text", "match"), [

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 from moe_place.errors import InputError
+from moe_place.io import input_problem
 from moe_place.traces.bundled import is_bundled, load_bundled
 from moe_place.traces.count import resolve_workers
 from moe_place.traces.model import Trace, located
@@ -55,10 +56,9 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
 
 def detect_format(path: Path) -> str:
     """'bundled', 'npz', 'torch', 'csv' or 'json'; InputError if the path is not a readable file."""
-    if not path.exists():
-        raise InputError(str(path), "an existing trace file", "no such file")
-    if path.is_dir():
-        raise InputError(str(path), "a trace file", "a directory")
+    problem = input_problem(path)
+    if problem is not None:
+        raise InputError(str(path), "an existing trace file" if problem == "no such file" else "a trace file", problem)
     try:
         with open(path, "rb") as fh:
             head = fh.read(8)
@@ -108,7 +108,7 @@ def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max
 
     if kind == "csv":
         return text.read_csv(path, top_k=top_k)
-    return text.read_json(path)
+    return text.read_json(path, top_k=top_k)
 
 
 def _is_torch_zip(path: Path) -> bool:

@@ -181,6 +181,7 @@ def counts_trace(counts: np.ndarray, header: NpzHeader, path: Path, top_k: int |
         top_k = infer_top_k(counts)
     if top_k > num_experts:
         raise InputError(f"{path}: top_k", f"at most num_experts = {num_experts}", top_k)
+    check_totals_divisible(counts, top_k, f"{path}: counts")
     meta = header_meta(header, path, num_experts, top_k, counts.shape[1], str(counts.dtype), counts.shape[0])
     return Trace(meta, counts=counts)
 
@@ -237,6 +238,17 @@ def split_by_step(ids: np.ndarray, step: np.ndarray | None, path: Path) -> tuple
     order = np.argsort(index, kind="stable")
     bounds = np.searchsorted(index[order], np.arange(1, num_steps))
     return tuple(ids[part] for part in np.split(order, bounds))
+
+
+def check_totals_divisible(counts: np.ndarray, top_k: int, where: str) -> None:
+    """Every token adds top_k dispatches to a layer, so each (step, layer) total of `counts`
+    `[steps, layers, E]` is a multiple of top_k; InputError naming the first total that is not."""
+    totals = counts.sum(axis=2)
+    bad = np.argwhere(totals % top_k)
+    if bad.size:
+        step, layer = (int(x) for x in bad[0])
+        raise InputError(f"{where}[step {step}, layer {layer}]", f"a total that is a multiple of top_k = {top_k}",
+                         int(totals[step, layer]))
 
 
 def infer_top_k(counts: np.ndarray) -> int:

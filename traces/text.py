@@ -16,8 +16,9 @@ CSV: one row per (step, layer, expert) with a header naming the four columns (an
 JSON: an object
     {"format_version": 1, "num_experts": 8, "top_k": 2, "counts": [[[600, 560, ...]]],
      "layer_ids": [0], "step_names": ["a"], "model": "...", "source": "..."}
-with `counts` nested lists `[steps][layers][experts]`; only `counts` is required (num_experts
-defaults to the last axis, top_k is inferred as for npz count files, see `npz.infer_top_k`).
+with `counts` nested lists `[steps][layers][experts]`; `num_experts` defaults to the last axis.
+In both formats `top_k` comes from the file or from `--top-k` (`load_trace(..., top_k=K)`): it is
+never guessed from counts, and every (step, layer) total must be a multiple of it.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ def read_csv(path: str | Path, top_k: int | None = None) -> Trace:
     if len(np.unique(cells)) != len(cells):
         raise InputError(str(path), "one row per (step, layer, expert)", "a repeated row")
     counts.reshape(-1)[cells] = data[:, 3]
-    header_meta = NpzHeader(keys=frozenset(), num_experts=num_experts, top_k=meta.get("top_k", top_k),
+    header_meta = NpzHeader(keys=frozenset(), num_experts=num_experts, top_k=meta.get("top_k"),
                             layer_ids=tuple(int(x) for x in layer_ids), model=str(meta.get("model", "unknown")),
                             source=f"csv:{path.name}", step_names=tuple(steps))
-    return counts_trace(counts, header_meta, path)
+    return _count_trace_with_top_k(counts, header_meta, path, top_k)
 
 
 def save_csv(trace: Trace, path: str | Path) -> None:
@@ -126,9 +127,20 @@ def _csv_int(text: str, path: Path, line: int, name: str) -> int:
     return value
 
 
+def _count_trace_with_top_k(counts: np.ndarray, header: NpzHeader, path: Path, top_k: int | None) -> Trace:
+    """`counts_trace` with top_k from the file, else from `--top-k`: counts alone cannot prove it (any
+    total fits top-1), and it sets the token count and the default hot-set size, so it is not guessed.
+    The rest of the file is checked first, so its own errors come before a missing top_k."""
+    trace = counts_trace(counts, header, path, top_k if top_k is not None else 1)
+    if header.top_k is None and top_k is None and trace.counts.any():  # (an empty file is reported as such)
+        raise InputError(f"{path}: top_k", "the router's top-k: the file does not record it, pass --top-k K",
+                         "nothing")
+    return trace
+
+
 # ---------------------------------------------------------------------- JSON
-def read_json(path: str | Path) -> Trace:
-    """Read a JSON count trace (see the module doc)."""
+def read_json(path: str | Path, top_k: int | None = None) -> Trace:
+    """Read a JSON count trace (see the module doc); `top_k` when the file does not record it."""
     path = Path(path)
     try:
         obj = json.loads(_text(path))
@@ -150,7 +162,7 @@ def read_json(path: str | Path) -> Trace:
                        top_k=_json_int(obj, "top_k", path), layer_ids=_json_ints(obj, "layer_ids", path),
                        model=str(obj.get("model", "unknown")), source=str(obj.get("source", "")) or f"json:{path.name}",
                        step_names=tuple(str(s) for s in obj.get("step_names", []) or ()))
-    return counts_trace(counts, header, path)
+    return _count_trace_with_top_k(counts, header, path, top_k)
 
 
 def save_json(trace: Trace, path: str | Path) -> None:

@@ -6,7 +6,8 @@ import argparse
 import json
 
 from moe_place.cli.output import emit, wrote
-from moe_place.cli.options import add_trace_options, int_list, layer_selection, positive_int, trace_load_options
+from moe_place.cli.options import (add_trace_options, int_list, layer_selection, output_file, positive_int,
+                                   trace_load_options)
 
 HELP = "per-layer expert-load skew of a routing trace and the busiest/mean GPU at each EP size"
 
@@ -24,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps summed per window for persistence and out-of-sample loss "
                              "(default 1, or enough for at most 16 windows)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
-    parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG: load heatmap and EP-sweep curve")
-    parser.add_argument("--output", metavar="FILE", help="write the table/JSON to FILE instead of stdout")
+    parser.add_argument("--plot", type=output_file, metavar="FILE.png", help="also write a PNG: load heatmap and EP-sweep curve (default: none)")
+    parser.add_argument("--output", type=output_file, metavar="FILE", help="write the table/JSON to FILE (default: stdout)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,17 +8,26 @@ from __future__ import annotations
 
 import argparse
 
+from moe_place.cli.options import int_list, output_file, positive_int
+from moe_place.cost.hardware import BUILTIN_PARTS
+
 HELP = "Kernel microbenchmarks (padding, grouped vs dense GEMM, skew, payback, dispatch): predicted vs measured."
 SECTIONS = ("all", "padding", "gemm", "skew", "payback", "dispatch")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("section", nargs="?", default="all", choices=SECTIONS)
+    parser.add_argument("section", nargs="?", default="all", choices=SECTIONS,
+                        help=f"which microbenchmark: {', '.join(SECTIONS)} (default all)")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes in the Triton interpreter on a CPU")
-    parser.add_argument("--gpu", default=None, help="catalog part for predictions (default: detected)")
-    parser.add_argument("--block-m", default=None, help="BLOCK_M values of the padding sweep, e.g. 16,32,64,128")
-    parser.add_argument("--reps", default=None, help="timed repetitions per measurement")
-    parser.add_argument("--output-json", default=None, help="write the results here (JSON)")
+    parser.add_argument("--gpu", default=None,
+                        help=f"catalog part for predictions: one of {', '.join(BUILTIN_PARTS['gpu'])} "
+                             "(default: detected, else H100 SXM)")
+    parser.add_argument("--block-m", type=int_list, default=None, metavar="M1,M2,...",
+                        help="BLOCK_M values of the padding sweep, e.g. 16,32,64,128 (default: 16,32,64,128 on a GPU)")
+    parser.add_argument("--reps", type=positive_int, default=None, metavar="N",
+                        help="timed repetitions per measurement (default 10 on a GPU, 2 in a dry run)")
+    parser.add_argument("--output-json", type=output_file, default=None, metavar="FILE",
+                        help="write the results here (JSON; default: print only)")
 
 
 def run(args) -> int:
@@ -41,5 +50,5 @@ def run(args) -> int:
     for flag, value in (("--gpu", args.gpu), ("--block-m", args.block_m), ("--reps", args.reps),
                         ("--output-json", args.output_json)):
         if value is not None:
-            argv += [flag, str(value)]
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     return module.main(argv)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.plan import add_problem_arguments
+from moe_place.cli.options import output_file
+from moe_place.cli.plan import SOLVER_CHOICES, add_problem_arguments
 
 HELP = "plan one trace with several solvers and compare busiest-GPU load, bound, gap and time per layer"
 
@@ -20,10 +21,10 @@ def _names(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser)
     parser.add_argument("--solvers", type=_names, default=["eplb", "fast"], metavar="A,B,...",
-                        help="solvers to compare (default eplb,fast; any of auto, eplb, fast, cpsat); "
-                             "--time-limit is each solver's budget")
-    parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG: busiest load / bound per layer")
-    parser.add_argument("--output-json", metavar="FILE", help="also write the JSON to FILE")
+                        help=f"solvers to compare, any of {', '.join(SOLVER_CHOICES)}; --time-limit is each "
+                             "solver's budget (default eplb,fast)")
+    parser.add_argument("--plot", type=output_file, metavar="FILE.png", help="also write a PNG: busiest load / bound per layer (default: none)")
+    parser.add_argument("--output-json", type=output_file, metavar="FILE", help="also write the JSON to FILE (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:

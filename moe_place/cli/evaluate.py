@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from moe_place.cli.options import add_trace_options, positive_int, trace_load_options
+from moe_place.cli.options import add_trace_options, fraction, positive_int, trace_load_options
 
 HELP = "per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace"
 
@@ -15,9 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=("even", "local", "optimal"), default="even",
                         help="token split among replicas (default even)")
     parser.add_argument("--windows", type=positive_int, metavar="W",
-                        help="judge W windows of consecutive steps (combined by --window-objective)")
-    parser.add_argument("--window-objective", choices=("max", "mean", "quantile"), default="max")
-    parser.add_argument("--quantile", type=float, default=0.9)
+                        help="judge W windows of consecutive steps, combined by --window-objective "
+                             "(default: the steps summed)")
+    parser.add_argument("--window-objective", choices=("max", "mean", "quantile"), default="max",
+                        help="how the windows' busiest loads combine (default max)")
+    parser.add_argument("--quantile", type=fraction, default=None,
+                        help="the quantile for --window-objective quantile, in [0, 1] (default 0.9)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     add_trace_options(parser)
 
@@ -36,10 +39,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.trace}: num_experts", f"{placement.num_logical_experts} (the plan's)",
                          trace.num_experts)
     trace = trace.select_layer_ids(list(plan.layer_ids), where=f"{args.trace}: layers (the plan's layer ids)")
+    if args.quantile is not None and args.window_objective != "quantile":
+        raise InputError("--quantile", "--window-objective quantile as well (it is used only there)",
+                         f"--window-objective {args.window_objective}")
+    quantile = 0.9 if args.quantile is None else args.quantile
     loads = trace.window_counts(args.windows)
-    if not 0.0 <= args.quantile <= 1.0:
-        raise InputError("--quantile", "a value in [0, 1]", args.quantile)
-    reports = evaluate_placement(placement, loads, args.split, args.window_objective, args.quantile, plan.layer_ids)
+    reports = evaluate_placement(placement, loads, args.split, args.window_objective, quantile, plan.layer_ids)
     report = {"plan": str(args.plan), "trace": str(args.trace), "split": args.split,
               "windows": int(loads.shape[0]), "layers": [r.to_dict() for r in reports]}
     print_report(report, args.format, header=f"evaluate {args.plan} on {args.trace}: split {args.split}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from moe_place.cli.options import layer_selection, positive_int
+from moe_place.cli.options import layer_selection, output_file, positive_int
 
 HELP = "write a plan as the file an engine loads (SGLang --init-expert-location, vLLM policy, EPLB tensors)"
 ENGINES = ("sglang", "vllm", "eplb")
@@ -21,13 +21,14 @@ ENGINES = ("sglang", "vllm", "eplb")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="a plan file written by `moe-place plan --out`")
     parser.add_argument("--engine", required=True, choices=ENGINES, help="target format")
-    parser.add_argument("--out", required=True, metavar="FILE",
+    parser.add_argument("--out", type=output_file, required=True, metavar="FILE",
                         help="output file (sglang: .json or .pt; vllm: .json; eplb: .pt or .npz)")
     parser.add_argument("--num-model-layers", type=positive_int, default=None, metavar="N",
                         help="sglang: decoder layers of the model (rows of the map; default: from the plan)")
     parser.add_argument("--dense-layers", type=layer_selection, default=[], metavar="IDS",
-                        help="sglang: model layers without experts, e.g. 0-2 for DeepSeek-V3 (trivial rows)")
-    parser.add_argument("--format", choices=("table", "json"), default="table", help="summary on stdout")
+                        help="sglang: model layers without experts, e.g. 0-2 for DeepSeek-V3 (trivial rows; "
+                             "default: none)")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="format of the summary on stdout (default table)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     placement, layer_ids = read_plan_placement(args.plan)
     if args.engine != "sglang" and (args.num_model_layers or args.dense_layers):
         raise InputError("--num-model-layers/--dense-layers", "only with --engine sglang", f"--engine {args.engine}")
+    overlap = sorted(set(args.dense_layers) & set(layer_ids))
+    if overlap:
+        raise InputError("--dense-layers", "layers without experts (none of the plan's layer ids)",
+                         f"layer {overlap[0]}, which the plan places experts for")
     summary = export_plan(placement, layer_ids, args.engine, Path(args.out), num_model_layers=args.num_model_layers,
                           dense_layer_ids=tuple(args.dense_layers))
     for warning in summary.pop("warnings", []):

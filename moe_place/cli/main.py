@@ -15,7 +15,8 @@ import sys
 
 from moe_place.errors import MoePlaceError
 
-COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "bench", "report")
+COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
+            "report")
 
 
 class _Parser(argparse.ArgumentParser):

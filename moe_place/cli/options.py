@@ -1,8 +1,16 @@
-"""Option parsers shared by subcommands: each rejects a bad value with one clear line."""
+"""Option parsers shared by subcommands: each rejects a bad value with one clear line.
+
+Output paths are checked when the options are parsed, before any work starts: a directory, a
+missing or unwritable folder, or a read-only file is a usage error (exit 2).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
+
+from moe_place.io import output_problem
 
 
 def _int_at_least(text: str, minimum: int, expected: str) -> int:
@@ -23,14 +31,46 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
 
 
-def positive_float(text: str) -> float:
+def _float_where(text: str, ok, expected: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _float_where(text, lambda v: v > 0, "a positive finite number")
+
+
+def non_negative_float(text: str) -> float:
+    return _float_where(text, lambda v: v >= 0, "a finite number >= 0")
+
+
+def fraction(text: str) -> float:
+    return _float_where(text, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+
+
+def output_file(text: str) -> str:
+    """A path a file can be written to (checked now, before the work: see the module docstring)."""
+    problem = output_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"expected a writable file path, got {text!r} ({problem})")
+    return text
+
+
+def output_dir(text: str) -> str:
+    """A folder to write into: an existing writable folder, or a new one in an existing writable folder."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder, got {text!r} (a file)")
+    probe = path / "probe" if path.is_dir() else path
+    problem = output_problem(probe)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"expected a writable folder, got {text!r} ({problem})")
+    return text
 
 
 def int_list(text: str) -> list[int]:
@@ -65,7 +105,8 @@ def layer_selection(text: str) -> list[int]:
 def add_trace_options(parser: argparse.ArgumentParser) -> None:
     """Options for reading a trace whose file does not record everything (count-only dumps)."""
     parser.add_argument("--top-k", type=positive_int, metavar="K",
-                        help="the router's top-k, for count-only files that do not record it")
+                        help="the router's top-k, for count-only files that do not record it (default: the file's; "
+                             "CSV/JSON count files without it need this)")
     parser.add_argument("--keep-dense-layers", action="store_true",
                         help="keep the all-zero rows of dense layers in SGLang dumps (default: drop them)")
 

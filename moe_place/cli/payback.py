@@ -12,7 +12,9 @@ import json
 import re
 
 from moe_place.cli.output import emit, wrote
-from moe_place.cli.options import int_list, positive_float, positive_int
+from moe_place.cli.options import int_list, output_file, positive_float, positive_int
+from moe_place.cost.hardware import BUILTIN_PARTS
+from moe_place.cost.models import PRESETS
 
 HELP = "replica payback: copy time over the real path, saving per batch, N_min, net-gain curve (--plot)"
 
@@ -36,28 +38,48 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def MOVE_FLAGS(args: argparse.Namespace) -> list[tuple[str, object]]:  # noqa: N802 - a table, read as one
+    """The options that describe the move on the command line (None when not given)."""
+    return [("--topology", args.topology), ("--model", args.model), ("--saving-ms", args.saving_ms),
+            ("--case", args.case), ("--alpha-us", args.alpha_us), ("--parallel", args.parallel),
+            ("--free-mib", args.free_mib), ("--batches", args.batches), ("--max-batches", args.max_batches)]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", metavar="SCENARIO", nargs="?", help="scenario file (.toml/.json) with [payback]")
-    parser.add_argument("--topology", metavar="SPEC", help='e.g. "2 nodes x 8 H100, 400 Gbit/s NIC per GPU"')
-    parser.add_argument("--model", metavar="PRESET", default="Qwen3-235B-A22B", help="expert shape (copy size)")
-    parser.add_argument("--saving-ms", type=positive_float, metavar="MS", help="time saved per batch by the move")
+    parser.add_argument("--topology", metavar="SPEC",
+                        help='the cluster without a SCENARIO, e.g. "2 nodes x 8 H100, 400 Gbit/s NIC per GPU" '
+                             f"(GPU parts: {', '.join(BUILTIN_PARTS['gpu'])}; default: none)")
+    parser.add_argument("--model", metavar="PRESET", default=None,
+                        help=f"expert shape (copy size): one of {', '.join(PRESETS)} (default Qwen3-235B-A22B)")
+    parser.add_argument("--saving-ms", type=positive_float, metavar="MS", help="time saved per batch by the move (required without a SCENARIO)")
     parser.add_argument("--case", type=_case, action="append", metavar="NAME=SRC:DST,...",
-                        help="one copy plan (repeat to compare paths)")
-    parser.add_argument("--alpha-us", type=_non_negative_float, default=0.0, metavar="US", help="startup per copy")
-    parser.add_argument("--parallel", action="store_true", help="start all copies at once (default: one after another)")
-    parser.add_argument("--free-mib", type=_non_negative_float, metavar="MIB", help="free memory per receiving GPU")
-    parser.add_argument("--batches", type=int_list, default=[16, 64], metavar="N1,N2", help="report net gain here")
-    parser.add_argument("--max-batches", type=positive_int, default=64, metavar="N", help="curve length (default 64)")
+                        help="one copy plan, GPU indices (repeat to compare paths; required without a SCENARIO)")
+    parser.add_argument("--alpha-us", type=_non_negative_float, default=None, metavar="US",
+                        help="startup per copy, microseconds (default 0)")
+    parser.add_argument("--parallel", action="store_true", default=None,
+                        help="start all copies at once (default: one after another)")
+    parser.add_argument("--free-mib", type=_non_negative_float, metavar="MIB",
+                        help="free memory per receiving GPU, MiB (default: not checked)")
+    parser.add_argument("--batches", type=int_list, default=None, metavar="N1,N2",
+                        help="report the net gain after these many batches (default 16,64)")
+    parser.add_argument("--max-batches", type=positive_int, default=None, metavar="N",
+                        help="curve length, at most 100,000 (default 64)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
-    parser.add_argument("--plot", metavar="FILE.png", help="also draw net gain vs batches per copy plan (PNG)")
-    parser.add_argument("--output", metavar="FILE", help="write the table/JSON to FILE instead of stdout")
+    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+                        help="also draw net gain vs batches per copy plan (PNG; default: none)")
+    parser.add_argument("--output", type=output_file, metavar="FILE", help="write the table/JSON to FILE (default: stdout)")
 
 
 def _scenario(args: argparse.Namespace):
     from moe_place.cost.scenario import load_scenario, scenario_from_table
     from moe_place.errors import InputError
 
+    given = [flag for flag, value in MOVE_FLAGS(args) if value is not None]
     if args.scenario is not None:
+        if given:  # the scenario's [payback] section sets the move: a flag would be silently ignored
+            raise InputError(given[0], "no move options with a SCENARIO file (its [payback] section sets them)",
+                             f"{given[0]} and {args.scenario}")
         scenario = load_scenario(args.scenario)
         if "payback" not in scenario.data:
             raise InputError(f"{args.scenario}: [payback]", "a payback section", "nothing")
@@ -66,13 +88,13 @@ def _scenario(args: argparse.Namespace):
                                         ("--case", args.case)) if value is None]
     if missing:
         raise InputError(missing[0], "a value (or a SCENARIO file)", "nothing")
-    section = {"saving_per_batch_ms": args.saving_ms, "alpha_us": args.alpha_us, "cases": args.case,
-               "mode": "parallel" if args.parallel else "serial", "batches": args.batches,
-               "max_batches": args.max_batches}
+    section = {"saving_per_batch_ms": args.saving_ms, "alpha_us": args.alpha_us or 0.0, "cases": args.case,
+               "mode": "parallel" if args.parallel else "serial", "batches": args.batches or [16, 64],
+               "max_batches": args.max_batches or 64}
     if args.free_mib is not None:
         section["free_mib"] = args.free_mib
-    data = {"name": "command line", "model": {"preset": args.model}, "topology": {"spec": args.topology},
-            "payback": section}
+    data = {"name": "command line", "model": {"preset": args.model or "Qwen3-235B-A22B"},
+            "topology": {"spec": args.topology}, "payback": section}
     return scenario_from_table(data, "command line")
 
 

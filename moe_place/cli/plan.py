@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_int, positive_float, positive_int,
-                                   trace_load_options)
+from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_float, non_negative_int,
+                                   output_file, positive_float, positive_int, trace_load_options)
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
+# the registry's names (`moe_place.solvers.solver_names()`, checked by tests) without importing the solvers
+# here: CP-SAT's import alone takes a second, and `--help` should not
+SOLVER_CHOICES = ("auto", "cpsat", "eplb", "fast")
 
 
 def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,8 +26,10 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     slots.add_argument("--redundant", type=non_negative_int, metavar="R",
                        help="redundant experts per layer: P = E + R physical experts, P divisible by G (default 0)")
     slots.add_argument("--expert-memory-budget", type=positive_int, metavar="BYTES",
-                       help="per-GPU bytes for the expert weights of all planned layers (needs --expert-bytes)")
-    parser.add_argument("--expert-bytes", type=positive_int, metavar="B", help="bytes of one expert's weights")
+                       help="per-GPU bytes for the expert weights of all planned layers, instead of --redundant "
+                            "(needs --expert-bytes; default: none)")
+    parser.add_argument("--expert-bytes", type=positive_int, metavar="B",
+                        help="bytes of one expert's weights, with --expert-memory-budget (default: none)")
     parser.add_argument("--time-limit", type=positive_float, metavar="S",
                         help="wall-clock seconds for the whole plan, kept: the anytime plan of every layer, then "
                              "fast, then (auto, cpsat) CP-SAT on deterministic time from fast's plan, never worse "
@@ -43,13 +48,16 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser)
-    parser.add_argument("--solver", default="auto", metavar="NAME", help="auto (default), fast, eplb, cpsat")
-    parser.add_argument("--current", metavar="PLAN", help="plan in use now: re-plan with migration in view")
+    parser.add_argument("--solver", default="auto", metavar="NAME",
+                        help=f"one of {', '.join(SOLVER_CHOICES)} (default auto: fast, then CP-SAT where --time-limit "
+                             "leaves room)")
+    parser.add_argument("--current", metavar="PLAN",
+                        help="plan in use now: re-plan with migration in view (default: plan from scratch)")
     parser.add_argument("--max-moved-slots", type=non_negative_int, metavar="K",
-                        help="with --current: at most K slots change per layer")
-    parser.add_argument("--move-cost", type=float, default=0.0, metavar="LOAD",
+                        help="with --current: at most K slots change per layer (default: no cap)")
+    parser.add_argument("--move-cost", type=non_negative_float, default=0.0, metavar="LOAD",
                         help="with --current: load units a moved slot must save (default 0)")
-    parser.add_argument("--out", required=True, metavar="PLAN.json", help="plan file to write")
+    parser.add_argument("--out", type=output_file, required=True, metavar="PLAN.json", help="plan file to write")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -64,17 +72,20 @@ def build_problem(args: argparse.Namespace, current_plan=None):
     from moe_place.problem import PlacementProblem
     from moe_place.traces.load import load_trace
 
+    if args.expert_bytes is not None and args.expert_memory_budget is None:  # option checks before the trace is read
+        raise InputError("--expert-bytes", "--expert-memory-budget as well (it is used only for the budget)",
+                         "no budget")
+    if args.expert_memory_budget is not None and args.expert_bytes is None:
+        raise InputError("--expert-memory-budget", "--expert-bytes B as well (bytes of one expert)")
+    if args.nodes and args.gpus % args.nodes:
+        raise InputError("--nodes", f"a divisor of --gpus {args.gpus}", args.nodes)
     trace = load_trace(args.trace, **trace_load_options(args))
     if args.layers is not None:
         trace = trace.select_layer_ids(args.layers)
     current = None if current_plan is None else _current_for(current_plan, trace.meta.layer_ids, args.current)
     loads = trace.window_counts(None).astype(np.float64)  # summed over steps (bench/bench_windows.py: why)
     experts, gpus = trace.num_experts, args.gpus
-    if args.nodes and gpus % args.nodes:
-        raise InputError("--nodes", f"a divisor of --gpus {gpus}", args.nodes)
     if args.expert_memory_budget is not None:
-        if args.expert_bytes is None:
-            raise InputError("--expert-memory-budget", "--expert-bytes B as well (bytes of one expert)")
         slots = args.expert_memory_budget // (args.expert_bytes * trace.num_layers)
         if slots * gpus < experts:
             raise InputError("--expert-memory-budget",
@@ -125,9 +136,11 @@ def report_rows(problem, solution, split: str) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.errors import InputError
-    from moe_place.solvers import solve
     from moe_place.planfile import PlanFile, file_sha256, read_plan, write_plan
+    from moe_place.solvers import solve, solver_names
 
+    if args.solver != "auto" and args.solver not in solver_names():
+        raise InputError("--solver", f"one of auto, {', '.join(solver_names())}", args.solver)
     if args.current is None and (args.max_moved_slots is not None or args.move_cost):
         raise InputError("--max-moved-slots/--move-cost", "--current PLAN as well")
     if args.move_cost < 0:

@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 
+from moe_place.cli.options import output_file
 from moe_place.cli.output import emit
+
 HELP = "predict expert compute, dispatch/combine, pipeline, payback and offload bounds for a scenario file"
 
 
@@ -14,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", metavar="SCENARIO", nargs="?",
                         help="scenario file (.toml or .json): hardware, topology, model, workload (see README)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
-    parser.add_argument("--output", metavar="FILE", help="write the table/JSON to FILE instead of stdout")
+    parser.add_argument("--output", type=output_file, metavar="FILE", help="write the table/JSON to FILE (default: stdout)")
     parser.add_argument("--schema", action="store_true", help="print the scenario schema and exit")
 
 

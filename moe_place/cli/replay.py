@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_int, positive_float, positive_int,
-                                   trace_load_options)
+from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_int, output_file, positive_float,
+                                   positive_int, trace_load_options)
+from moe_place.cost.hardware import BUILTIN_PARTS
+from moe_place.cost.models import PRESETS
 
 HELP = "replay a multi-step trace through a re-planning controller and the cost model"
 
@@ -16,28 +18,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", metavar="SPEC",
                         help="replay the drifting domain-mixture generator instead, e.g. 'drift:steps=6000,seed=0' "
                              "(keys: steps, layers, experts, top_k, tokens, domains, drift, skew, shared, "
-                             "concentration, seed)")
-    parser.add_argument("--controller", choices=("static", "periodic-eplb", "ours"), default="ours")
+                             "concentration, hot, seed, preset=deepseek-r1; at most 1,000,000 steps and 2**28 "
+                             "steps x layers x experts; default: replay TRACE)")
+    parser.add_argument("--controller", choices=("static", "periodic-eplb", "ours"), default="ours",
+                        help="static: planned once; periodic-eplb: vLLM's cadence; ours: the payback controller "
+                             "(default ours)")
     add_trace_options(parser)
     cluster = parser.add_argument_group("cluster (named as for `plan`)")
     cluster.add_argument("--gpus", type=positive_int, default=8, help="EP size G (default 8)")
     cluster.add_argument("--nodes", type=positive_int, default=1, help="servers (default 1)")
     cluster.add_argument("--redundant", type=non_negative_int, default=None,
                          help="redundant slots per layer (default: one per GPU)")
-    cluster.add_argument("--hardware", default="H100", help="GPU part of the catalog (default H100)")
+    cluster.add_argument("--hardware", default="H100",
+                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])} (default H100)")
     cluster.add_argument("--model", default=None,
-                         help="expert shape preset for time and copy size (default: from the trace, else Qwen3-30B-A3B)")
+                         help=f"expert shape preset for time and copy size: one of {', '.join(PRESETS)} "
+                              "(default: from the trace, else Qwen3-30B-A3B)")
     cluster.add_argument("--nic-gbit", type=positive_float, default=400.0, help="NIC per GPU, Gbit/s (default 400)")
     cluster.add_argument("--copy-schedule", choices=("serial", "parallel"), default="serial",
                          help="copies one after another (SPEC formula 7, default) or all at once")
-    cluster.add_argument("--layers", type=layer_selection, default=None, help="trace layer positions, e.g. 0-3")
+    cluster.add_argument("--layers", type=layer_selection, default=None,
+                         help="trace layer positions, e.g. 0-3 (default: all)")
     ctl = parser.add_argument_group("controllers")
-    ctl.add_argument("--window", type=positive_int, default=1000,
-                     help="steps of the start-up plan and of periodic-eplb's window (default 1000)")
-    ctl.add_argument("--step-interval", type=positive_int, default=3000, help="periodic-eplb: steps between re-plans")
+    ctl.add_argument("--window", type=positive_int, default=None,
+                     help="steps of the start-up plan and of periodic-eplb's window, at most the trace's steps "
+                          "(default 1000, or all steps of a shorter trace)")
+    ctl.add_argument("--step-interval", type=positive_int, default=3000, help="periodic-eplb: steps between re-plans (default 3000)")
     ctl.add_argument("--check-every", type=positive_int, default=16, help="ours: steps between checks (default 16)")
-    ctl.add_argument("--horizon", type=positive_int, default=32, help="ours: steps the predictor looks back")
-    ctl.add_argument("--predictor", choices=("last", "ema", "scenarios"), default="last")
+    ctl.add_argument("--horizon", type=positive_int, default=32, help="ours: steps the predictor looks back (default 32)")
+    ctl.add_argument("--predictor", choices=("last", "ema", "scenarios"), default="last",
+                     help="ours: how the next steps' load is predicted from the last ones (default last)")
     ctl.add_argument("--hysteresis", type=positive_float, default=1.0,
                      help="ours: a move must pay back within 1/H of the hot spots' expected life (default 1)")
     ctl.add_argument("--min-saving", type=positive_float, default=0.005,
@@ -45,13 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ctl.add_argument("--max-moved-slots", type=non_negative_int, default=2,
                      help="ours: slot changes per layer and rebalance at most; budgets 1, 2, 4, ... up to it are "
                           "tried and each layer takes the one with the largest net gain that pays back (default 2)")
-    ctl.add_argument("--max-mib", type=positive_float, default=None, help="ours: MiB copied per rebalance at most")
+    ctl.add_argument("--max-mib", type=positive_float, default=None, help="ours: MiB copied per rebalance at most (default: no cap)")
     ctl.add_argument("--drain-steps", type=non_negative_int, default=1,
                      help="batches in flight that finish on the old map before a switch (default 1)")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
-    parser.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE (atomically)")
-    parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG: per-step balancedness and cumulative time")
+    parser.add_argument("--out", type=output_file, metavar="FILE", help="also write the JSON result to FILE (default: none)")
+    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+                        help="also write a PNG: per-step balancedness and cumulative time (default: none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -83,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--layers", f"positions in [0, {counts.shape[1]})", bad[0])
         counts = counts[:, args.layers]
     steps, layers, experts = counts.shape
+    if args.window is None:
+        args.window = min(1000, steps)
+    elif args.window > steps:
+        raise InputError("--window", f"at most the {steps} steps of the trace (the start-up plan is made on them)",
+                         args.window)
     redundant = args.gpus if args.redundant is None else args.redundant
     physical = experts + redundant
     if physical % args.gpus:

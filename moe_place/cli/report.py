@@ -14,6 +14,10 @@ import io
 import json
 from pathlib import Path
 
+from moe_place.cli.options import output_dir
+from moe_place.errors import InputError
+from moe_place.io import read_input_text, write_atomic
+
 HELP = "Markdown report and PNG plots from microbenchmark result JSONs (predicted vs measured)."
 KIND = "moe-place-microbench"
 TOLERANCE = 0.15
@@ -21,22 +25,22 @@ TOLERANCE = 0.15
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", nargs="+", help="result JSON files from bench/microbench.py --output-json")
-    parser.add_argument("--out", default="report", help="folder for report.md and the PNGs (default: ./report)")
+    parser.add_argument("--out", type=output_dir, default="report",
+                        help="folder for report.md and the PNGs, created if missing (default: ./report)")
     parser.add_argument("--no-plots", action="store_true", help="markdown only")
 
 
 def run(args) -> int:
-    from moe_place.errors import InputError
-    from moe_place.io import write_atomic
-
     results = [(Path(p), load_result(p)) for p in args.results]
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise InputError("--out", "a folder", f"the file {out}")
     sections = []
     for path, result in results:
-        plots = {} if args.no_plots else render_plots(result, out, path.stem)
-        sections.append(render_markdown(result, path, plots))
+        try:  # a section of the wrong shape fails somewhere in the rendering: name the file, not the line
+            plots = {} if args.no_plots else render_plots(result, out, path.stem)
+            sections.append(render_markdown(result, path, plots))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise InputError(str(path), "a microbenchmark result as bench/microbench.py writes it",
+                             f"a malformed section ({type(exc).__name__}: {exc})") from None
     text = "# moe-place microbenchmarks: predicted vs measured\n\n" + "\n\n".join(sections) + "\n"
     write_atomic(out / "report.md", text)
     print(text)
@@ -45,14 +49,12 @@ def run(args) -> int:
 
 # ---------------------------------------------------------------------------------------- input
 def load_result(path: str | Path) -> dict:
-    from moe_place.errors import InputError
-
+    """A microbenchmark result JSON, checked for the keys and types the report reads."""
     path = Path(path)
+    text = read_input_text(path, "a result JSON file")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(str(path), "an existing result JSON file", "no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise InputError(str(path), "a JSON file", f"unreadable JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise InputError(str(path), f"a microbenchmark result (\"kind\": \"{KIND}\")",
@@ -60,6 +62,11 @@ def load_result(path: str | Path) -> dict:
     for key in ("env", "calibration", "sections"):
         if key not in data:
             raise InputError(f"{path}: {key}", "present in a microbenchmark result", "missing")
+        if not isinstance(data[key], dict):
+            raise InputError(f"{path}: {key}", "a JSON object", type(data[key]).__name__)
+    for name, section in data["sections"].items():
+        if not isinstance(section, dict):
+            raise InputError(f"{path}: sections.{name}", "a JSON object", type(section).__name__)
     return data
 
 
@@ -198,7 +205,6 @@ def render_plots(result: dict, out: Path, stem: str) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from moe_place.io import write_atomic
 
     sec = result["sections"]
     written = {}

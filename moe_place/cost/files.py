@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from moe_place.errors import InputError
+from moe_place.io import read_input_text
 
 
 def _toml_loads():
@@ -26,10 +27,8 @@ def _toml_loads():
 def read_table_file(path: str | Path) -> dict:
     """The top-level table of a `.toml` or `.json` file."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), "an existing .toml or .json file", "no such file")
+    text = read_input_text(path, "a readable .toml or .json file")
     suffix = path.suffix.lower()
-    text = path.read_text(encoding="utf-8")
     if suffix == ".json":
         try:
             data = json.loads(text)

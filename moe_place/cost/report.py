@@ -1,4 +1,8 @@
-"""Human-readable tables of a `predict` report (the JSON form is the report itself)."""
+"""Human-readable tables of a `predict` report (the JSON form is the report itself).
+
+For people: numbers rounded to 5-6 significant digits, each with its unit; a key ending in `_s`
+(seconds in the JSON) is shown without the suffix, its value in ms or us (`compute.time 0.39069 ms`).
+"""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ def _value(key: str, value) -> str:
     if key.endswith("_per_s"):
         return f"{value:,.6g} /s"
     if key.endswith("_s"):
-        return f"{value * 1e3:.10g} ms" if abs(value) >= 1e-4 else f"{value * 1e6:.8g} us"
+        return f"{value * 1e3:.5g} ms" if abs(value) >= 1e-4 else f"{value * 1e6:.5g} us"
     if key.endswith("bytes"):
         return f"{value:,.0f} B ({value / 2**20:,.6g} MiB)" if value >= 2**20 else f"{value:,.6g} B"
     if key.endswith("flops"):
@@ -42,6 +46,11 @@ def _unit_key(path: list[str]) -> str:
     return path[-1]
 
 
+def _label(path: list[str]) -> str:
+    """The dotted key path as shown: `_s` dropped (the value carries ms or us)."""
+    return ".".join(key[:-2] if key.endswith("_s") and not key.endswith("_per_s") else key for key in path)
+
+
 def format_report(report: dict) -> str:
     """One line per quantity: `section.key  value unit`."""
     lines: list[str] = []
@@ -55,11 +64,11 @@ def format_report(report: dict) -> str:
                 walk(item, path + [f"[{item.get('name', i)}]"])
         elif isinstance(node, list):
             key = _unit_key(path)
-            shown = [_value(key, float(x)) if isinstance(x, (int, float)) and key.endswith("_s") else str(x)
-                     for x in node]
-            lines.append(f"{'.'.join(path):<58} {', '.join(shown)}")
+            shown = [_value(key, float(x)) if isinstance(x, float) or (isinstance(x, int) and key.endswith("_s"))
+                     else _value(key, x) for x in node]
+            lines.append(f"{_label(path):<58} {', '.join(shown)}")
         else:
-            lines.append(f"{'.'.join(path):<58} {_value(_unit_key(path), node)}")
+            lines.append(f"{_label(path):<58} {_value(_unit_key(path), node)}")
 
     walk(report, [])
     return "\n".join(lines) + "\n"

@@ -80,6 +80,10 @@ class Scenario:
         return path if path.is_absolute() else self.path.parent / path
 
 
+PREDICT_SECTIONS = ("workload", "pipeline", "payback", "offload", "capacity", "nic")  # what `predict` answers
+MAX_PAYBACK_BATCHES = 100_000  # the longest net-gain curve (one point per batch)
+
+
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     return scenario_from_table(read_table_file(path), path)
@@ -276,6 +280,10 @@ def _phase_json(bound: traffic.PhaseBound) -> dict:
 
 def predict(sc: Scenario) -> dict:
     """Every bound the scenario asks for, JSON-ready (seconds, bytes, FLOPs; names say which)."""
+    asked = [name for name in PREDICT_SECTIONS if name in sc.data]
+    if not asked:
+        raise InputError(str(sc.path), f"at least one of [{'], ['.join(PREDICT_SECTIONS)}] to predict",
+                         f"only [{'], ['.join(sorted(sc.data)) or 'nothing'}]")
     report: dict = {"scenario": sc.name, "model": {"name": sc.model.name, "expert_bytes": sc.model.expert_bytes,
                                                     "expert_mib": sc.model.expert_bytes / MIB_BYTES}}
     if sc.topology is not None:
@@ -401,12 +409,15 @@ def payback_report(sc: Scenario) -> dict:
     mode = str(table.get("mode", "serial"))
     free = get_number(table, "free_mib", here, allow_zero=True) * MIB_BYTES if "free_mib" in table else None
     copy_bytes = get_number(table, "copy_bytes", here, default=float(sc.model.expert_bytes))
-    batches = [int(b) for b in table.get("batches", [16, 64])]
+    batches = _batches(table.get("batches", [16, 64]), f"{here}.batches")
+    if mode not in ("serial", "parallel"):
+        raise InputError(f"{here}.mode", "serial or parallel", repr(mode))
     cases = table.get("cases") or [{"name": "copy", **{k: table[k] for k in ("copy_from", "copy_to", "copies")
                                                        if k in table}}]
     out = {"saving_per_batch_s": saving, "before_s": before_s, "after_s": after_s, **memory, "alpha_s": alpha,
            "mode": mode,
-           "copy_bytes": copy_bytes, "max_batches": get_int(table, "max_batches", here, 64, 1), "cases": []}
+           "copy_bytes": copy_bytes, "max_batches": _batches([get_int(table, "max_batches", here, 64, 1)],
+                                                             f"{here}.max_batches")[0], "cases": []}
     for i, case in enumerate(cases):
         where = f"{here}.cases[{i}]"
         copies = _copies(case, where, copy_bytes)
@@ -418,6 +429,16 @@ def payback_report(sc: Scenario) -> dict:
             "copy_time_s": result.copy_time_s, "n_min": result.n_min, "feasible": result.feasible,
             "net_gain_s": {str(b): result.net_gain_s(b) for b in batches}})
     return out
+
+
+def _batches(values, where: str) -> list[int]:
+    """Batch counts: integers in [1, MAX_PAYBACK_BATCHES] (the net-gain curve has one point per batch)."""
+    if not isinstance(values, list) or not values or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        raise InputError(where, "a list of integers", repr(values))
+    bad = [v for v in values if not 1 <= v <= MAX_PAYBACK_BATCHES]
+    if bad:
+        raise InputError(where, f"batch counts in [1, {MAX_PAYBACK_BATCHES:,}]", bad[0])
+    return list(values)
 
 
 def _copies(case: dict, where: str, copy_bytes: float) -> list[Copy]:

@@ -223,9 +223,31 @@ SYNTHETIC_DEFAULTS = {"steps": 6000, "layers": 8, "experts": 64, "top_k": 8, "to
 # `preset=deepseek-r1` starts from the traces helper's calibrated DeepSeek-R1 mixture (58 layers by default
 # there; `layers` still applies)
 SYNTHETIC_PRESETS = ("deepseek-r1",)
+# Upper limits of one synthetic trace: it is generated in memory as int64 counts [steps, layers, experts]
+MAX_SYNTHETIC_STEPS = 1_000_000
+MAX_SYNTHETIC_CELLS = 2**28  # steps x layers x experts: 2 GiB of counts
 
 
-def parse_synthetic(spec: str) -> tuple[np.ndarray, dict]:
+def _check_synthetic(params: dict, where: str) -> None:
+    """InputError naming the first `--synthetic` key out of range (sizes bounded: see MAX_SYNTHETIC_*)."""
+    for key, low in (("steps", 1), ("layers", 1), ("experts", 2), ("top_k", 1), ("tokens", 1), ("domains", 1),
+                     ("seed", 0)):
+        if params[key] < low:
+            raise InputError(f"{where} {key}", f"an integer >= {low}", params[key])
+    for key in ("drift", "skew", "shared", "concentration", "hot"):
+        if not np.isfinite(params[key]) or params[key] < 0:
+            raise InputError(f"{where} {key}", "a finite number >= 0", params[key])
+    if params["top_k"] > params["experts"]:
+        raise InputError(f"{where} top_k", f"at most experts = {params['experts']}", params["top_k"])
+    if params["steps"] > MAX_SYNTHETIC_STEPS:
+        raise InputError(f"{where} steps", f"at most {MAX_SYNTHETIC_STEPS:,}", f"{params['steps']:,}")
+    cells = params["steps"] * params["layers"] * params["experts"]
+    if cells > MAX_SYNTHETIC_CELLS:
+        raise InputError(f"{where} steps x layers x experts", f"at most {MAX_SYNTHETIC_CELLS:,} counts in memory",
+                         f"{cells:,}")
+
+
+def parse_synthetic(spec: str, where: str = "--synthetic") -> tuple[np.ndarray, dict]:
     """Counts `[steps, layers, E]` of the drifting domain-mixture generator from `drift:key=value,...`.
 
     Keys (defaults in `SYNTHETIC_DEFAULTS`): steps, layers, experts, top_k, tokens (per step),
@@ -239,7 +261,7 @@ def parse_synthetic(spec: str) -> tuple[np.ndarray, dict]:
 
     kind, _, rest = str(spec).partition(":")
     if kind not in SYNTHETIC_KINDS:
-        raise InputError("--synthetic", f"'{SYNTHETIC_KINDS[0]}:key=value,...'", repr(spec))
+        raise InputError(where, f"'{SYNTHETIC_KINDS[0]}:key=value,...'", repr(spec))
     params = dict(SYNTHETIC_DEFAULTS)
     hot_range = None
     items = [p.strip() for p in rest.split(",") if p.strip()]
@@ -247,7 +269,7 @@ def parse_synthetic(spec: str) -> tuple[np.ndarray, dict]:
         if item.startswith("preset="):
             name = item.partition("=")[2]
             if name not in SYNTHETIC_PRESETS:
-                raise InputError("--synthetic preset", f"one of {', '.join(SYNTHETIC_PRESETS)}", repr(name))
+                raise InputError(f"{where} preset", f"one of {', '.join(SYNTHETIC_PRESETS)}", repr(name))
             params.update(experts=DEEPSEEK_R1["num_experts"], top_k=DEEPSEEK_R1["top_k"],
                           domains=DEEPSEEK_R1["num_domains"], drift=DEEPSEEK_R1["drift"],
                           concentration=DEEPSEEK_R1["concentration"], shared=DEEPSEEK_R1["shared"])
@@ -259,11 +281,13 @@ def parse_synthetic(spec: str) -> tuple[np.ndarray, dict]:
             continue
         key, eq, value = item.partition("=")
         if not eq or key not in params:
-            raise InputError("--synthetic", f"key=value pairs with keys among {', '.join(params)}", repr(item))
+            raise InputError(where, f"key=value pairs with keys among {', '.join(params)}", repr(item))
+        kind_name = "a number" if isinstance(params[key], float) else "an integer"
         try:
             params[key] = type(params[key])(value) if not isinstance(params[key], float) else float(value)
         except ValueError:
-            raise InputError(f"--synthetic {key}", f"a {type(params[key]).__name__}", repr(value)) from None
+            raise InputError(f"{where} {key}", kind_name, repr(value)) from None
+    _check_synthetic(params, where)
     skew = params["skew"]
     if "preset" in params and "skew=" not in rest:
         skew = skew_range
