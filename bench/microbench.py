@@ -30,10 +30,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
-SECTIONS = ("padding", "gemm", "skew", "payback", "dispatch")
+from moe_place.kernels.report import SECTIONS, render_markdown  # the one list of sections and one rendering
 
 
 # ---------------------------------------------------------------------------------------- sizes
@@ -638,10 +639,6 @@ def section_dispatch(ctx: Context) -> dict:
 # ---------------------------------------------------------------------------------------- tables
 def print_tables(result: dict, out=sys.stdout) -> None:
     """The result as `moe-place report` renders it (markdown tables, no plots): one rendering for both."""
-    from pathlib import Path
-
-    from moe_place.cli.report import render_markdown
-
     print(render_markdown(result, Path("microbench"), {}), file=out)
 
 

@@ -6,29 +6,22 @@ caller writes them atomically with `moe_place.io.write_atomic`.
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 
 from moe_place.analysis.report import TraceAnalysis
+from moe_place.plotting import new_figure, png_bytes
 
 
 def render_png(analysis: TraceAnalysis, dpi: int = 110) -> bytes:
     """PNG bytes of the heatmap (left) and the busiest/mean GPU vs EP size curve (right)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(14, 6.2), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure((14, 6.2), layout="constrained")
     heat_ax, sweep_ax = fig.subplots(1, 2, width_ratios=[1.55, 1])
     _heatmap(fig, heat_ax, analysis)
     _sweep(sweep_ax, analysis)
     trace = analysis.trace
     fig.suptitle(f"{trace.meta.model}: {trace.num_layers} layers, {trace.num_experts} experts, top-{trace.top_k}, "
                  f"{trace.num_tokens:,} tokens in {trace.num_steps} steps", fontsize=13, fontweight="bold")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
+    return png_bytes(fig, dpi)
 
 
 def _heatmap(fig, ax, analysis: TraceAnalysis) -> None:

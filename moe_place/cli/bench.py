@@ -10,9 +10,10 @@ import argparse
 
 from moe_place.cli.options import int_list, output_file, positive_int
 from moe_place.cost.hardware import BUILTIN_PARTS
+from moe_place.kernels.report import SECTIONS as MICROBENCH_SECTIONS
 
 HELP = "Kernel microbenchmarks (padding, grouped vs dense GEMM, skew, payback, dispatch): predicted vs measured."
-SECTIONS = ("all", "padding", "gemm", "skew", "payback", "dispatch")
+SECTIONS = ("all",) + MICROBENCH_SECTIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

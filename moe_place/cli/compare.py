@@ -107,14 +107,10 @@ def _losses_to_eplb(results: dict, solutions: dict) -> list[str]:
 
 
 def _plot_png(layer_ids, results: dict, best_bound: list[float]) -> bytes:
-    import io
+    from moe_place.plotting import new_figure, png_bytes
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig = new_figure((8, 3.5))
+    ax = fig.subplots()
     for name, result in results.items():
         ratios = [row["max_gpu_load"] / b if b > 0 else 1.0 for row, b in zip(result["layers"], best_bound)]
         ax.plot(list(layer_ids), ratios, marker=".", label=name)
@@ -123,7 +119,4 @@ def _plot_png(layer_ids, results: dict, best_bound: list[float]) -> bytes:
     ax.set_ylabel("busiest GPU / best lower bound")
     ax.legend()
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+    return png_bytes(fig, dpi=100)

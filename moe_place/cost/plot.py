@@ -1,22 +1,18 @@
-"""Figure 9-24 of the seed: net gain of a replica move against the number of batches it lasts."""
+"""The payback curve: net gain of a replica move against the number of batches it lasts (formula 7)."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
+
+from moe_place.plotting import new_figure, png_bytes
 
 
 def render_payback_png(payback: dict, dpi: int = 110) -> bytes:
     """PNG bytes: one net-gain line per copy path (`payback_report` output), N_min marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     saving = payback["saving_per_batch_s"]
     n = np.arange(payback["max_batches"] + 1)
-    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    fig = new_figure((7.0, 4.2))
+    ax = fig.subplots()
     for case in payback["cases"]:
         gain_ms = (n * saving - case["copy_time_s"]) * 1e3
         label = f"{case['name']}: copy {case['copy_time_s'] * 1e3:.3f} ms, N_min = {case['n_min']}"
@@ -31,7 +27,4 @@ def render_payback_png(payback: dict, dpi: int = 110) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, dpi)

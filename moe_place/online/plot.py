@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import io
 from typing import Sequence
 
 import numpy as np
 
 from moe_place.online.replay import ReplayResult
+from moe_place.plotting import new_figure, png_bytes
 
 SMOOTH_STEPS = 50
 
@@ -15,12 +15,8 @@ SMOOTH_STEPS = 50
 def render_replay_png(runs: Sequence[tuple[str, dict[str, ReplayResult]]], dpi: int = 110) -> bytes:
     """PNG bytes: for each `(title, {controller: result})` a row with balancedness (a `SMOOTH_STEPS`-step
     mean; the rebalances of periodic controllers marked) and cumulative expert + migration time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(runs), 2, figsize=(13, 3.2 * len(runs)), squeeze=False)
+    fig = new_figure((13, 3.2 * len(runs)))
+    axes = fig.subplots(len(runs), 2, squeeze=False)
     for row, (title, results) in enumerate(runs):
         for name, r in results.items():
             window = min(SMOOTH_STEPS, max(r.steps, 1))
@@ -35,7 +31,4 @@ def render_replay_png(runs: Sequence[tuple[str, dict[str, ReplayResult]]], dpi: 
         axes[row, 0].legend(fontsize=7)
         axes[row, 1].legend(fontsize=7)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    plt.close(fig)
-    return buffer.getvalue()
+    return png_bytes(fig, dpi)
