@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # compiling the kernels for sm_90 takes 15-20 s on 2 cores
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

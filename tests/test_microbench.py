@@ -29,6 +29,7 @@ def dry_run(tmp_path_factory):
     return out, json.loads(json_path.read_text()), json_path.with_suffix(".md").read_text(), proc.stdout
 
 
+@pytest.mark.slow  # the GPU script's dry run in the Triton interpreter: ~15 s
 def test_dry_run_records_environment_and_kernel_checks(dry_run):
     _, result, _, stdout = dry_run
     assert result["kind"] == "moe-place-microbench"
@@ -39,6 +40,7 @@ def test_dry_run_records_environment_and_kernel_checks(dry_run):
     assert "### Padding staircase" in stdout and "### Replica payback" in stdout
 
 
+@pytest.mark.slow  # the GPU script's dry run in the Triton interpreter: ~15 s
 def test_dry_run_padding_counts_follow_the_formula(dry_run):
     _, result, _, _ = dry_run
     rows = result["sections"]["padding"]["rows"]
@@ -51,6 +53,7 @@ def test_dry_run_padding_counts_follow_the_formula(dry_run):
         assert r["ratio"] == pytest.approx(r["measured_s"] / r["predicted_s"])
 
 
+@pytest.mark.slow  # the GPU script's dry run in the Triton interpreter: ~15 s
 def test_dry_run_skew_payback_and_dispatch_are_consistent(dry_run):
     _, result, _, _ = dry_run
     skew = result["sections"]["skew"]
@@ -80,6 +83,7 @@ def test_dry_run_skew_payback_and_dispatch_are_consistent(dry_run):
         assert row["recv_bytes_off_rank"] == (a[:, rank].sum() - a[rank, rank]) * disp["row_bytes"]
 
 
+@pytest.mark.slow  # the GPU script's dry run in the Triton interpreter: ~15 s
 def test_dry_run_report_markdown_and_plots(dry_run):
     out, _, markdown, _ = dry_run
     for heading in ("Padding staircase", "Grouped GEMM vs dense", "Skew at equal total rows", "Replica payback",
@@ -103,6 +107,7 @@ def test_report_rejects_a_file_that_is_not_a_result(tmp_path, capsys):
     assert main(["report", str(tmp_path / "broken.json")]) == 2
 
 
+@pytest.mark.slow  # the GPU script's dry run in the Triton interpreter: ~15 s
 def test_bench_cli_forwards_to_microbench(tmp_path, capsys):
     out = tmp_path / "dispatch.json"
     assert main(["bench", "dispatch", "--dry-run", "--output-json", str(out)]) == 0

@@ -55,7 +55,10 @@ def test_split_policies_conserve_load_and_optimal_is_best(case, seed):
     phy2log = np.array([e for row in table for e in row])
     even = even_gpu_loads(phy2log, loads, gpus)[0]
     local = local_gpu_loads(phy2log, loads, gpus)[0]
-    assert even.sum() == np.float64(even.sum()) and abs(even.sum() - loads.sum()) <= 1e-9 * max(1, loads.sum())
+    replicas = {e: int((phy2log == e).sum()) for e in range(experts)}
+    by_hand = [sum(loads[e] / replicas[e] for e in row) for row in table]  # independent of even_gpu_loads
+    assert np.allclose(even, by_hand, rtol=1e-12, atol=1e-9)
+    assert abs(even.sum() - loads.sum()) <= 1e-9 * max(1, loads.sum())
     assert abs(local.sum() - loads.sum()) <= 1e-9 * max(1, loads.sum())
     # with tokens spread evenly over their source GPUs and no co-located replicas, local == even
     assert np.allclose(local, even, rtol=1e-12, atol=1e-9)
