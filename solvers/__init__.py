@@ -124,8 +124,9 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
                 gaps = {i: results[i].gap for i in layers if i in fast and results[i].gap > threshold}
                 schedule = cpsat_schedule(problem, gaps, time_limit_s)
                 chosen = [i for i, _ in schedule]
+                build = cpsat_build_s(problem)
                 exact = _run_layers(problem, "cpsat", chosen, jobs, progress, deadline=deadline, starts=results,
-                                    limits=dict(schedule))
+                                    limits=dict(schedule), min_wall_s=build)
                 _improve(results, exact)
                 _note_cut(notes, problem, "cpsat", chosen, exact, time_limit_s)
     if problem.allow_colocated and solver != "eplb":
@@ -203,13 +204,18 @@ def cpsat_schedule(problem: PlacementProblem, gaps: dict[int, float], time_limit
     if not order:
         return []
     budget = CPSAT_SHARE * time_limit_s
-    build = CPSAT_BUILD_S_PER_VAR * _cpsat.placement_literals(problem.num_experts, problem.num_gpus)
+    build = cpsat_build_s(problem)
     for count in range(len(order), 0, -1):
         det = (budget - count * build) / (CPSAT_WALL_PER_DET * count)
         if det >= CPSAT_MIN_DET_S:
             det = min(det, _cpsat.DEFAULT_TIME_LIMIT_S)
             return [(layer, det) for layer in order[:count]]
     return []
+
+
+def cpsat_build_s(problem: PlacementProblem) -> float:
+    """Planned wall seconds to build one layer's CP-SAT model (`CPSAT_BUILD_S_PER_VAR` per literal)."""
+    return CPSAT_BUILD_S_PER_VAR * _cpsat.placement_literals(problem.num_experts, problem.num_gpus)
 
 
 def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:
@@ -244,16 +250,17 @@ def _note_cut(notes: list[str], problem: PlacementProblem, name: str, layers: li
 
 def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], deadline: float | None,
                  starts: dict[int, LayerSolution] | None, limits: dict[int, float] | None,
-                 prepare_layers: list[int] | None = None, solvers: dict | None = None) -> list[LayerSolution | None]:
-    """Solve `layers` in order with solver `name`; None for a layer reached after `deadline`
-    (time.monotonic seconds, one clock for all processes)."""
+                 prepare_layers: list[int] | None = None, solvers: dict | None = None,
+                 min_wall_s: float = 0.0) -> list[LayerSolution | None]:
+    """Solve `layers` in order with solver `name`; None for a layer reached when less than
+    `min_wall_s` is left before `deadline` (time.monotonic seconds, one clock for all processes)."""
     instances = solvers if solvers is not None else {}  # one instance per solver name: they may cache
     if name not in instances:
         instances[name] = get_solver(name)
         instances[name].prepare(problem, prepare_layers or layers)
     out: list[LayerSolution | None] = []
     for layer in layers:
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline is not None and time.monotonic() >= deadline - min_wall_s:
             out.append(None)
             continue
         start = None if starts is None else starts.get(layer)
@@ -266,7 +273,7 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], deadli
 
 def _run_layers(problem: PlacementProblem, name: str, layers: list[int], jobs: int, progress: bool,
                 deadline: float | None = None, starts: dict[int, LayerSolution] | None = None,
-                limits: dict[int, float] | None = None) -> dict[int, LayerSolution]:
+                limits: dict[int, float] | None = None, min_wall_s: float = 0.0) -> dict[int, LayerSolution]:
     """Solve `layers` with solver `name` in `jobs` processes; {layer: solution} (layers past the deadline absent)."""
     if not layers:
         return {}
@@ -275,7 +282,8 @@ def _run_layers(problem: PlacementProblem, name: str, layers: list[int], jobs: i
     if jobs == 1 or len(layers) == 1:
         instances: dict = {}
         for layer in layers:
-            solution = _solve_chunk(problem, name, [layer], deadline, starts, limits, layers, instances)[0]
+            solution = _solve_chunk(problem, name, [layer], deadline, starts, limits, layers, instances,
+                                    min_wall_s)[0]
             if solution is not None:
                 results[layer] = solution
             if bar:
@@ -286,7 +294,7 @@ def _run_layers(problem: PlacementProblem, name: str, layers: list[int], jobs: i
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(_solve_chunk, problem, name, chunk, deadline,
                                    None if starts is None else {i: starts[i] for i in chunk if i in starts},
-                                   limits) for chunk in chunks]
+                                   limits, None, None, min_wall_s) for chunk in chunks]
             for chunk, future in zip(chunks, futures):
                 for layer, solution in zip(chunk, future.result()):
                     if solution is not None:
