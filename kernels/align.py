@@ -93,12 +93,12 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, pad_empty: boo
     sorted_pair_ids = torch.sort(flat, stable=True).indices
     # 2. counts and contiguous offsets
     rows = torch.bincount(flat, minlength=num_experts)
-    offsets = _exclusive_cumsum(rows)
+    offsets = exclusive_cumsum(rows)
     # 3. tiles per expert, padded offsets
     tiles = (rows + block_m - 1) // block_m
     if pad_empty:
         tiles = torch.clamp(tiles, min=1)
-    tile_offsets = _exclusive_cumsum(tiles)
+    tile_offsets = exclusive_cumsum(tiles)
     padded_offsets = tile_offsets * block_m
     # 4. one expert per tile; each tile's rows [start, end) in the contiguous order
     num_tiles = int(tile_offsets[-1])
@@ -157,7 +157,8 @@ def layout_from_rows(rows_per_expert, block_m: int, pad_empty: bool = False, dev
     return align(ids[:, None], len(rows), block_m, pad_empty)
 
 
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """int64 `[n + 1]`: 0, x[0], x[0] + x[1], ..., sum(x) (the offsets of consecutive groups of sizes `x`)."""
     out = torch.zeros(x.numel() + 1, dtype=torch.int64, device=x.device)
     torch.cumsum(x, 0, out=out[1:])
     return out

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from moe_place.errors import InputError
-from moe_place.kernels.align import ExpertLayout
+from moe_place.kernels.align import ExpertLayout, exclusive_cumsum
 
 SPLIT_POLICIES = ("even", "local")
 ELEMENTS_PER_PROGRAM = 8192  # row-copy tile: rows x columns per program
@@ -142,7 +142,7 @@ def choose_slots(topk_ids: torch.Tensor, phy2log: torch.Tensor, num_gpus: int, s
     starts = torch.cumsum(logcnt, 0) - logcnt
     # occurrence j of each expert among this source's pairs (token order)
     sorted_pairs = torch.sort(flat, stable=True).indices
-    first_row = _exclusive_cumsum(torch.bincount(flat, minlength=num_experts))
+    first_row = exclusive_cumsum(torch.bincount(flat, minlength=num_experts))
     occurrence = torch.empty_like(flat)
     occurrence[sorted_pairs] = torch.arange(flat.numel(), device=flat.device) - first_row[flat[sorted_pairs]]
     replica = (occurrence + source_gpu) % logcnt[flat]
@@ -172,9 +172,3 @@ def send_plan(topk_ids: torch.Tensor, phy2log: torch.Tensor, num_gpus: int, sour
 def split_tokens(num_tokens: int, num_gpus: int) -> np.ndarray:
     """int64 `[G+1]`: rank r holds tokens `bounds[r]:bounds[r+1]` (equal contiguous shares)."""
     return (np.arange(num_gpus + 1, dtype=np.int64) * num_tokens) // num_gpus
-
-
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(x.numel() + 1, dtype=torch.int64, device=x.device)
-    torch.cumsum(x, 0, out=out[1:])
-    return out

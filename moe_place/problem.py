@@ -24,6 +24,16 @@ SPLIT_POLICIES = ("even", "local", "optimal")
 WINDOW_OBJECTIVES = ("max", "mean", "quantile")
 
 
+def combine_windows(values: np.ndarray, objective: str, quantile: float = 0.9) -> float:
+    """One value from per-window values `[windows]`: their max, mean or `quantile` (`objective`)."""
+    values = np.asarray(values, dtype=np.float64)
+    if objective == "max":
+        return float(values.max())
+    if objective == "mean":
+        return float(values.mean())
+    return float(np.quantile(values, quantile))
+
+
 @dataclass(frozen=True)
 class PlacementProblem:
     """A whole-model placement problem.
@@ -146,12 +156,7 @@ class PlacementProblem:
 
     def aggregate(self, per_window_max: np.ndarray) -> float:
         """Combine a layer's busiest-GPU load per window `[windows]` into one objective value."""
-        values = np.asarray(per_window_max, dtype=np.float64)
-        if self.window_objective == "max":
-            return float(values.max())
-        if self.window_objective == "mean":
-            return float(values.mean())
-        return float(np.quantile(values, self.quantile))
+        return combine_windows(per_window_max, self.window_objective, self.quantile)
 
     def placement(self, phy2log: np.ndarray) -> Placement:
         """Wrap solver output `[layers, P]` in a validated Placement of this problem's shape."""

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_place.problem import PlacementProblem
+from moe_place.problem import PlacementProblem, combine_windows
 
 _SHRINK = 1.0 - 1e-12  # safety margin on bisection results (never on the exact quotients)
 
@@ -282,22 +282,12 @@ def layer_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int, even:
     return float(lower_bounds(np.asarray(loads)[None], num_gpus, num_physical, pigeonhole=even)[0])
 
 
-def aggregate(values: np.ndarray, objective: str, quantile: float = 0.9) -> float:
-    """Combine per-window values `[windows]` like `PlacementProblem.aggregate`."""
-    values = np.asarray(values, dtype=np.float64)
-    if objective == "max":
-        return float(values.max())
-    if objective == "mean":
-        return float(values.mean())
-    return float(np.quantile(values, quantile))
-
-
 def windows_lower_bound(loads: np.ndarray, num_gpus: int, num_physical: int, objective: str = "max",
                         quantile: float = 0.9, even: bool = True) -> float:
     """Bound on the aggregated objective of one layer with loads `[windows, E]`."""
     loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
     per_window = lower_bounds(loads, num_gpus, num_physical, pigeonhole=even)
-    bound = aggregate(per_window, objective, quantile)
+    bound = combine_windows(per_window, objective, quantile)
     if objective in ("max", "mean") and loads.shape[0] > 1:
         bound = max(bound, layer_lower_bound(loads.mean(axis=0), num_gpus, num_physical, even))
     return bound
@@ -311,7 +301,7 @@ def model_lower_bounds(problem: PlacementProblem, quick: bool = False) -> np.nda
     windows, layers, experts = problem.loads.shape
     per_window = lower_bounds(problem.loads.reshape(windows * layers, experts), problem.num_gpus,
                               problem.num_physical, pigeonhole=not quick).reshape(windows, layers)
-    out = np.array([aggregate(per_window[:, i], problem.window_objective, problem.quantile) for i in range(layers)])
+    out = np.array([problem.aggregate(per_window[:, i]) for i in range(layers)])
     if problem.window_objective in ("max", "mean") and windows > 1:
         out = np.maximum(out, lower_bounds(problem.loads.mean(axis=0), problem.num_gpus, problem.num_physical,
                                            pigeonhole=not quick))

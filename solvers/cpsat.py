@@ -67,9 +67,9 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from moe_place.errors import InfeasibleError, InputError
-from moe_place.problem import PlacementProblem
+from moe_place.problem import PlacementProblem, combine_windows
 from moe_place.solvers.base import LayerSolution, register
-from moe_place.solvers.bounds import aggregate, windows_lower_bound
+from moe_place.solvers.bounds import windows_lower_bound
 from moe_place.solvers.evaluate import even_gpu_loads
 
 DEFAULT_TIME_LIMIT_S = 10.0   # deterministic seconds per layer when the caller gives none
@@ -139,7 +139,7 @@ class LayerInstance:
         busiest = even_gpu_loads(np.asarray(phy2log), self.loads, self.num_gpus).max(axis=1)
         moved = 0 if self.current is None else int((np.asarray(phy2log) != self.current).sum())
         objective = "max" if planned and self.objective == "quantile" else self.objective
-        return aggregate(busiest, objective, self.quantile), moved
+        return combine_windows(busiest, objective, self.quantile), moved
 
     def cost(self, phy2log: np.ndarray, planned: bool = False) -> float:
         """load + move_cost_weight * moved slots, in true floats (what the model minimises if planned)."""

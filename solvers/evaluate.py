@@ -30,8 +30,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 from moe_place.placement import Placement, even_split_gpu_loads
-from moe_place.problem import SPLIT_POLICIES, PlacementProblem
-from moe_place.solvers.bounds import aggregate, windows_lower_bound
+from moe_place.problem import SPLIT_POLICIES, PlacementProblem, combine_windows
+from moe_place.solvers.bounds import windows_lower_bound
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def layer_figures(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int, split: 
         busiest = per_gpu.max(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         balance = np.where(busiest > 0, mean / np.where(busiest > 0, busiest, 1.0), 1.0)
-    top = aggregate(busiest, objective, quantile)
+    top = combine_windows(busiest, objective, quantile)
     if lower_bound is None:
         lower_bound = windows_lower_bound(loads, num_gpus, phy2log.size, objective, quantile, even=split == "even")
     lower_bound = min(lower_bound, top) if split == "optimal" else lower_bound  # LP tolerance
