@@ -150,6 +150,18 @@ class Placement:
             other.num_gpus, other.num_nodes, other.num_logical_experts) and np.array_equal(self.phy2log, other.phy2log)
 
 
+def balance_ratio(mean: np.ndarray, peak: np.ndarray) -> np.ndarray:
+    """float64: `mean / peak` elementwise, 1 where `peak` is 0 (an idle layer counts as balanced)."""
+    mean, peak = np.asarray(mean, dtype=np.float64), np.asarray(peak, dtype=np.float64)
+    return np.divide(mean, peak, out=np.ones_like(peak), where=peak > 0)
+
+
+def balancedness(gpu_load: np.ndarray) -> np.ndarray:
+    """float64 `[...]`: mean over max GPU load along the last axis, in (0, 1]; 1 where all are 0."""
+    gpu_load = np.asarray(gpu_load, dtype=np.float64)
+    return balance_ratio(gpu_load.mean(axis=-1), gpu_load.max(axis=-1))
+
+
 def even_split_gpu_loads(phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
     """float64 `[rows, G]`: GPU loads of `phy2log` int `[rows, P]` under the even split.
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.placement import Placement, even_split_gpu_loads
+from moe_place.placement import Placement, balance_ratio, even_split_gpu_loads
 from moe_place.problem import SPLIT_POLICIES, PlacementProblem, combine_windows
 from moe_place.solvers.bounds import windows_lower_bound
 
@@ -119,8 +119,7 @@ def layer_figures(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int, split: 
     else:
         per_gpu = (even_gpu_loads if split == "even" else local_gpu_loads)(phy2log, loads, num_gpus)
         busiest = per_gpu.max(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        balance = np.where(busiest > 0, mean / np.where(busiest > 0, busiest, 1.0), 1.0)
+    balance = balance_ratio(mean, busiest)
     top = combine_windows(busiest, objective, quantile)
     if lower_bound is None:
         lower_bound = windows_lower_bound(loads, num_gpus, phy2log.size, objective, quantile, even=split == "even")

@@ -3,11 +3,10 @@
 import numpy as np
 import pytest
 
-from moe_place.analysis.balance import (balance_of_gpu_loads, balancedness, gpu_balance, sglang_balancedness,
-                                        vllm_balancedness)
+from moe_place.analysis.balance import balance_of_gpu_loads, gpu_balance, sglang_balancedness, vllm_balancedness
 from moe_place.analysis.ep_sweep import check_ep_sizes, default_ep_sizes, ep_sweep
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, balancedness
 
 
 def test_contiguous_rows_per_gpu_and_skew():

@@ -11,17 +11,10 @@ import numpy as np
 
 from moe_place.analysis.profile import check_expert_load, max_over_mean
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, balancedness
 
 #: SGLang adds this to both sides of mean/max so an idle layer counts as balanced.
 SGLANG_EPSILON = 1e-5
-
-
-def balancedness(gpu_load: np.ndarray) -> np.ndarray:
-    """float64 `[...]`: mean over max GPU load along the last axis, in (0, 1]; 1 where all are 0."""
-    gpu_load = np.asarray(gpu_load, dtype=np.float64)
-    peak = gpu_load.max(axis=-1)
-    return np.divide(gpu_load.mean(axis=-1), peak, out=np.ones_like(peak), where=peak > 0)
 
 
 def sglang_balancedness(gpu_load: np.ndarray) -> np.ndarray:

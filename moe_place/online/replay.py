@@ -27,7 +27,7 @@ from moe_place.errors import InputError
 from moe_place.online.controller import Controller
 from moe_place.online.costing import ReplayCost
 from moe_place.online.switch import MapSwitch
-from moe_place.placement import Placement
+from moe_place.placement import Placement, balancedness
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,7 @@ def initial_placement(counts: np.ndarray, num_gpus: int, num_physical: int, num_
 
 def balancedness_of(placement: Placement, counts: np.ndarray) -> float:
     """Mean over layers of mean/max GPU load (1 when perfectly balanced; 1 for an empty step)."""
-    loads = placement.gpu_loads(counts)
-    peak = loads.max(axis=1)
-    ratio = np.divide(loads.mean(axis=1), peak, out=np.ones_like(peak), where=peak > 0)
-    return float(ratio.mean())
+    return float(balancedness(placement.gpu_loads(counts)).mean())
 
 
 def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial: Placement,
