@@ -61,10 +61,9 @@ class Placement:
             layer, expert = np.argwhere(logcnt < 1)[0]
             raise InputError(f"phy2log[{layer}]", f"every logical expert at least once (expert {expert} has no slot)")
         if not self.allow_colocated:
-            per_gpu = np.sort(phy2log.reshape(num_layers, gpus, -1), axis=-1)
-            dup = per_gpu[..., 1:] == per_gpu[..., :-1]
+            dup = colocated_gpus(phy2log, gpus)
             if dup.any():
-                layer, gpu, _ = np.argwhere(dup)[0]
+                layer, gpu = np.argwhere(dup)[0]
                 raise InputError(f"phy2log[{layer}]", f"at most one replica of an expert per GPU (GPU {gpu} holds two)")
         phy2log.setflags(write=False)
         logcnt.setflags(write=False)
@@ -148,6 +147,19 @@ class Placement:
     def same_as(self, other: "Placement") -> bool:
         return (self.num_gpus, self.num_nodes, self.num_logical_experts) == (
             other.num_gpus, other.num_nodes, other.num_logical_experts) and np.array_equal(self.phy2log, other.phy2log)
+
+
+def colocated_gpus(phy2log: np.ndarray, num_gpus: int) -> np.ndarray:
+    """bool `[..., G]`: which GPUs hold two replicas of one expert. phy2log: int `[..., P]`, slot `p`
+    on GPU `p // (P/G)`. The one co-location check: solvers that forbid it and the plan validation use it."""
+    rows = np.asarray(phy2log)
+    per_gpu = np.sort(rows.reshape(rows.shape[:-1] + (num_gpus, -1)), axis=-1)
+    return (per_gpu[..., 1:] == per_gpu[..., :-1]).any(axis=-1)
+
+
+def has_colocation(phy2log: np.ndarray, num_gpus: int) -> bool:
+    """True when some GPU of some layer holds two replicas of one expert. phy2log: int `[P]` or `[layers, P]`."""
+    return bool(colocated_gpus(phy2log, num_gpus).any())
 
 
 def balance_ratio(mean: np.ndarray, peak: np.ndarray) -> np.ndarray:

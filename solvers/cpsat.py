@@ -67,6 +67,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from moe_place.errors import InfeasibleError, InputError
+from moe_place.placement import has_colocation
 from moe_place.problem import PlacementProblem, combine_windows
 from moe_place.solvers.base import LayerSolution, register
 from moe_place.solvers.bounds import windows_lower_bound
@@ -148,8 +149,7 @@ class LayerInstance:
 
     def allows(self, phy2log: np.ndarray) -> bool:
         """True when the plan respects the move cap and puts no expert twice on one GPU."""
-        table = np.sort(np.asarray(phy2log).reshape(self.num_gpus, -1), axis=1)
-        if (table[:, 1:] == table[:, :-1]).any():
+        if has_colocation(np.asarray(phy2log), self.num_gpus):
             return False
         return self.max_moved_slots is None or self.evaluate(phy2log)[1] <= self.max_moved_slots
 

@@ -56,6 +56,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from moe_place.placement import has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers.base import LayerSolution, register
 from moe_place.solvers.bounds import apportion, layer_lower_bound
@@ -111,8 +112,7 @@ def _repair_colocation(table: np.ndarray, share: np.ndarray) -> None:
     """Swap co-located replicas away (in place): always possible when every `r[e] <= G`."""
     num_gpus = table.shape[0]
     while True:
-        ordered = np.sort(table, axis=1)
-        if not (ordered[:, 1:] == ordered[:, :-1]).any():
+        if not has_colocation(table.ravel(), num_gpus):
             return
         dup = None
         for g in range(num_gpus):
@@ -622,7 +622,7 @@ def fast_layer(loads: np.ndarray, num_gpus: int, num_physical: int, *, eplb_row:
     best = lpt_pack(loads, replicas, num_gpus)
     if eplb_row is not None:
         candidate = np.asarray(eplb_row, dtype=np.int64).reshape(num_gpus, slots)
-        if _no_colocation(candidate) and busiest(candidate) < busiest(best):
+        if not has_colocation(candidate, num_gpus) and busiest(candidate) < busiest(best):
             best = candidate
     pairing = slots == 2 and num_physical > loads.size
     if pairing:  # two slots per GPU: counts searched on the sorted pairing (cheap, part of the construction)
@@ -682,11 +682,6 @@ def _pairing_ip_step(problem: PlacementProblem, layer: int, loads: np.ndarray, p
             break
         phy2log, objective = candidate, value
     return phy2log, objective, bound
-
-
-def _no_colocation(table: np.ndarray) -> bool:
-    ordered = np.sort(table, axis=1)
-    return not (ordered[:, 1:] == ordered[:, :-1]).any()
 
 
 @register

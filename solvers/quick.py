@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from moe_place.placement import colocated_gpus
 from moe_place.solvers.bounds import apportion
 from moe_place.solvers.fast import _repair_colocation
 
@@ -60,7 +61,7 @@ def quick_plan(loads: np.ndarray, num_gpus: int, num_physical: int, *, max_round
     else:
         table = _lpt(loads, counts, pieces, num_gpus, slots)
     share = loads / counts
-    for layer in np.flatnonzero(_colocated(table)):
+    for layer in np.flatnonzero(colocated_gpus(table.reshape(layers, -1), num_gpus).any(axis=1)):
         if slots == 2:
             _unpair(table[layer], share[layer])
         else:  # LPT found only GPUs holding the expert open (ties at the end): rare
@@ -206,12 +207,6 @@ def _unpair(table: np.ndarray, share: np.ndarray) -> None:
         h, j = np.unravel_index(int(np.argmin(worst)), worst.shape)
         assert np.isfinite(worst[h, j]), "an expert with more replicas than GPUs"
         table[g, 1], table[h, j] = table[h, j], expert
-
-
-def _colocated(table: np.ndarray) -> np.ndarray:
-    """bool `[L]`: some GPU holds two replicas of one expert."""
-    ordered = np.sort(table, axis=2)
-    return (ordered[:, :, 1:] == ordered[:, :, :-1]).any(axis=(1, 2))
 
 
 def _swap_rounds(share: np.ndarray, table: np.ndarray, bound: np.ndarray, rounds: int,
