@@ -622,7 +622,7 @@ def fast_layer(loads: np.ndarray, num_gpus: int, num_physical: int, *, eplb_row:
     best = lpt_pack(loads, replicas, num_gpus)
     if eplb_row is not None:
         candidate = np.asarray(eplb_row, dtype=np.int64).reshape(num_gpus, slots)
-        if not has_colocation(candidate, num_gpus) and busiest(candidate) < busiest(best):
+        if not has_colocation(candidate.ravel(), num_gpus) and busiest(candidate) < busiest(best):
             best = candidate
     pairing = slots == 2 and num_physical > loads.size
     if pairing:  # two slots per GPU: counts searched on the sorted pairing (cheap, part of the construction)
