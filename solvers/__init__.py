@@ -36,7 +36,7 @@ from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
 from moe_place.solvers import cpsat as _cpsat
-from moe_place.solvers import eplb as _eplb
+from moe_place.solvers import deepseek as _eplb
 from moe_place.solvers import fast as _fast  # noqa: F401  (registers "fast")
 from moe_place.solvers.base import STATUSES, LayerSolution, get_solver, register, solver_names
 from moe_place.solvers.bounds import model_lower_bounds

@@ -8,7 +8,7 @@ from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import get_solver
 from moe_place.solvers.bounds import layer_lower_bound
-from moe_place.solvers.eplb import has_colocation
+from moe_place.solvers.deepseek import has_colocation
 from moe_place.solvers.evaluate import even_gpu_loads, local_gpu_loads, optimal_gpu_loads
 
 

@@ -34,6 +34,7 @@ from moe_place.errors import InputError
 from moe_place.online.costing import ReplayCost
 from moe_place.online.window import HotSpotTracker, Predictor, SlidingWindow
 from moe_place.placement import Placement
+from moe_place.solvers.deepseek import eplb_rebalance
 
 CONTROLLERS = ("static", "periodic-eplb", "ours")
 
@@ -79,7 +80,7 @@ class StaticController:
 
 @dataclass
 class PeriodicEplbController:
-    """vLLM's default EPLB cadence with DeepSeek's EPLB (`moe_place.solvers.eplb`)."""
+    """vLLM's default EPLB cadence with DeepSeek's EPLB (`moe_place.solvers.deepseek`)."""
 
     num_layers: int
     num_experts: int
@@ -104,8 +105,6 @@ class PeriodicEplbController:
         if self._progress < self.step_interval:
             return None
         self._progress = 0
-        from moe_place.solvers.eplb import eplb_rebalance
-
         phy2log = eplb_rebalance(self._window.total(), current.num_physical_experts, self.num_groups,
                                  current.num_nodes, current.num_gpus)
         new = Placement(np.asarray(phy2log), current.num_logical_experts, current.num_gpus, current.num_nodes,
