@@ -35,13 +35,14 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from moe_place.engines.export import export_plan, read_plan_placement
+    from moe_place.engines.export import export_plan
     from moe_place.errors import InputError
+    from moe_place.planfile import read_plan
 
-    placement, layer_ids = read_plan_placement(args.plan)
+    plan = read_plan(args.plan)
     if args.engine != "sglang" and (args.num_model_layers or args.dense_layers):
         raise InputError("--num-model-layers/--dense-layers", "only with --engine sglang", f"--engine {args.engine}")
-    summary = export_plan(placement, layer_ids, args.engine, Path(args.out), num_model_layers=args.num_model_layers,
+    summary = export_plan(plan, args.engine, Path(args.out), num_model_layers=args.num_model_layers,
                           dense_layer_ids=tuple(args.dense_layers))
     for warning in summary.pop("warnings", []):
         print(f"moe-place export: warning: {warning}", file=sys.stderr)
