@@ -18,8 +18,8 @@ is also an `AssertionError`, as the original asserts). Replicas of one expert ca
 same GPU (EPLB issue #22): a plan from here may need `Placement(..., allow_colocated=True)`.
 
 Ties. Both sorts (steps 1 and 3) order equal loads somehow, and the order decides where equal
-items go. By default ties go to the lowest index (a stable sort), which is what vLLM's numpy
-port of this algorithm gave on tied integer loads. The original sorts with torch's default
+items go. By default ties go to the lowest index (a stable sort), which gave the same maps as
+vLLM 0.33's numpy port of this algorithm on tied integer loads. The original sorts with torch's default
 sort, which is not stable above 16 elements: pass `descending_order` (an argsort) to reproduce
 it; `moe_place.eplb.rebalance_experts(solver="eplb")` passes torch's own sort, so the drop-in
 returns exactly what `eplb.py` returns on the same torch, ties included. Replicas of one expert

@@ -2,8 +2,10 @@
 
 - sglang: `{"physical_to_logical_map": [num_model_layers, P]}` as `.json` or `.pt`, for
   `--init-expert-location FILE` (rows for every model layer; dense layers get the trivial row).
-- vllm: a JSON file with `phy2log`, `log2phy` (padded to R+1 columns), `logcnt`, read by the
-  moe-place EPLB policy (`MOE_PLACE_STATIC_PLAN=FILE`, see `moe_place.engines.vllm`).
+- vllm: the plan file without its report (`moe_place.planfile`), read by the moe-place EPLB
+  policy as a static placement (`MOE_PLACE_STATIC_PLAN=FILE`, see `moe_place.engines.vllm`).
+A budget plan's per-layer slot counts cannot run on these engines (one slot count for every
+layer): its evenly slotted placement is written, and a warning says so.
 - eplb: DeepSeek EPLB's three tensors `phy2log`, `log2phy`, `logcnt` (int64) as `.pt` or `.npz`.
 Every file is written atomically.
 """
