@@ -32,7 +32,7 @@ from moe_place.io import write_json_atomic
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.solvers.bounds import lower_bounds, pairing_lp_bound
-from moe_place.solvers.eplb import eplb_rebalance
+from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.traces.synthetic import deepseek_r1_like
 

@@ -482,7 +482,8 @@ def payback_model(gpu_part, saving_per_batch_s: float, expert_bytes: int, copy_b
                   alpha_s: float):
     """`moe_place.cost.payback` for C9's move: one expert copied from GPU 0 to each of GPUs 1..7, serially,
     over one HGX node whose GPU-to-GPU bandwidth is `copy_bytes_per_s` (None: the part's NVLink)."""
-    from moe_place.cost.payback import Copy, payback
+    from moe_place.cost.migration import Copy
+    from moe_place.cost.payback import payback
     from moe_place.cost.topology import build_cluster
 
     topology = build_cluster(gpu_part, 1, 8, nvlink_bytes_per_s=copy_bytes_per_s)

@@ -9,19 +9,33 @@ Code that calls DeepSeek's balancer switches by changing one import:
 Same arguments, same result shapes and dtypes (torch int64 on the CPU):
 - `phy2log` `[layers, num_replicas]`: the logical expert of each physical slot; slot `p` lives
   on GPU `p // (num_replicas / num_gpus)`.
-- `log2phy` `[layers, E, max(logcnt)]`: the slots of each logical expert in ascending order,
-  padded with -1.
+- `log2phy` `[layers, E, max(logcnt)]`: the slots of each logical expert, padded with -1.
+  With `solver="eplb"` in the original's replica order (the order its replicas were created);
+  with our solvers in ascending slot order, the order SGLang derives from a bare map
+  (`ExpertLocationMetadata.init_by_mapping`). Engines pick among an expert's slots by this list
+  (SGLang's static dispatch takes the first one on the token's GPU, else a fair choice), so the
+  order changes which replica serves a token, never which expert.
 - `logcnt` `[layers, E]`: replicas per logical expert.
 
-What differs from DeepSeek's routine: the plan comes from `moe_place.solvers.solve` (the fast
-heuristic by default; "cpsat" proves optimality on small layers), no GPU holds two replicas of
-one expert, and the policy choice follows EPLB's rule (hierarchical when `num_groups` is a
-multiple of `num_nodes`, global otherwise) only through the problem's `num_groups`.
-The solver and its time limit are chosen by keyword or by the environment:
-`MOE_PLACE_SOLVER` (default "fast") and `MOE_PLACE_TIME_LIMIT` (seconds). A limit is kept: below
-0.01 s per layer the answer is the anytime plan (`moe_place.solvers.quick`, vectorised across
-layers: about 45-55 ms for 58 layers x 288 slots on one core), deterministic; with more time, fast
-and then the solver asked for improve on it (see `moe_place.solvers.solve`).
+Where the original asserts on an argument, this raises `ParameterError` (an `AssertionError`
+and an `InputError`, same text): `num_replicas` not a multiple of `num_gpus` or below `E`, and
+on the hierarchical policy (`num_groups % num_nodes == 0`) groups that do not split the experts
+or nodes that do not split the GPUs. `num_groups` 0 means no groups (global policy).
+
+`solver="eplb"` (or `MOE_PLACE_SOLVER=eplb`) returns exactly what DeepSeek's `eplb.py` returns
+on the same torch, all three tensors, ties included: it runs the faithful reimplementation
+(`moe_place.solvers.deepseek`) with torch's own sort, as the original sorts, and accepts what
+the original accepts, more slots per GPU than experts (replicas forced onto one GPU) included.
+
+The other solvers plan with `moe_place.solvers.solve` (the fast heuristic by default; "cpsat"
+proves optimality on small layers); no GPU holds two replicas of one expert, so they refuse
+more than `E` slots per GPU with a `ParameterError` saying so. The policy choice follows EPLB's
+rule (hierarchical when `num_groups` is a multiple of `num_nodes`, global otherwise) only
+through the problem's `num_groups`. The solver and its time limit are chosen by keyword or by the
+environment: `MOE_PLACE_SOLVER` (default "fast") and `MOE_PLACE_TIME_LIMIT` (seconds). A limit is
+kept: below 0.01 s per layer the answer is the anytime plan (`moe_place.solvers.quick`,
+vectorised across layers: about 45-55 ms for 58 layers x 288 slots on one core), deterministic;
+with more time, fast and then the solver asked for improve on it (see `moe_place.solvers.solve`).
 
 torch is imported lazily: importing this module needs only numpy.
 """
@@ -34,11 +48,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moe_place.errors import InputError
+from moe_place.errors import InputError, ParameterError
 from moe_place.placement import Placement
+from moe_place.problem import PlacementProblem
+from moe_place.solvers import solve
+from moe_place.solvers.deepseek import check_eplb_arguments, eplb_maps
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
+    import torch  # lazy: torch only for the returned tensors
 
 SOLVER_ENV = "MOE_PLACE_SOLVER"
 TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"
@@ -59,13 +76,23 @@ def solver_settings(solver: str | None = None, time_limit_s: float | None = None
     return name, time_limit_s
 
 
-def weight_to_numpy(weight: Any) -> np.ndarray:
-    """float64 `[layers, E]` from a torch tensor (any dtype/device) or an array-like."""
+def weight_to_numpy(weight: Any, dtype: type = np.float64) -> np.ndarray:
+    """`[layers, E]` of `dtype` from a torch tensor (any dtype/device) or an array-like.
+
+    ParameterError unless a non-empty 2-D array of finite loads >= 0. A tensor is converted by
+    torch (`.float()` for float32, as DeepSeek's original converts, `.double()` otherwise).
+    """
     if hasattr(weight, "detach"):  # a torch tensor: copy to the host first
-        weight = weight.detach().to("cpu").double().numpy()
-    loads = np.asarray(weight, dtype=np.float64)
+        host = weight.detach().to("cpu")
+        weight = (host.float() if dtype == np.float32 else host.double()).numpy()
+    try:
+        loads = np.asarray(weight, dtype=dtype)
+    except (TypeError, ValueError):
+        raise ParameterError("weight", "a numeric array [layers, num_logical_experts]", type(weight).__name__) from None
     if loads.ndim != 2 or 0 in loads.shape:
-        raise InputError("weight", "a non-empty 2-D array [layers, num_logical_experts]", f"shape {loads.shape}")
+        raise ParameterError("weight", "a non-empty 2-D array [layers, num_logical_experts]", f"shape {loads.shape}")
+    if not np.isfinite(loads).all() or (loads < 0).any():
+        raise ParameterError("weight", "finite loads >= 0", "NaN, inf or a negative load")
     return loads
 
 
@@ -92,9 +119,6 @@ def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None,
 
     With `current`, the solver keeps unchanged experts in their slots (migration-aware mode).
     """
-    from moe_place.problem import PlacementProblem
-    from moe_place.solvers import solve
-
     loads = np.asarray(loads, dtype=np.float64)
     if loads.ndim == 2:
         loads = loads[None]
@@ -124,7 +148,7 @@ def placement_tensors(placement: Placement, log2phy_width: int | None = None):
     log2phy_width: pad `log2phy` with -1 to this many columns (vLLM's default policy uses
     `num_redundant + 1`); None keeps `max(logcnt)` as DeepSeek EPLB does.
     """
-    import torch
+    import torch  # lazy: torch only for the returned tensors
 
     log2phy = np.asarray(placement.log2phy)
     if log2phy_width is not None:
@@ -143,22 +167,44 @@ def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int
     Parameters:
         weight: `[layers, num_logical_experts]` load statistics (any numeric dtype, any device).
         num_replicas: physical experts per layer, a multiple of `num_gpus`.
-        num_groups: expert groups (hierarchical policy when a multiple of `num_nodes`).
-        num_nodes: server nodes; `num_gpus` must be a multiple of it.
+        num_groups: expert groups (hierarchical policy when a multiple of `num_nodes`; 0: none).
+        num_nodes: server nodes; on the hierarchical policy `num_gpus` must be a multiple of it.
         num_gpus: GPUs (EP ranks).
         solver / time_limit_s: override `MOE_PLACE_SOLVER` / `MOE_PLACE_TIME_LIMIT`.
         seed: for randomised solver choices; same inputs and seed give the same plan.
 
     Returns:
         phy2log: int64 `[layers, num_replicas]`, the logical expert of each slot.
-        log2phy: int64 `[layers, num_logical_experts, max(logcnt)]`, the slots of each expert, -1 padded.
+        log2phy: int64 `[layers, num_logical_experts, max(logcnt)]`, the slots of each expert, -1
+            padded (replica order for solver "eplb", ascending otherwise: see the module note).
         logcnt: int64 `[layers, num_logical_experts]`, replicas per expert.
-    All three on the CPU, as EPLB returns them.
+    All three on the CPU, as EPLB returns them. Bad arguments: `ParameterError` (module note).
     """
+    import torch  # lazy: the result is torch tensors, but importing this module needs only numpy
+
+    name, limit = solver_settings(solver, time_limit_s)
+    if name == "eplb":
+        maps = eplb_maps(weight_to_numpy(weight, np.float32), num_replicas, num_groups, num_nodes, num_gpus,
+                         descending_order=torch_descending_order)
+        return tuple(torch.from_numpy(np.ascontiguousarray(m, dtype=np.int64)) for m in maps)
     loads = weight_to_numpy(weight)
+    check_eplb_arguments(loads.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
+    if num_replicas > loads.shape[1] * num_gpus:
+        raise ParameterError("num_replicas", f"at most {loads.shape[1]} slots per GPU for solver {name!r} (it never "
+                             f"puts two replicas of one expert on one GPU; solver='eplb' does, as DeepSeek EPLB)",
+                             f"{num_replicas} on {num_gpus} GPUs")
     placement = plan_placement(loads, num_replicas, num_groups, num_nodes, num_gpus,
-                               solver=solver, time_limit_s=time_limit_s, seed=seed)
+                               solver=name, time_limit_s=limit, seed=seed)
     return placement_tensors(placement)
+
+
+def torch_descending_order(values: np.ndarray) -> np.ndarray:
+    """int64 `[rows, n]`: torch's default descending sort of float32 `values [rows, n]`, the sort
+    DeepSeek's `eplb.py` packs with (not stable above 16 elements: its tie order is torch's)."""
+    import torch  # lazy: only the solver="eplb" path of the drop-in sorts with torch
+
+    tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    return tensor.sort(-1, descending=True).indices.numpy()
 
 
 __all__ = ["rebalance_experts"]

@@ -29,5 +29,15 @@ class InputError(MoePlaceError, ValueError):
         super().__init__(message)
 
 
+class ParameterError(InputError, AssertionError):
+    """A bad argument of an engine-compatible signature (DeepSeek EPLB's `rebalance_experts`, a vLLM
+    EPLB policy): an `InputError` with the same one-line text, that is also an `AssertionError`.
+
+    The originals check these arguments with `assert`, and engine code catches `AssertionError`
+    (vLLM's `test_parameter_validation` expects it for `num_replicas` not a multiple of the GPUs),
+    so a drop-in must raise one; the CLI and library callers still catch it as an `InputError`.
+    """
+
+
 class InfeasibleError(MoePlaceError):
     """The request cannot be met (a budget too small, a replica that does not fit)."""

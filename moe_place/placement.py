@@ -189,6 +189,35 @@ def even_split_gpu_loads(phy2log: np.ndarray, expert_load: np.ndarray, num_gpus:
     return np.take_along_axis(share, phy2log, axis=1).reshape(rows, num_gpus, -1).sum(axis=-1)
 
 
+def keep_unchanged_slots(new_rows: np.ndarray, old_rows: np.ndarray, slots_per_gpu: int) -> np.ndarray:
+    """int64 like `new_rows` (`[P]` or `[layers, P]`): each GPU's slots reordered so that experts it
+    already holds in `old_rows` keep their slot.
+
+    Per GPU, old slots in order: a slot whose old expert is among the GPU's new experts (not yet
+    placed) keeps it; the remaining new experts fill the other slots in their order in `new_rows`
+    (the order vLLM's default policy preserves slots in). Only the order inside each GPU changes,
+    so every GPU holds the same experts as in `new_rows` (the same loads), and a slot whose expert
+    is unchanged needs no copy: the moved slots can only drop.
+    """
+    new = np.asarray(new_rows, dtype=np.int64)
+    old = np.asarray(old_rows, dtype=np.int64)
+    if new.shape != old.shape or new.shape[-1] % slots_per_gpu:
+        raise InputError("keep_unchanged_slots", f"two maps of one shape, slots a multiple of {slots_per_gpu}",
+                         f"{new.shape} and {old.shape}")
+    new_gpus = new.reshape(-1, slots_per_gpu)
+    out = np.empty_like(new_gpus)
+    for row, (fresh, before) in enumerate(zip(new_gpus, old.reshape(-1, slots_per_gpu))):
+        remaining = list(fresh)
+        slots = [-1] * slots_per_gpu
+        for i, expert in enumerate(before):
+            if expert in remaining:
+                slots[i] = int(expert)
+                remaining.remove(expert)
+        fill = iter(remaining)
+        out[row] = [e if e >= 0 else next(fill) for e in slots]
+    return out.reshape(new.shape)
+
+
 def _log2phy(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
     """int64 `[layers, E, max(logcnt)]`: slots of each expert in ascending order, -1 padded."""
     num_layers, num_physical = phy2log.shape

@@ -1,6 +1,11 @@
 """The plan file: a versioned JSON document holding a placement, its report and its inputs.
 
-Format (`format_version` 1); every key is always present:
+The one plan format: `moe-place plan` writes it, every engine adapter reads it (the vLLM policy's
+static plan, `moe-place export` for SGLang and DeepSeek EPLB), and `moe-place export --engine
+vllm` writes it without its `report` (an engine needs the maps, not the figures).
+
+Format (`format_version` 1); every key is present except `report` (absent in an engine export)
+and `budget` (present only in a budget-mode plan):
 
     {
       "format_version": 1,
@@ -20,8 +25,17 @@ Format (`format_version` 1); every key is always present:
         "layers": [{"layer": id, "max_gpu_load": .., "mean_gpu_load": .., "balancedness": ..,
                     "lower_bound": .., "gap": .., "status": ..}, ...]
       },
-      "inputs": {"trace": "path", "trace_sha256": "hex", "options": {...}, "seed": 0}
+      "inputs": {"trace": "path", "trace_sha256": "hex", "options": {...}, "seed": 0},
+      "budget": {                       # budget mode: per-layer slot counts under one memory budget
+        "expert_bytes": B, "gpu_budget_bytes": M,   # sum(slots_per_gpu) * B <= M
+        "slots_per_gpu": [..L ints..],  # S[l], every GPU the same within a layer
+        "phy2log": [[..G*S[l] ints..] x L]          # each layer's own plan (rows differ in length)
+      }
     }
+
+Engines give every layer the same number of slots, so they run `phy2log` (in budget mode the same
+budget spread evenly over the layers); `budget.phy2log` is the per-layer plan the budget buys,
+validated like any placement (`PlanFile.budget`), for tools that can run per-layer slot counts.
 
 `write_plan` validates (builds a `Placement`) before writing and writes atomically;
 `read_plan` checks the version, the keys, the shapes and that `log2phy`/`logcnt` agree with
@@ -46,7 +60,38 @@ FORMAT_VERSION = 1
 KIND = "moe-place plan"
 LAYER_KEYS = ("layer", "max_gpu_load", "mean_gpu_load", "balancedness", "lower_bound", "gap", "status")
 TOP_KEYS = ("format_version", "num_layers", "num_logical_experts", "num_physical_experts", "num_gpus", "num_nodes",
-            "layer_ids", "phy2log", "log2phy", "logcnt", "report", "inputs")
+            "layer_ids", "phy2log", "log2phy", "logcnt", "inputs")
+BUDGET_KEYS = ("expert_bytes", "gpu_budget_bytes", "slots_per_gpu", "phy2log")
+
+
+@dataclass(frozen=True)
+class BudgetLayers:
+    """The per-layer plans of a budget-mode plan file.
+
+    layers: per plan layer a one-layer `Placement` with its own slots (`G * slots_per_gpu[l]`).
+    expert_bytes / gpu_budget_bytes: `W_e` and the per-GPU budget the slot counts fit in.
+    """
+
+    layers: tuple[Placement, ...]
+    expert_bytes: int
+    gpu_budget_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.used_bytes > self.gpu_budget_bytes:
+            raise InputError("budget", f"slots within gpu_budget_bytes={self.gpu_budget_bytes}",
+                             f"{self.used_bytes} bytes per GPU")
+
+    @property
+    def slots_per_gpu(self) -> tuple[int, ...]:
+        return tuple(p.slots_per_gpu for p in self.layers)
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self.slots_per_gpu) * self.expert_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"expert_bytes": int(self.expert_bytes), "gpu_budget_bytes": int(self.gpu_budget_bytes),
+                "slots_per_gpu": list(self.slots_per_gpu), "phy2log": [p.phy2log[0].tolist() for p in self.layers]}
 
 
 @dataclass(frozen=True)
@@ -54,21 +99,34 @@ class PlanFile:
     """A plan as read from or written to disk.
 
     placement: the validated plan. layer_ids: model layer index of each plan layer.
-    report / inputs: the JSON objects described in the module docstring.
+    report / inputs: the JSON objects described in the module docstring (report None: left out).
+    budget: the per-layer plans of budget mode, or None.
     """
 
     placement: Placement
     layer_ids: tuple[int, ...]
-    report: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] | None = field(default_factory=dict)
     inputs: dict[str, Any] = field(default_factory=dict)
+    budget: BudgetLayers | None = None
 
     def __post_init__(self) -> None:
         if len(self.layer_ids) != self.placement.num_layers:
             raise InputError("layer_ids", f"{self.placement.num_layers} ids", len(self.layer_ids))
+        if self.budget is not None:
+            layers = self.budget.layers
+            if len(layers) != self.placement.num_layers or any(
+                    (b.num_gpus, b.num_logical_experts) != (self.placement.num_gpus, self.placement.num_logical_experts)
+                    for b in layers):
+                raise InputError("budget", f"one plan per layer for {self.placement.num_gpus} GPUs and "
+                                 f"{self.placement.num_logical_experts} experts", f"{len(layers)} plans")
+
+    def without_report(self) -> "PlanFile":
+        """The same plan with no report (what an engine export holds)."""
+        return PlanFile(self.placement, self.layer_ids, None, self.inputs, self.budget)
 
     def to_json(self) -> dict[str, Any]:
         p = self.placement
-        return {
+        document = {
             "format_version": FORMAT_VERSION,
             "kind": KIND,
             "num_layers": p.num_layers,
@@ -81,9 +139,13 @@ class PlanFile:
             "phy2log": p.phy2log.tolist(),
             "log2phy": p.log2phy.tolist(),
             "logcnt": p.logcnt.tolist(),
-            "report": self.report,
             "inputs": self.inputs,
         }
+        if self.report is not None:
+            document["report"] = self.report
+        if self.budget is not None:
+            document["budget"] = self.budget.to_json()
+        return document
 
 
 def file_sha256(path: str | Path) -> str:
@@ -96,7 +158,8 @@ def file_sha256(path: str | Path) -> str:
 
 
 def write_plan(path: str | Path, plan: PlanFile) -> None:
-    """Validate `plan` (round-trip through the checks of `parse_plan`) and write it atomically."""
+    """Validate `plan` (round-trip through the checks of `parse_plan`) and write it atomically
+    (`plan.without_report()` for an engine export)."""
     document = plan.to_json()
     parse_plan(json.loads(json.dumps(document)), str(path))  # the same checks a reader applies
     write_json_atomic(path, document)
@@ -154,15 +217,50 @@ def parse_plan(document: Any, where: str = "plan") -> PlanFile:
     if not np.array_equal(log2phy, placement.log2phy):
         raise InputError(f"{where}: log2phy", "the slots of each expert in phy2log (ascending, -1 padded)",
                          "different slots")
-    report, inputs = document["report"], document["inputs"]
-    if not isinstance(report, dict) or not isinstance(report.get("layers", []), list):
+    report, inputs = document.get("report"), document["inputs"]
+    if report is not None and (not isinstance(report, dict) or not isinstance(report.get("layers", []), list)):
         raise InputError(f"{where}: report", "an object with a list of layers")
-    for i, row in enumerate(report.get("layers", [])):
+    for i, row in enumerate((report or {}).get("layers", [])):
         if not isinstance(row, dict) or any(k not in row for k in LAYER_KEYS):
             raise InputError(f"{where}: report.layers[{i}]", f"the keys {', '.join(LAYER_KEYS)}")
     if not isinstance(inputs, dict):
         raise InputError(f"{where}: inputs", "an object")
-    return PlanFile(placement, tuple(layer_ids), report, inputs)
+    budget = _parse_budget(document.get("budget"), placement, f"{where}: budget")
+    return PlanFile(placement, tuple(layer_ids), report, inputs, budget)
+
+
+def _parse_budget(section: Any, placement: Placement, where: str) -> BudgetLayers | None:
+    """The `budget` section as per-layer placements (None when absent)."""
+    if section is None:
+        return None
+    if not isinstance(section, dict) or any(k not in section for k in BUDGET_KEYS):
+        raise InputError(where, f"an object with {', '.join(BUDGET_KEYS)}")
+    ints = {}
+    for key in ("expert_bytes", "gpu_budget_bytes"):
+        value = section[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"{where}.{key}", "a positive integer of bytes", value)
+        ints[key] = value
+    slots, rows = section["slots_per_gpu"], section["phy2log"]
+    layers = placement.num_layers
+    if not isinstance(slots, list) or len(slots) != layers or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in slots):
+        raise InputError(f"{where}.slots_per_gpu", f"{layers} slot counts >= 1", slots)
+    if not isinstance(rows, list) or len(rows) != layers:
+        raise InputError(f"{where}.phy2log", f"{layers} rows, one per layer", type(rows).__name__)
+    plans = []
+    for layer, (count, row) in enumerate(zip(slots, rows)):
+        here = f"{where}.phy2log[{layer}]"
+        arr = _int_array([row] if isinstance(row, list) else row, here, (1, placement.num_gpus * count))
+        try:
+            plans.append(Placement(arr, placement.num_logical_experts, placement.num_gpus, placement.num_nodes,
+                                   allow_colocated=placement.allow_colocated))
+        except InputError as exc:
+            raise InputError(here, exc.expected, exc.got) from None
+    try:
+        return BudgetLayers(tuple(plans), ints["expert_bytes"], ints["gpu_budget_bytes"])
+    except InputError as exc:
+        raise InputError(where, exc.expected, exc.got) from None
 
 
 def _int_array(value: Any, where: str, shape: tuple[int, ...]) -> np.ndarray:

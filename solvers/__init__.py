@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
 from moe_place.solvers import cpsat as _cpsat
-from moe_place.solvers import eplb as _eplb
+from moe_place.solvers import deepseek
 from moe_place.solvers import fast as _fast  # noqa: F401  (registers "fast")
 from moe_place.solvers.base import STATUSES, LayerSolution, get_solver, register, solver_names
 from moe_place.solvers.bounds import model_lower_bounds
@@ -157,9 +157,9 @@ def anytime_layers(problem: PlacementProblem, deadline: float | None = None) -> 
         stop = None if deadline is None else started + (deadline - time.monotonic())
         candidates.append(("quick", quick_plan(loads, problem.num_gpus, problem.num_physical, deadline=stop)))
         cut = stop is not None and time.perf_counter() > stop
-        eplb = _eplb.eplb_rebalance(loads, problem.num_physical, problem.num_groups or 1, problem.num_nodes,
+        eplb = deepseek.eplb_rebalance(loads, problem.num_physical, problem.num_groups or 1, problem.num_nodes,
                                     problem.num_gpus)
-        colocated = np.array([_eplb.has_colocation(row, problem.num_gpus) for row in eplb])
+        colocated = np.array([has_colocation(row, problem.num_gpus) for row in eplb])
         candidates.append(("eplb", np.where(colocated[:, None], candidates[0][1], eplb)))
     values = np.stack([model_objectives(problem, plans) for _, plans in candidates])   # [candidates, layers]
     choice = np.argmin(values, axis=0)                                                # first on ties: quick
@@ -181,13 +181,13 @@ def anytime_layers(problem: PlacementProblem, deadline: float | None = None) -> 
 
 def _colocated_eplb(problem: PlacementProblem) -> dict[int, LayerSolution]:
     """EPLB's plan of every layer, co-located replicas and all (`problem.allow_colocated`)."""
-    rows = _eplb.eplb_rebalance(problem.planning_loads(), problem.num_physical, problem.num_groups or 1,
+    rows = deepseek.eplb_rebalance(problem.planning_loads(), problem.num_physical, problem.num_groups or 1,
                                 problem.num_nodes, problem.num_gpus)
     values = model_objectives(problem, rows)
     bounds = model_lower_bounds(problem, quick=True)
     return {layer: LayerSolution(rows[layer], "heuristic", float(values[layer]), min(float(bounds[layer]),
                                                                                    float(values[layer])), 0.0,
-                                 {"solver": "eplb", "colocated": _eplb.has_colocation(rows[layer], problem.num_gpus)})
+                                 {"solver": "eplb", "colocated": has_colocation(rows[layer], problem.num_gpus)})
             for layer in range(problem.num_layers)}
 
 

@@ -67,7 +67,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from moe_place.errors import InfeasibleError, InputError
-from moe_place.placement import has_colocation
+from moe_place.placement import has_colocation, keep_unchanged_slots
 from moe_place.problem import PlacementProblem, combine_windows
 from moe_place.solvers.base import LayerSolution, register
 from moe_place.solvers.bounds import windows_lower_bound
@@ -506,28 +506,8 @@ def _read_plan(layer_model: LayerModel, solver: cp_model.CpSolver) -> np.ndarray
                     gpu_experts[g].append(e)
     if inst.current is None:
         return np.array([e for g in range(G) for e in sorted(gpu_experts[g])], dtype=np.int64)
-    return align_to_current(np.array([sorted(experts) for experts in gpu_experts], dtype=np.int64).ravel(),
-                            inst.current, G)
-
-
-def align_to_current(phy2log: np.ndarray, current: np.ndarray, num_gpus: int) -> np.ndarray:
-    """int64 `[P]`: `phy2log` with each GPU's slots reordered so experts it already holds stay put.
-
-    Only the order inside each GPU changes (the plan is the same); moved slots can only drop.
-    """
-    table = np.asarray(phy2log, dtype=np.int64).reshape(num_gpus, -1)
-    now = np.asarray(current, dtype=np.int64).reshape(num_gpus, -1)
-    out = np.empty_like(table)
-    for g in range(num_gpus):
-        new = list(table[g])
-        slots = [-1] * len(new)
-        for i, e in enumerate(now[g]):
-            if e in new and slots.count(e) == 0:  # kept expert: same slot as now
-                slots[i] = int(e)
-                new.remove(e)
-        free = iter(sorted(new))
-        out[g] = [e if e >= 0 else next(free) for e in slots]
-    return out.ravel()
+    return keep_unchanged_slots(np.array([sorted(experts) for experts in gpu_experts], dtype=np.int64).ravel(),
+                                inst.current, S)
 
 
 # ---------------------------------------------------------------------- one layer, end to end
@@ -545,7 +525,7 @@ def cpsat_layer(instance: LayerInstance, hint: np.ndarray, lower_bound: float,
     start = time.perf_counter()
     hint = np.asarray(hint, dtype=np.int64)
     if instance.current is not None:
-        hint = align_to_current(hint, instance.current, instance.num_gpus)
+        hint = keep_unchanged_slots(hint, instance.current, instance.slots_per_gpu)
     if not instance.allows(hint):
         raise InputError("hint", "a plan with no expert twice on one GPU, within the move cap", hint.tolist())
     if instance.move_cost_weight == 0 and instance.objective != "quantile" \
@@ -618,7 +598,7 @@ class CpSatSolver:
         first = start.phy2log if start is not None else FastSolver().solve_layer(problem, layer, None).phy2log
         candidates = [np.asarray(first, dtype=np.int64)]
         if instance.current is not None:  # the current plan moves nothing: always within a cap
-            candidates = [align_to_current(c, instance.current, problem.num_gpus) for c in candidates]
+            candidates = [keep_unchanged_slots(c, instance.current, problem.slots_per_gpu) for c in candidates]
             candidates.append(instance.current)
         allowed = [c for c in candidates if instance.allows(c)]
         if not allowed:

@@ -60,6 +60,7 @@ from moe_place.placement import has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers.base import LayerSolution, register
 from moe_place.solvers.bounds import apportion, layer_lower_bound
+from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import window_objective
 
 _TOL = 1e-12  # relative tolerance of load comparisons
@@ -705,8 +706,6 @@ class FastSolver:
         (`quick`: only the bounds that cost milliseconds)."""
         from moe_place.problem import PlacementProblem as Problem
         from moe_place.solvers.bounds import model_lower_bounds
-        from moe_place.solvers.eplb import eplb_rebalance
-
         if self._problem is not problem:
             self._problem, self._prepared = problem, {}
         todo = [i for i in layers if i not in self._prepared]
@@ -726,7 +725,6 @@ class FastSolver:
         """(EPLB's plan `[P]` or None in migration mode, the window lower bound) of one layer."""
         if self._problem is not problem or layer not in self._prepared:
             from moe_place.solvers.bounds import window_lower_bound
-            from moe_place.solvers.eplb import eplb_rebalance
 
             row = None if problem.current is not None else eplb_rebalance(
                 problem.planning_loads()[layer:layer + 1], problem.num_physical, problem.num_groups or 1,

@@ -91,13 +91,15 @@ def test_memory_budget_reports_per_layer_slots_within_budget(tmp_path, capsys):
     budget = 6 * 100  # 6 copies per GPU for 2 layers: 3 each if spread evenly
     assert main(["plan", str(path), "--gpus", "4", "--expert-memory-budget", str(budget), "--expert-bytes", "100",
                  "--out", str(out), "--no-progress"]) == 0
-    plan = json.loads(out.read_text())["report"]["budget"]
+    doc = json.loads(out.read_text())
+    plan, figures = doc["budget"], doc["report"]["budget"]
     assert sum(plan["slots_per_gpu"]) * 100 <= budget
     assert plan["slots_per_gpu"][0] > plan["slots_per_gpu"][1]  # memory goes to the skewed layer
-    assert plan["total_max_load"] < plan["even_total_max_load"]
+    assert figures["total_max_load"] < figures["even_total_max_load"]
     assert [len(row) for row in plan["phy2log"]] == [4 * s for s in plan["slots_per_gpu"]]
     for row in plan["phy2log"]:
         assert set(row) == set(range(8))
+    assert read_plan(out).budget.slots_per_gpu == tuple(plan["slots_per_gpu"])  # read back, validated
     assert "budget mode" in capsys.readouterr().err
 
 
@@ -191,7 +193,8 @@ def test_plan_file_round_trip_and_errors(tmp_path):
     with pytest.raises(InputError, match="at most one replica"):
         parse_plan({**document, "phy2log": [[0, 0, 1, 2, 3, 1]]})
     with pytest.raises(InputError, match="missing"):
-        parse_plan({k: v for k, v in document.items() if k != "report"})
+        parse_plan({k: v for k, v in document.items() if k != "inputs"})
+    assert parse_plan({k: v for k, v in document.items() if k != "report"}).report is None  # an engine export
     (tmp_path / "junk.json").write_text("{not json")
     with pytest.raises(InputError, match="JSON"):
         read_plan(tmp_path / "junk.json")

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from moe_place.cost import gemm, offload, pipeline
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import get_model
-from moe_place.cost.payback import Copy, copy_time_s, n_min, payback
+from moe_place.cost.migration import Copy, copy_time_s
+from moe_place.cost.payback import n_min, payback
 from moe_place.cost.topology import build_cluster, gpu_node
 from moe_place.cost.traffic import phase_lower_bound, phase_volumes_bytes
 

@@ -12,7 +12,7 @@ from moe_place.analysis.dispatch import dispatch_matrix, token_sources
 from moe_place.cli.main import main
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import PRESETS, get_model
-from moe_place.cost.topology import parse_topology_spec
+from moe_place.cost.topology import build_cluster, parse_topology_spec
 from moe_place.placement import Placement
 from moe_place.planfile import PlanFile, read_plan, write_plan
 from moe_place.traces.bundled import bundled_path
@@ -118,29 +118,30 @@ def test_catalog_figures():
     assert {"H100-SXM", "H200", "H800", "A100-80GB-SXM", "A100-40GB-PCIe", "H20", "B200"} <= set(cat.names)
 
 
-def test_score_placement_and_copies_for_move():
-    from moe_place.cost.payback import Copy
-    from moe_place.cost.score import copies_for_move, placement_layer_times_s
+def test_replay_layer_times_and_the_copies_of_a_move():
+    from moe_place.cost.migration import Copy, plan_copies
+    from moe_place.online.costing import ReplayCost
 
     model = get_model("Qwen3-235B-A22B")
     gpu = builtin_catalog().gpu("H100")
+    cost = ReplayCost(model, build_cluster(gpu, 1, 16), block_m=64, block_n=128)
     load = np.zeros((1, 128))
     load[0, :8] = 128  # the 8 hot experts of C9, all on GPU 0 under the contiguous layout
     base = Placement.contiguous(1, 128, 16)
-    t_base = placement_layer_times_s(base, load, model, gpu, weights="tiles", block_m=64)[0]
-    assert t_base == pytest.approx(920_649_728 / 1675e9)  # C9 "before"
+    assert cost.layer_times_s(base, load)[0] == pytest.approx(920_649_728 / 1675e9)  # C9 "before"
     # 16 redundant slots: experts 0..6 get a second replica on GPU 14, expert 7 on GPU 15
     spread = Placement.contiguous(1, 128, 16, num_redundant=16)
-    t_spread = placement_layer_times_s(spread, load, model, gpu, weights="tiles", block_m=64)[0]
+    t_spread = cost.layer_times_s(spread, load)[0]
     assert t_spread == pytest.approx((8 * model.expert_bytes + 512 * 309_248) / 1675e9)  # GPU 0: 8 x 64 rows
 
     topo = parse_topology_spec("2 nodes x 2 H100, 400 Gbit/s NIC per GPU")
     old = Placement(np.array([[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]]), 8, 4, 2)
     new = Placement(np.array([[0, 1, 2, 3, 4, 0, 6, 7, 5, 1, 2, 3]]), 8, 4, 2)
     w = float(model.expert_bytes)
-    # GPU 1 gets expert 0 from GPU 0 over NVLink (not from GPU 2 across servers); GPU 2 gets expert 5 from GPU 1
-    assert copies_for_move(old, new, model, topo) == [Copy(0, 1, w), Copy(1, 2, w)]
-    assert copies_for_move(old, old, model, topo) == []
+    # slot 5 (GPU 1) gets expert 0 from GPU 0 over NVLink (not from GPU 2 across servers);
+    # slot 8 (GPU 2) gets expert 5 from GPU 1
+    assert plan_copies(old, new, topo, w) == [Copy(0, 1, w, 0, 5, 0), Copy(1, 2, w, 0, 8, 5)]
+    assert plan_copies(old, old, topo, w) == []
 
 
 def test_pool_stability_section(capsys, tmp_path):

@@ -6,12 +6,12 @@ from itertools import combinations, product
 import numpy as np
 import pytest
 
-from moe_place.placement import Placement
+from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.problem import PlacementProblem
 from moe_place.solvers.base import get_solver
 from moe_place.solvers.bounds import windows_lower_bound
 from moe_place.solvers.bruteforce import brute_force_layer
-from moe_place.solvers.cpsat import LayerInstance, align_to_current, cpsat_layer
+from moe_place.solvers.cpsat import LayerInstance, cpsat_layer
 from moe_place.solvers.fast import fast_layer
 
 PUBLIC = np.array([600, 560, 120, 120, 20, 10, 10, 10], dtype=float)
@@ -162,11 +162,12 @@ def test_move_cost_trades_load_for_moves():
     assert dear.detail["moved_slots"] == 0 and np.array_equal(dear.phy2log, current)
 
 
-def test_align_to_current_only_reorders_within_gpus():
+def test_keep_unchanged_slots_only_reorders_within_gpus():
     current = np.array([0, 1, 2, 3, 4, 5])
     plan = np.array([2, 5, 1, 3, 0, 4])
-    aligned = align_to_current(plan, current, 2)
+    aligned = keep_unchanged_slots(plan, current, 3)
     assert np.array_equal(np.sort(aligned.reshape(2, 3), axis=1), np.sort(plan.reshape(2, 3), axis=1))
+    # GPU 0 keeps 1 and 2 in their slots, 5 takes the free one; GPU 1 keeps 3 and 4, 0 fills in
     assert np.array_equal(aligned, [5, 1, 2, 3, 4, 0])
 
 

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from moe_place import eplb as dropin  # noqa: E402
 from moe_place.errors import InputError  # noqa: E402
 from moe_place.placement import Placement  # noqa: E402
-from moe_place.solvers import eplb as reference  # noqa: E402
+from moe_place.solvers import deepseek as reference  # noqa: E402
 
 # DeepSeek EPLB's README example: 2 layers x 12 experts, 16 replicas, 4 groups, 2 nodes, 8 GPUs
 README_WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
@@ -62,7 +62,7 @@ def test_default_plan_is_no_worse_than_eplb_and_never_colocates(seed):
     weight = rng.zipf(1.4, size=(4, 32)).clip(max=5000)
     phy2log, _, _ = dropin.rebalance_experts(torch.from_numpy(weight), 48, 4, 2, 16)
     ours = _max_gpu_load(phy2log.numpy(), weight, 16)
-    theirs = _max_gpu_load(reference.rebalance_experts(weight, 48, 4, 2, 16)[0], weight, 16)
+    theirs = _max_gpu_load(reference.eplb_maps(weight, 48, 4, 2, 16)[0], weight, 16)
     assert (ours <= theirs + 1e-9).all()
     Placement(phy2log.numpy(), 32, 16)  # raises if two replicas of an expert share a GPU
 

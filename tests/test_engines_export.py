@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from moe_place.cli.main import main
+from moe_place.errors import InputError
 from moe_place.engines.sglang import read_init_expert_location
-from moe_place.engines.vllm import EXPORT_FORMAT, read_static_map
+from moe_place.engines.vllm import static_placement
 from moe_place.placement import Placement
-from moe_place.planfile import PlanFile, write_plan
+from moe_place.planfile import PlanFile, parse_plan, read_plan, write_plan
 
 PHY2LOG = np.array([[0, 1, 2, 3, 0, 2], [3, 2, 1, 0, 1, 3], [0, 3, 1, 2, 0, 3]])
 
@@ -42,18 +43,40 @@ def test_sglang_warns_about_moe_layers_missing_from_the_plan(tmp_path, plan_path
     assert "3 model layers are not in the plan" in capsys.readouterr().err  # layers 0-2 not declared dense
 
 
-def test_vllm_file_is_read_back_by_the_policy(tmp_path, plan_path):
+def test_vllm_file_is_the_plan_file_without_its_report(tmp_path, plan_path):
     out = tmp_path / "vllm.json"
     assert _export(plan_path, "--engine", "vllm", "--out", str(out), "--format", "json") == 0
     doc = json.loads(out.read_text())
-    assert doc["format"] == EXPORT_FORMAT and doc["layer_ids"] == [3, 4, 5]
-    np.testing.assert_array_equal(read_static_map(out), PHY2LOG)
-    log2phy = np.array(doc["log2phy"])
-    assert log2phy.shape == (3, 4, 3)  # padded to num_redundant + 1 columns, as vLLM allocates it
-    np.testing.assert_array_equal(np.array(doc["logcnt"]), Placement(PHY2LOG, 4, 2).logcnt)
-    assert ((log2phy >= 0).sum(axis=2) == np.array(doc["logcnt"])).all()
-    # a plan file works as a static placement too
-    np.testing.assert_array_equal(read_static_map(plan_path), PHY2LOG)
+    plan = json.loads(plan_path.read_text())
+    assert "report" not in doc and {k: v for k, v in plan.items() if k != "report"} == doc
+    assert read_plan(out).layer_ids == (3, 4, 5)
+    np.testing.assert_array_equal(static_placement(out, 3, 4, 6, 2).phy2log, PHY2LOG)
+    # the plan file itself works as a static placement too
+    np.testing.assert_array_equal(static_placement(plan_path, 3, 4, 6, 2).phy2log, PHY2LOG)
+
+
+def test_budget_plans_are_first_class_in_the_plan_file(tmp_path, capsys):
+    from moe_place.planfile import BudgetLayers
+
+    rows = (np.array([[0, 1, 2, 3, 0, 1]]), np.array([[0, 1, 2, 3]]))  # 3 and 2 slots per GPU
+    budget = BudgetLayers(tuple(Placement(r, 4, 2) for r in rows), expert_bytes=10, gpu_budget_bytes=50)
+    path = tmp_path / "budget.json"
+    even = Placement(np.array([[0, 1, 2, 3], [0, 1, 2, 3]]), 4, 2)
+    write_plan(path, PlanFile(even, (0, 1), {}, {}, budget))
+    back = read_plan(path)
+    assert back.budget.slots_per_gpu == (3, 2) and back.budget.used_bytes == 50
+    np.testing.assert_array_equal(back.budget.layers[0].phy2log, rows[0])
+    doc = json.loads(path.read_text())
+    doc["budget"]["phy2log"][1] = [0, 1, 2, 2]  # expert 3 lost: read as an invalid placement
+    with pytest.raises(InputError, match=r"budget.phy2log\[1\]"):
+        parse_plan(doc, "b.json")
+    doc["budget"]["phy2log"][1] = [0, 1, 2, 3]
+    doc["budget"]["gpu_budget_bytes"] = 40  # 5 copies of 10 bytes do not fit
+    with pytest.raises(InputError, match="budget"):
+        parse_plan(doc, "b.json")
+    # engines run one slot count on every layer: the evenly slotted placement is exported, with a warning
+    assert _export(path, "--engine", "sglang", "--out", str(tmp_path / "loc.json")) == 0
+    assert "per-layer slot counts (2-3 per GPU)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".pt"])

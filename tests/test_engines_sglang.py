@@ -82,3 +82,56 @@ def test_file_holds_only_the_map_key_and_round_trips(tmp_path, suffix):
 def test_bad_suffix_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match=".json or .pt"):
         write_init_expert_location(tmp_path / "x.txt", init_expert_location(_plan()))
+
+
+# ---------------------------------------------------------------------- online: the payback rebalance hook
+def test_rebalance_hook_keeps_the_map_on_noise_and_moves_within_the_cap(monkeypatch):
+    """Against stand-ins named like SGLang's (`sglang/srt/eplb/eplb_algorithms/__init__.py` @
+    7d81985a32df17c1bb184fdd5ac7560482b58119: `rebalance_experts(tokens_per_expert, num_physical_experts,
+    num_local_physical_experts, num_groups, num_nodes, algorithm)`, called by `expert_location.py` @
+    6270b01498692d05d29267efe96d0eb7d9824545 `init_by_eplb` with per-pass counts `[passes, layers, E]`)."""
+    import sys
+    import types
+
+    torch = pytest.importorskip("torch")
+    from moe_place.engines import sglang as adapter
+    from moe_place.engines.config import EngineConfig
+    from moe_place.eplb import plan_placement
+
+    original = object()
+    algorithms = types.ModuleType(adapter.ALGORITHMS_MODULE)
+    algorithms.rebalance_experts = original
+    for name in ("sglang", "sglang.srt", "sglang.srt.eplb"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, adapter.ALGORITHMS_MODULE, algorithms)
+    rng = np.random.default_rng(0)
+    layers, experts, gpus, physical = 3, 64, 8, 72
+    w = rng.zipf(1.3, size=(layers, experts)).clip(max=50).astype(float)
+    per_pass = w / w.sum(axis=1, keepdims=True) * 4096 * 8
+    old = np.array(plan_placement(per_pass, physical, None, 1, gpus).phy2log)
+    hook = adapter.PaybackRebalance(EngineConfig(model="Qwen3-30B-A3B", step_interval=1000),
+                                    current_map=lambda: torch.from_numpy(old))
+    handle = adapter.install_rebalance_hook(hook)
+    assert algorithms.rebalance_experts is hook
+    # the plan for load w: the map the controller settles on for w (a plan for the busiest load
+    # alone can still gain on the cost model's padded tile time, so the controller refines it first)
+    for _ in range(20):
+        settled = algorithms.rebalance_experts(torch.from_numpy(np.stack([per_pass] * 100)), physical, 8, None, 1,
+                                               None)[0].numpy()
+        if np.array_equal(settled, old):
+            break
+        old = settled
+    else:
+        raise AssertionError("the controller kept moving on a constant load")
+    noisy = np.stack([per_pass * (1 + 0.01 * rng.standard_normal(per_pass.shape)) for _ in range(100)])
+    phy2log, log2phy, logcnt = algorithms.rebalance_experts(torch.from_numpy(noisy), physical, 8, None, 1, None)
+    assert np.array_equal(phy2log.numpy(), old)  # SGLang copies nothing
+    hot = noisy.copy()
+    hot[:, :, int(np.argmin(per_pass[0]))] = 5 * per_pass.mean()
+    phy2log, _, logcnt = algorithms.rebalance_experts(torch.from_numpy(hot), physical, 8, None, 1, None)
+    changed = (phy2log.numpy() != old).sum(axis=1)
+    assert changed.sum() > 0 and (changed <= 2).all()
+    assert logcnt.shape == (layers, experts) and phy2log.dtype == torch.int64
+    adapter.uninstall_rebalance_hook(handle)
+    adapter.uninstall_rebalance_hook(handle)
+    assert algorithms.rebalance_experts is original

@@ -7,7 +7,6 @@ the last test runs against it too.
 """
 
 import abc
-import json
 import sys
 import types
 import typing
@@ -19,7 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from moe_place.engines import vllm as adapter  # noqa: E402
-from moe_place.placement import Placement  # noqa: E402
+from moe_place.placement import Placement, keep_unchanged_slots  # noqa: E402
+from moe_place.planfile import PlanFile, write_plan  # noqa: E402
 
 
 def _fake_vllm(monkeypatch, returns_tuple: bool):
@@ -82,8 +82,8 @@ def test_install_under_a_new_name_widens_the_policy_option_and_is_reversible(mon
         assert set(policy_mod.EPLB_POLICIES) == {"default", "moe_place"}
         # what vLLM's policy package asserts at import: registry keys == the literal's values
         assert set(policy_mod.EPLB_POLICIES) == set(typing.get_args(parallel.EPLBPolicyOption))
-        assert "moe_place" in typing.get_args(parallel.EPLBConfig.__annotations__["policy"])
         assert "moe_place" in typing.get_args(parallel.EPLBConfig.__dataclass_fields__["policy"].type)
+        assert parallel.EPLBConfig.__annotations__["policy"] is before_option  # only what validation reads
         assert handle.active
     assert set(policy_mod.EPLB_POLICIES) == {"default"}
     assert parallel.EPLBPolicyOption is before_option
@@ -186,7 +186,7 @@ def test_policy_returns_the_maps_vllm_expects(monkeypatch, style):
 
 def test_policy_keeps_unchanged_experts_in_their_slots(monkeypatch):
     monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
-    policy = adapter.make_policy(returns="phy2log")
+    policy = adapter.make_policy(returns="phy2log", mode="replan")
     first = policy.rebalance_experts(_weight(seed=0), 24, 1, 1, 4)
     drifted = _weight(seed=1)
     fresh = policy.rebalance_experts(drifted, 24, 1, 1, 4)
@@ -199,7 +199,7 @@ def test_policy_keeps_unchanged_experts_in_their_slots(monkeypatch):
     # same load as the map was planned for: nothing moves
     again = policy.rebalance_experts(_weight(seed=0), 24, 1, 1, 4, first)
     assert torch.equal(again, first)
-    capped = adapter.make_policy(returns="phy2log", max_moved_slots=2)
+    capped = adapter.make_policy(returns="phy2log", max_moved_slots=2, mode="replan")
     limited = capped.rebalance_experts(drifted, 24, 1, 1, 4, first)
     assert ((limited != first).sum(dim=1) <= 2).all()
 
@@ -209,7 +209,7 @@ def test_keep_unchanged_slots_only_reorders_inside_each_gpu():
     for _ in range(20):
         old = np.concatenate([rng.permutation(8)[:3] for _ in range(4)])
         new = np.concatenate([rng.permutation(8)[:3] for _ in range(4)])
-        out = adapter.keep_unchanged_slots(new, old, 3)
+        out = keep_unchanged_slots(new, old, 3)
         for g in range(4):
             block = slice(3 * g, 3 * g + 3)
             assert sorted(out[block]) == sorted(new[block])  # same experts on every GPU
@@ -221,7 +221,7 @@ def test_static_plan_file_is_returned_at_every_rebalance(tmp_path, monkeypatch):
     monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
     plan = Placement(np.array([[0, 1, 2, 3, 0, 2], [3, 2, 1, 0, 1, 3]]), 4, 2)
     path = tmp_path / "static.json"
-    path.write_text(json.dumps(adapter.export_document(plan)))
+    write_plan(path, PlanFile(plan, (0, 1)).without_report())
     monkeypatch.setenv(adapter.STATIC_PLAN_ENV, str(path))
     policy = adapter.make_policy(returns="tuple")
     phy2log, log2phy, logcnt = policy.rebalance_experts(torch.ones(2, 4), 6, 1, 1, 2)
@@ -247,3 +247,223 @@ def test_against_the_real_vllm_policy_class():
     with adapter.registered():
         assert issubclass(registry["default"], adapter.MoePlaceEplbPolicy)
     assert registry == before
+
+
+# ---------------------------------------------------------------------- the payback controller inside the policy
+GPUS, EXPERTS, REPLICAS, LAYERS = 8, 64, 72, 4
+STEP_TOKENS = 4096 * 8  # dispatches per step (4096 tokens, top-8)
+
+
+def _step_loads(seed=0):
+    """Per-step loads `[layers, E]` of a skewed model, about STEP_TOKENS dispatches per layer."""
+    rng = np.random.default_rng(seed)
+    w = rng.zipf(1.3, size=(LAYERS, EXPERTS)).clip(max=50).astype(float)
+    return w / w.sum(axis=1, keepdims=True) * STEP_TOKENS
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
+    for var in ("MOE_PLACE_CONFIG", "MOE_PLACE_MIGRATION", "MOE_PLACE_MAX_MOVED_SLOTS", "MOE_PLACE_MODEL",
+                adapter.STATIC_PLAN_ENV):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_policy_keeps_the_map_on_noise_and_moves_within_the_cap_on_a_new_hot_expert(no_vllm):
+    from moe_place.eplb import plan_placement
+
+    config = adapter.EngineConfig(model="Qwen3-30B-A3B", max_moved_slots=2)
+    policy = adapter.make_policy(returns="phy2log", config=config)
+    per_step = _step_loads()
+    old = torch.from_numpy(np.array(plan_placement(per_step, REPLICAS, None, 1, GPUS).phy2log))
+    window = config.window_steps
+    # the plan for load w: the map the controller settles on for w (a plan for the busiest load
+    # alone can still gain on the cost model's padded tile time, so the controller refines it first)
+    for _ in range(20):
+        settled = policy.rebalance_experts(torch.from_numpy(per_step * window), REPLICAS, 1, 1, GPUS, old)
+        if torch.equal(settled, old):
+            break
+        old = settled
+    else:
+        raise AssertionError("the controller kept moving on a constant load")
+    rng = np.random.default_rng(1)
+    noisy = per_step * (1 + 0.01 * rng.standard_normal(per_step.shape))
+    same = policy.rebalance_experts(torch.from_numpy(noisy * window), REPLICAS, 1, 1, GPUS, old)
+    assert int((same != old).sum()) == 0  # 1% noise: no move pays back
+    hot = noisy.copy()
+    cold = int(np.argmin(per_step[0]))
+    hot[:, cold] = 5 * hot.mean(axis=1)  # a new hot expert at 5x the mean
+    moved = policy.rebalance_experts(torch.from_numpy(hot * window), REPLICAS, 1, 1, GPUS, old)
+    changed = (moved != old).sum(dim=1)
+    assert changed.sum() > 0 and (changed <= 2).all()
+    placement = Placement(moved.numpy(), EXPERTS, GPUS)
+    assert (placement.logcnt[:, cold] >= 2).any()  # the hot expert got a replica
+    busiest = lambda m: Placement(m.numpy(), EXPERTS, GPUS).gpu_loads(hot).max(axis=1)  # noqa: E731
+    assert busiest(moved).sum() < busiest(old).sum()
+
+
+def test_policy_makes_the_replay_controllers_decision(no_vllm):
+    # the same history through `replay --controller ours`'s controller and through the policy
+    from moe_place.eplb import plan_placement
+    from moe_place.online.controller import PaybackController
+    from moe_place.online.costing import cluster_cost
+    from moe_place.online.window import HotSpotTracker
+
+    config = adapter.EngineConfig(model="Qwen3-30B-A3B", migration="stall", step_interval=64, window_steps=64)
+    policy = adapter.make_policy(returns="phy2log", config=config)
+    # whole dispatch counts, the same on every step of a window: the summed window the legacy
+    # interface passes holds the whole history
+    base = np.round(_step_loads(seed=3))
+    steps = np.stack([base] * 128)
+    steps[64:, :, 7] += np.round(2 * base.mean())  # expert 7 turns hot halfway
+    old = plan_placement(base, REPLICAS, None, 1, GPUS)
+    cost = cluster_cost(GPUS, 1, "H100", "Qwen3-30B-A3B", migration="stall")
+    ours = PaybackController(cost, LAYERS, EXPERTS, check_every=64, tracker=HotSpotTracker(prior_steps=64))
+    for step, counts in enumerate(steps):
+        ours.observe(step, counts)
+        decision = ours.decide(step, old) if step in (63, 127) else None
+        if step == 63:
+            assert decision is None
+    expected = old.phy2log if decision is None else decision.placement.phy2log
+    policy.rebalance_experts(torch.from_numpy(steps[:64].sum(axis=0)), REPLICAS, 1, 1, GPUS,
+                             torch.from_numpy(np.array(old.phy2log)))
+    got = policy.rebalance_experts(torch.from_numpy(steps[64:].sum(axis=0)), REPLICAS, 1, 1, GPUS,
+                                   torch.from_numpy(np.array(old.phy2log)))
+    assert decision is not None
+    np.testing.assert_array_equal(got.numpy(), expected)
+
+
+# ---------------------------------------------------------------------- vLLM's next policy interface
+def _fake_vllm_next(monkeypatch, transitional: bool):
+    """Stand-ins shaped like vLLM main's policy package (written here, not copied).
+
+    Shapes as read in vLLM: `vllm/distributed/eplb/policy/abstract.py` of the out-of-tree hooks
+    work (PR #49700: `EplbTopology(num_groups, num_nodes, num_ranks)`, frozen
+    `EplbRebalanceContext(load_window_cpu [samples, layers, experts], physical_to_logical_map_cpu
+    [layers, physical], topology, num_replicas, cpu_group)`, frozen `EplbPlan(physical_to_logical_map)`,
+    `EplbPolicyState`, and `AbstractEplbPolicy` with `create_state(num_moe_layers)`, the planning
+    method and `on_layer_committed(policy_state, plan, layer_idx)`); `transitional`: the planning
+    method is the abstract `plan_rebalance(self, context, policy_state)` beside the legacy classmethod,
+    else it is the abstract instance method `rebalance_experts(self, context, policy_state)`. The
+    package lives at `vllm.backends.distributed.eplb.policy` (vllm-project/vllm
+    `vllm/backends/distributed/eplb/eplb_state.py` @ a8f1d79812aa51e1036eba41286879eb09bd1635) with a
+    shim at the old path delegating attributes (`vllm/distributed/eplb/policy/__init__.py` @
+    055e47c28003156421365af985d676fc921cb075).
+    """
+
+    @dataclass(frozen=True)
+    class EplbTopology:
+        num_groups: int
+        num_nodes: int
+        num_ranks: int
+
+    @dataclass(frozen=True)
+    class EplbRebalanceContext:
+        load_window_cpu: torch.Tensor
+        physical_to_logical_map_cpu: torch.Tensor
+        topology: EplbTopology
+        num_replicas: int
+        cpu_group: object
+
+    @dataclass(frozen=True)
+    class EplbPlan:
+        physical_to_logical_map: torch.Tensor
+
+    class EplbPolicyState:
+        pass
+
+    if transitional:
+        class AbstractEplbPolicy(abc.ABC):
+            def create_state(self, num_moe_layers):
+                return EplbPolicyState()
+
+            @abc.abstractmethod
+            def plan_rebalance(self, context, policy_state):
+                raise NotImplementedError
+
+            def on_layer_committed(self, policy_state, plan, layer_idx):
+                return None
+
+            @classmethod
+            def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                                  old_global_expert_indices=None) -> torch.Tensor:
+                raise NotImplementedError
+    else:
+        class AbstractEplbPolicy(abc.ABC):
+            def create_state(self, num_moe_layers):
+                return EplbPolicyState()
+
+            @abc.abstractmethod
+            def rebalance_experts(self, context, policy_state):
+                raise NotImplementedError
+
+            def on_layer_committed(self, policy_state, plan, layer_idx):
+                return None
+
+    real = types.ModuleType("vllm.backends.distributed.eplb.policy")
+    for cls in (EplbTopology, EplbRebalanceContext, EplbPlan, EplbPolicyState, AbstractEplbPolicy):
+        setattr(real, cls.__name__, cls)
+    real.EPLB_POLICIES = {"default": AbstractEplbPolicy}
+    shim = types.ModuleType("vllm.distributed.eplb.policy")
+    shim.__getattr__ = lambda name: getattr(real, name)
+    for name in ("vllm", "vllm.distributed", "vllm.distributed.eplb", "vllm.backends", "vllm.backends.distributed",
+                 "vllm.backends.distributed.eplb"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.backends.distributed.eplb.policy", real)
+    monkeypatch.setitem(sys.modules, "vllm.distributed.eplb.policy", shim)
+    for var in ("MOE_PLACE_CONFIG", "MOE_PLACE_MIGRATION", "MOE_PLACE_MAX_MOVED_SLOTS", "MOE_PLACE_MODEL",
+                adapter.STATIC_PLAN_ENV):
+        monkeypatch.delenv(var, raising=False)
+    return real
+
+
+@pytest.mark.parametrize("transitional", [False, True])
+def test_next_interface_is_detected_and_keeps_state_only_through_commits(monkeypatch, transitional):
+    from moe_place.eplb import plan_placement
+
+    vllm = _fake_vllm_next(monkeypatch, transitional)
+    assert adapter.interface_of(vllm.AbstractEplbPolicy) == ("plan_rebalance" if transitional else "context")
+    config = adapter.EngineConfig(model="Qwen3-30B-A3B", max_moved_slots=2)
+    cls = adapter.make_policy(config=config)
+    assert issubclass(cls, vllm.AbstractEplbPolicy)
+    policy = cls()  # vLLM instantiates the registered class
+    state = policy.create_state(LAYERS)
+    assert isinstance(state, vllm.EplbPolicyState)
+    per_step = _step_loads()
+    old = torch.from_numpy(np.array(plan_placement(per_step, REPLICAS, None, 1, GPUS).phy2log))
+    hot = per_step.copy()
+    hot[:, int(np.argmin(per_step[0]))] = 5 * per_step.mean(axis=1)
+    window = torch.from_numpy(np.stack([hot] * 100))  # [samples, layers, experts], oldest first
+    context = vllm.EplbRebalanceContext(window, old, vllm.EplbTopology(1, 1, GPUS), REPLICAS, None)
+    plan_method = policy.plan_rebalance if transitional else policy.rebalance_experts
+    plan = plan_method(context, state)
+    assert isinstance(plan, vllm.EplbPlan)
+    new = plan.physical_to_logical_map
+    assert new.shape == (LAYERS, REPLICAS) and new.dtype == torch.int64
+    changed = (new != old).sum(dim=1)
+    assert changed.sum() > 0 and (changed <= 2).all()
+    assert state.moe_place.sessions == {}  # planning treats the state as read-only
+    for layer in range(LAYERS):
+        policy.on_layer_committed(state, plan, layer)
+    assert len(state.moe_place.sessions) == 1  # the controller's history advanced with the commit
+    if transitional:  # the legacy classmethod still answers, as the abstract fallback calls it
+        assert cls.rebalance_experts(torch.from_numpy(hot * 1000), REPLICAS, 1, 1, GPUS, old).shape == new.shape
+
+
+def test_install_under_a_new_name_validates_with_a_pydantic_config(monkeypatch):
+    # vLLM's EPLBConfig is a pydantic dataclass: the new name must pass its validation, and not after uninstall
+    pydantic = pytest.importorskip("pydantic")
+    policy_mod, parallel = _fake_vllm(monkeypatch, returns_tuple=False)
+
+    @pydantic.dataclasses.dataclass
+    class EPLBConfig:
+        window_size: int = 1000
+        policy: parallel.EPLBPolicyOption = "default"
+
+    parallel.EPLBConfig = EPLBConfig
+    with pytest.raises(pydantic.ValidationError):
+        EPLBConfig(policy="moe_place")
+    with adapter.registered(name="moe_place"):
+        assert EPLBConfig(policy="moe_place").policy == "moe_place"
+    with pytest.raises(pydantic.ValidationError):
+        EPLBConfig(policy="moe_place")

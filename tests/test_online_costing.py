@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from moe_place.cost.gemm import expert_time_s
-from moe_place.cost.payback import Copy as LinkCopy
-from moe_place.cost.payback import copy_time_s
+from moe_place.cost.migration import Copy, copy_time_s
 from moe_place.online.costing import cluster_cost
 from moe_place.placement import Placement
 
@@ -46,13 +45,15 @@ def test_copies_take_the_cheapest_source_and_match_payback_copy_time():
     new = Placement(np.array([[0, 2, 3, 2, 2, 5, 4, 1]]), 6, 4, 2)
     copies = {c.slot: c for c in cost.copies(old, new)}
     assert set(copies) == {1, 2, 3, 4, 6}
-    assert (copies[1].src_gpu, copies[1].path) == (1, "nvlink")
-    assert (copies[6].src_gpu, copies[6].path) == (2, "nvlink")
+    moves = cost.moves
+    seconds = {slot: moves.single_copy_time_s(c) for slot, c in copies.items()}
+    assert (copies[1].src_gpu, moves.path(copies[1])) == (1, "nvlink")
+    assert (copies[6].src_gpu, moves.path(copies[6])) == (2, "nvlink")
     for slot in (2, 3):
-        assert copies[slot].src_gpu == copies[slot].dst_gpu == 1 and copies[slot].time_s == 0
-    assert copies[4].src_gpu == 1 and "nic" in copies[4].path
-    assert copies[4].time_s > copies[1].time_s > 0
-    links = [LinkCopy(c.src_gpu, c.dst_gpu, c.num_bytes) for c in copies.values()]
+        assert copies[slot].src_gpu == copies[slot].dst_gpu == 1 and copies[slot].local and seconds[slot] == 0
+    assert copies[4].src_gpu == 1 and "nic" in moves.path(copies[4])
+    assert seconds[4] > seconds[1] > 0
+    assert all(isinstance(c, Copy) and c.layer == 0 and c.expert == new.phy2log[0, c.slot] for c in copies.values())
     total = cost.migration_time_s(list(copies.values()))
-    assert total == pytest.approx(copy_time_s(cost.topology, links, cost.alpha_s, "serial"))
-    assert total == pytest.approx(copies[1].time_s + copies[4].time_s + copies[6].time_s)
+    assert total == pytest.approx(copy_time_s(cost.topology, list(copies.values()), cost.alpha_s, "serial"))
+    assert total == pytest.approx(seconds[1] + seconds[4] + seconds[6])

@@ -6,13 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import AUTO_GAP, get_solver, solve, solver_names
 from moe_place.solvers.bounds import (apportion, average_bound, count_bound, layer_lower_bound, lower_bounds,
                                       windows_lower_bound)
 from moe_place.solvers.bruteforce import brute_force_layer
-from moe_place.solvers.eplb import eplb_rebalance, has_colocation
+from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import (even_gpu_loads, evaluate_placement, layer_figures, local_gpu_loads,
                                         optimal_gpu_loads)
 from moe_place.solvers.fast import fast_layer, lpt_pack, target_pack

@@ -4,11 +4,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_place.placement import Placement
+from moe_place.placement import Placement, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import get_solver
 from moe_place.solvers.bounds import layer_lower_bound
-from moe_place.solvers.eplb import has_colocation
 from moe_place.solvers.evaluate import even_gpu_loads, local_gpu_loads, optimal_gpu_loads
 
 

@@ -7,11 +7,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe_place.placement import Placement, even_split_gpu_loads
+from moe_place.placement import Placement, even_split_gpu_loads, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.solvers.bounds import lower_bounds
-from moe_place.solvers.eplb import eplb_rebalance, has_colocation
+from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.quick import quick_plan
 
 

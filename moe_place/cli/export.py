@@ -2,8 +2,10 @@
 
 - sglang: `{"physical_to_logical_map": [num_model_layers, P]}` as `.json` or `.pt`, for
   `--init-expert-location FILE` (rows for every model layer; dense layers get the trivial row).
-- vllm: a JSON file with `phy2log`, `log2phy` (padded to R+1 columns), `logcnt`, read by the
-  moe-place EPLB policy (`MOE_PLACE_STATIC_PLAN=FILE`, see `moe_place.engines.vllm`).
+- vllm: the plan file without its report (`moe_place.planfile`), read by the moe-place EPLB
+  policy as a static placement (`MOE_PLACE_STATIC_PLAN=FILE`, see `moe_place.engines.vllm`).
+A budget plan's per-layer slot counts cannot run on these engines (one slot count for every
+layer): its evenly slotted placement is written, and a warning says so.
 - eplb: DeepSeek EPLB's three tensors `phy2log`, `log2phy`, `logcnt` (int64) as `.pt` or `.npz`.
 Every file is written atomically.
 """
@@ -36,17 +38,18 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from moe_place.engines.export import export_plan, read_plan_placement
+    from moe_place.engines.export import export_plan
     from moe_place.errors import InputError
+    from moe_place.planfile import read_plan
 
-    placement, layer_ids = read_plan_placement(args.plan)
+    plan = read_plan(args.plan)
     if args.engine != "sglang" and (args.num_model_layers or args.dense_layers):
         raise InputError("--num-model-layers/--dense-layers", "only with --engine sglang", f"--engine {args.engine}")
-    overlap = sorted(set(args.dense_layers) & set(layer_ids))
+    overlap = sorted(set(args.dense_layers) & set(plan.layer_ids))
     if overlap:
         raise InputError("--dense-layers", "layers without experts (none of the plan's layer ids)",
                          f"layer {overlap[0]}, which the plan places experts for")
-    summary = export_plan(placement, layer_ids, args.engine, Path(args.out), num_model_layers=args.num_model_layers,
+    summary = export_plan(plan, args.engine, Path(args.out), num_model_layers=args.num_model_layers,
                           dense_layer_ids=tuple(args.dense_layers))
     for warning in summary.pop("warnings", []):
         print(f"moe-place export: warning: {warning}", file=sys.stderr)

@@ -136,7 +136,8 @@ def report_rows(problem, solution, split: str) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.errors import InputError
-    from moe_place.planfile import PlanFile, file_sha256, read_plan, write_plan
+    from moe_place.placement import Placement
+    from moe_place.planfile import BudgetLayers, PlanFile, file_sha256, read_plan, write_plan
     from moe_place.solvers import solve, solver_names
 
     if args.solver != "auto" and args.solver not in solver_names():
@@ -156,21 +157,24 @@ def run(args: argparse.Namespace) -> int:
               "split": args.split, "layers": rows}
     if current is not None:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
+    budget_layers = None
     if args.expert_memory_budget is not None:
         from moe_place.solvers.budget import allocate_budget
 
         budget = allocate_budget(problem.planning_loads(), problem.num_gpus, args.expert_bytes,
                                  args.expert_memory_budget)
-        report["budget"] = budget.to_dict()
+        report["budget"] = {k: v for k, v in budget.to_dict().items() if k != "phy2log"}  # the plans: `budget`
+        budget_layers = BudgetLayers(tuple(Placement(row[None], problem.num_experts, problem.num_gpus, problem.num_nodes)
+                                           for row in budget.phy2log), budget.expert_bytes, budget.gpu_budget_bytes)
         print(f"budget mode: per-layer slots per GPU {_slot_summary(budget.slots_per_gpu)} instead of "
               f"{budget.even_slots_per_gpu} on every layer: summed busiest-GPU load {budget.total_max_load:.1f} vs "
-              f"{budget.even_total_max_load:.1f} ({budget.gain:.1%} less); per-layer plans in report.budget",
+              f"{budget.even_total_max_load:.1f} ({budget.gain:.1%} less); per-layer plans in the plan's budget section",
               file=sys.stderr)
     inputs = {"trace": str(args.trace), "trace_sha256": file_sha256(args.trace),
               "options": {**options, "solver": args.solver, "current": args.current,
                           "max_moved_slots": args.max_moved_slots, "move_cost": args.move_cost},
               "seed": args.seed}
-    write_plan(args.out, PlanFile(solution.placement, problem.layer_ids, report, inputs))
+    write_plan(args.out, PlanFile(solution.placement, problem.layer_ids, report, inputs, budget_layers))
     print(f"wrote plan {args.out}", file=sys.stderr)
     print_report(report, args.format, header=f"plan {args.trace}: {problem.num_layers} layers, "
                  f"{problem.num_experts} experts, P = {problem.num_physical} on {problem.num_gpus} GPUs "

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--nic-gbit", type=positive_float, default=400.0, help="NIC per GPU, Gbit/s (default 400)")
     cluster.add_argument("--copy-schedule", choices=("serial", "parallel"), default="serial",
                          help="copies one after another (SPEC formula 7, default) or all at once")
+    cluster.add_argument("--migration", choices=("stall", "async"), default="stall",
+                         help="serving stops for the copies (default stall), or they run beside it, sharing the links "
+                              "with dispatch/combine, and the map switches once they are done")
     cluster.add_argument("--layers", type=layer_selection, default=None,
                          help="trace layer positions, e.g. 0-3 (default: all)")
     ctl = parser.add_argument_group("controllers")
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if physical % args.gpus:
         raise InputError("--redundant", f"a count making {experts} + R slots divisible by --gpus {args.gpus}", redundant)
     cost = cluster_cost(args.gpus, args.nodes, args.hardware, _model_name(args.model, model_hint),
-                        nic_gbit_per_s=args.nic_gbit, copy_schedule=args.copy_schedule)
+                        nic_gbit_per_s=args.nic_gbit, copy_schedule=args.copy_schedule, migration=args.migration)
     options: dict = {}
     if args.controller == "periodic-eplb":
         options = dict(window_size=args.window, step_interval=args.step_interval)
@@ -124,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     doc = {**result.to_json(per_step=not args.no_per_step), "trace": source, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "hardware": cost.gpu.name,
-           "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": args.copy_schedule}
+           "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": args.copy_schedule,
+           "migration": args.migration}
     if args.out:
         write_json_atomic(args.out, doc)
     if args.plot:

@@ -7,8 +7,8 @@ topology   networkx graph of GPUs, NVLink switches, NICs, fabric, host PCIe; rou
 gemm       padding (formula 4), tile traffic (formula 5), per-GPU `max(F/C, W/B)` (formula 1)
 traffic    dispatch/combine volumes and the lower bound of formula 3; NIC message rate (C13)
 pipeline   micro-batch pipeline (formula 6) and break-even slowdowns (C7)
-payback    replica copy time over the real path, memory check, N_min (formula 7)
+migration  what a re-plan moves (one copy per moved slot, cheapest source) and costs (serial/parallel, stall/async)
+payback    memory check, N_min and net gain of a replica move (formula 7)
 offload    CPU vs GPU for host-memory experts (formula 8), capacity (C11, C12), pool stability (formula 9)
-score      placement -> per-layer time; old -> new placement -> copies
 scenario   scenario files behind `moe-place predict` / `moe-place payback`
 """

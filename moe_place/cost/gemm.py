@@ -7,6 +7,7 @@ Public names the kernels code compares measurements against (stable):
     tile_traffic_bytes(rows_per_expert, hidden, intermediate, dtype_bytes, block_m, block_n) -> int
     expert_time_s(rows_per_expert, hidden, intermediate, dtype_bytes, flops_per_s, memory_bytes_per_s,
                   *, weights="tiles", block_m=None, block_n=128, matrices=3, pad_empty=False) -> float
+    expert_times_s(rows [..., experts], ...same...) -> float64 [...]    (vectorised; the one definition)
 
 `rows_per_expert` is an int array `[experts]` of the valid rows (token dispatches) each local expert
 computes in one grouped GEMM.
@@ -142,47 +143,81 @@ class GpuExpertWork:
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
+def expert_work_arrays(rows, hidden: int, intermediate: int, dtype_bytes: float, *, weights: str = "tiles",
+                       block_m: int | None = None, block_n: int = 128, matrices: int = 3, pad_empty: bool = False,
+                       flops_per_row: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(computed_rows, flops, memory_bytes)`, each float64 `[...]`, of grouped GEMMs with rows `[..., experts]`.
+
+    The one definition of an expert GEMM's work, vectorised over any leading axes (GPUs, layers,
+    steps). rows: valid rows (dispatches) of each local expert, >= 0 (not checked here: callers
+    check user input with `check_rows`). weights: `none` counts compute only (SPEC C3, C6); `once`
+    reads each touched expert's weights once (formula 1); `tiles` uses formula 5 and needs `block_m`
+    (no cache reuse: an upper bound on HBM bytes); `l2` is formula 5 with the re-reads served from
+    L2 (`l2_traffic_bytes`, a lower bound). FLOPs are `flops_per_row` (default `2*P_e`, `P_e =
+    matrices*h*I`) per computed row: padded rows when `block_m` is given (formula 4), valid rows
+    otherwise; an expert with no rows takes no tile unless `pad_empty`.
+    """
+    if weights not in WEIGHT_MODES:
+        raise InputError("weights", f"one of {WEIGHT_MODES}", repr(weights))
+    rows = np.asarray(rows, dtype=np.float64)
+    params = matrices * hidden * intermediate
+    per_row = 2.0 * params if flops_per_row is None else float(flops_per_row)
+    if block_m is not None:
+        block_m = _positive_int(block_m, "block_m")
+        tiles = np.ceil(rows / block_m)
+        computed = (np.maximum(tiles, 1) if pad_empty else tiles).sum(axis=-1) * block_m
+    else:
+        computed = rows.sum(axis=-1)
+    touched = np.count_nonzero(rows, axis=-1).astype(np.float64)
+    if weights == "none":
+        memory = np.zeros_like(computed)
+    elif weights == "once":
+        memory = touched * (params * dtype_bytes)
+    elif weights == "l2":
+        memory = rows.sum(axis=-1) * ((2 * hidden + 3 * intermediate) * dtype_bytes) \
+            + touched * (3 * hidden * intermediate * dtype_bytes)
+    else:
+        if block_m is None:
+            raise InputError("block_m", "a tile height when weights = 'tiles'", "nothing")
+        memory = np.ceil(rows / block_m).sum(axis=-1) * (3 * hidden * intermediate * dtype_bytes) \
+            + rows.sum(axis=-1) * tile_row_bytes(hidden, intermediate, dtype_bytes, block_n)
+    return computed, per_row * computed, memory
+
+
+def expert_times_s(rows, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,
+                   memory_bytes_per_s: float, **options) -> np.ndarray:
+    """float64 `[...]`: `max(F/C, W/B)` (formula 1) of grouped GEMMs with rows `[..., experts]`.
+
+    Options as in `expert_work_arrays`; e.g. every GPU of every layer at once, rows `[layers, G, S]`.
+    """
+    if not flops_per_s > 0 or not memory_bytes_per_s > 0:
+        raise InputError("GPU rates", "FLOP/s and bytes/s > 0", f"{flops_per_s}, {memory_bytes_per_s}")
+    _, flops, memory = expert_work_arrays(rows, hidden, intermediate, dtype_bytes, **options)
+    return np.maximum(flops / flops_per_s, memory / memory_bytes_per_s)
+
+
 def gpu_expert_work(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,
                     memory_bytes_per_s: float, *, weights: str = "tiles", block_m: int | None = None,
                     block_n: int = 128, matrices: int = 3, pad_empty: bool = False,
                     flops_per_row: float | None = None) -> GpuExpertWork:
-    """FLOPs, bytes and time of one GPU's grouped expert GEMM.
-
-    weights: `none` counts compute only (SPEC C3, C6); `once` reads each touched expert's weights once
-    (formula 1); `tiles` uses formula 5 and needs `block_m` (no cache reuse: an upper bound on HBM
-    bytes); `l2` is formula 5 with the re-reads served from L2 (`l2_traffic_bytes`, a lower bound).
-    FLOPs are `flops_per_row` (default `2*P_e`) per computed row: padded rows when `block_m` is given
-    (formula 4: the work is done on padded rows), valid rows otherwise.
-    """
+    """FLOPs, bytes and time of one GPU's grouped expert GEMM (`expert_work_arrays` on rows `[experts]`)."""
     rows = check_rows(rows_per_expert)
-    if weights not in WEIGHT_MODES:
-        raise InputError("weights", f"one of {WEIGHT_MODES}", repr(weights))
     if not flops_per_s > 0 or not memory_bytes_per_s > 0:
         raise InputError("GPU rates", "FLOP/s and bytes/s > 0", f"{flops_per_s}, {memory_bytes_per_s}")
-    params = matrices * hidden * intermediate
-    per_row = 2.0 * params if flops_per_row is None else float(flops_per_row)
-    computed = padded_rows(rows, block_m, pad_empty) if block_m is not None else float(rows.sum())
-    flops = per_row * computed
-    if weights == "none":
-        memory = 0.0
-    elif weights == "once":
-        memory = float(np.count_nonzero(rows)) * params * dtype_bytes
-    elif weights == "l2":
-        memory = float(l2_traffic_bytes(rows, hidden, intermediate, dtype_bytes))
-    else:
-        if block_m is None:
-            raise InputError("block_m", "a tile height when weights = 'tiles'", "nothing")
-        memory = float(tile_traffic_bytes(rows, hidden, intermediate, dtype_bytes, block_m, block_n))
-    return GpuExpertWork(float(rows.sum()), float(computed), flops, memory, flops / flops_per_s, memory / memory_bytes_per_s)
+    computed, flops, memory = (float(a) for a in expert_work_arrays(
+        rows, hidden, intermediate, dtype_bytes, weights=weights, block_m=block_m, block_n=block_n,
+        matrices=matrices, pad_empty=pad_empty, flops_per_row=flops_per_row))
+    return GpuExpertWork(float(rows.sum()), computed, flops, memory, flops / flops_per_s, memory / memory_bytes_per_s)
 
 
 def expert_time_s(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,
                   memory_bytes_per_s: float, *, weights: str = "tiles", block_m: int | None = None,
                   block_n: int = 128, matrices: int = 3, pad_empty: bool = False) -> float:
-    """Seconds of one GPU's expert work: `max(F/C, W/B)` (see `gpu_expert_work`)."""
-    return gpu_expert_work(rows_per_expert, hidden, intermediate, dtype_bytes, flops_per_s, memory_bytes_per_s,
-                           weights=weights, block_m=block_m, block_n=block_n, matrices=matrices,
-                           pad_empty=pad_empty).time_s
+    """Seconds of one GPU's expert work: `max(F/C, W/B)` (`expert_times_s` on rows `[experts]`)."""
+    rows = check_rows(rows_per_expert)
+    return float(expert_times_s(rows, hidden, intermediate, dtype_bytes, flops_per_s, memory_bytes_per_s,
+                                weights=weights, block_m=block_m, block_n=block_n, matrices=matrices,
+                                pad_empty=pad_empty))
 
 
 @dataclass(frozen=True)

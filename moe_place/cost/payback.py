@@ -1,11 +1,10 @@
-"""Replica payback (SPEC formula 7): copy time over the real path, memory check, `N_min`, net gain.
+"""Replica payback (SPEC formula 7): memory check, `N_min`, net gain of a list of copies.
 
-A replica move copies `W_e` bytes per copy from a GPU holding the expert to a receiving GPU over
-the topology's route (same GPU: no copy; NVLink; NIC across servers). Serial copies take
-`sum (W_e/B_path + alpha)`; parallel copies start together and finish no earlier than the most
-loaded link allows (`alpha + max_link bytes/capacity`). Each later batch saves `dt`; the first batch
-at which the saving has paid for the copy is `N_min = floor(T_copy/dt) + 1`. Memory is checked
-first: a replica that does not fit the receiver's free memory makes the move infeasible.
+The copies and their time over the real path are the migration model's
+(`moe_place.cost.migration`: `Copy`, `copy_time_s`, serial `sum (W_e/B_path + alpha)` or parallel).
+Each later batch saves `dt`; the first batch at which the saving has paid for the copy is
+`N_min = floor(T_copy/dt) + 1`. Memory is checked first: a replica that does not fit the
+receiver's free memory makes the move infeasible.
 """
 
 from __future__ import annotations
@@ -15,56 +14,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_place.cost.migration import Copy, copy_time_s
 from moe_place.cost.topology import Topology
 from moe_place.errors import InfeasibleError, InputError
-
-
-@dataclass(frozen=True)
-class Copy:
-    """Copy one expert's weights (`bytes`) from GPU `src` to GPU `dst`."""
-
-    src: int
-    dst: int
-    bytes: float
-
-    def __post_init__(self) -> None:
-        if not self.bytes > 0:
-            raise InputError("copy bytes", "a number > 0", self.bytes)
-
-
-def copy_time_s(topology: Topology, copies: list[Copy], alpha_s: float = 0.0, mode: str = "serial") -> float:
-    """Seconds to make every copy.
-
-    serial: `sum over copies (bytes / path bandwidth + alpha)`; a copy within one GPU costs nothing.
-    parallel: all copies start at once; `alpha + max over links (bytes crossing it / capacity)`, the
-    lower bound of a fair schedule (equal to it when one link is the bottleneck of every copy).
-    """
-    if alpha_s < 0:
-        raise InputError("alpha_s", "seconds >= 0", alpha_s)
-    if mode == "serial":
-        total = 0.0
-        for c in copies:
-            if c.src != c.dst:
-                total += c.bytes / topology.path_bandwidth_bytes_per_s(c.src, c.dst) + alpha_s
-        return total
-    if mode == "parallel":
-        volume = np.zeros((topology.num_gpus, topology.num_gpus))
-        for c in copies:
-            volume[topology.check_gpu(c.src, "copy source"), topology.check_gpu(c.dst, "copy destination")] += c.bytes
-        np.fill_diagonal(volume, 0.0)
-        loads = topology.link_loads_bytes(volume)
-        if not loads:
-            return 0.0
-        return alpha_s + max(load / topology.graph.edges[e]["capacity"] for e, load in loads.items())
-    raise InputError("copy mode", "'serial' or 'parallel'", repr(mode))
 
 
 def check_memory(copies: list[Copy], free_bytes_per_gpu: dict[int, float] | float) -> list[str]:
     """Problems (empty when every receiving GPU has room for the replicas it receives)."""
     need: dict[int, float] = {}
     for c in copies:
-        if c.src != c.dst:
-            need[c.dst] = need.get(c.dst, 0.0) + c.bytes
+        if not c.local:
+            need[c.dst_gpu] = need.get(c.dst_gpu, 0.0) + c.num_bytes
     problems = []
     for gpu, needed in sorted(need.items()):
         free = free_bytes_per_gpu if isinstance(free_bytes_per_gpu, (int, float)) else free_bytes_per_gpu.get(gpu, 0.0)
@@ -130,8 +90,8 @@ def payback(topology: Topology, copies: list[Copy], saving_per_batch_s: float, *
     strict: raise `InfeasibleError` instead of returning `feasible=False`.
     """
     for c in copies:
-        topology.check_gpu(c.src, "copy source")
-        topology.check_gpu(c.dst, "copy destination")
+        topology.check_gpu(c.src_gpu, "copy source")
+        topology.check_gpu(c.dst_gpu, "copy destination")
     problems = check_memory(copies, free_bytes_per_gpu) if free_bytes_per_gpu is not None else []
     if problems and strict:
         more = f" (and {len(problems) - 1} more GPUs)" if len(problems) > 1 else ""

@@ -14,7 +14,8 @@ from moe_place.cost import gemm, offload, pipeline, traffic
 from moe_place.cost.files import get_int, get_number, read_table_file
 from moe_place.cost.hardware import Catalog, load_catalog
 from moe_place.cost.models import ExpertShape, model_from_table
-from moe_place.cost.payback import Copy, payback
+from moe_place.cost.migration import Copy
+from moe_place.cost.payback import payback
 from moe_place.cost.topology import Topology, topology_from_table
 from moe_place.cost.units import BYTES_PER_DTYPE, GIB_BYTES, MIB_BYTES, GB_BYTES, gb_per_s
 from moe_place.errors import InputError
@@ -424,8 +425,8 @@ def payback_report(sc: Scenario) -> dict:
         result = payback(topo, copies, saving, alpha_s=alpha, mode=mode, free_bytes_per_gpu=free, strict=True)
         out["cases"].append({
             "name": str(case.get("name", f"case{i}")), "copies": len(copies),
-            "path": sorted({topo.path_kind(c.src, c.dst) for c in copies}),
-            "path_bandwidth_bytes_per_s": min(topo.path_bandwidth_bytes_per_s(c.src, c.dst) for c in copies),
+            "path": sorted({topo.path_kind(c.src_gpu, c.dst_gpu) for c in copies}),
+            "path_bandwidth_bytes_per_s": min(topo.path_bandwidth_bytes_per_s(c.src_gpu, c.dst_gpu) for c in copies),
             "copy_time_s": result.copy_time_s, "n_min": result.n_min, "feasible": result.feasible,
             "net_gain_s": {str(b): result.net_gain_s(b) for b in batches}})
     return out

@@ -1,7 +1,8 @@
 """Write a plan in an engine's format (what `moe-place export` does), atomically.
 
 engine "sglang": `moe_place.engines.sglang` (`--init-expert-location` file, .json or .pt).
-engine "vllm":   `moe_place.engines.vllm.export_document` (.json, for the moe-place policy).
+engine "vllm":   the plan file without its report (.json, `moe_place.planfile`), the static plan the
+                 moe-place policy reads (`MOE_PLACE_STATIC_PLAN`).
 engine "eplb":   DeepSeek EPLB's `(phy2log, log2phy, logcnt)`, int64, as `.pt` (torch.save of a
                  dict of tensors) or `.npz` (numpy arrays of the same names).
 """
@@ -9,30 +10,28 @@ engine "eplb":   DeepSeek EPLB's `(phy2log, log2phy, logcnt)`, int64, as `.pt` (
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np
 
-from moe_place.engines import sglang, vllm
+from moe_place.engines import sglang
+from moe_place.engines.vllm import STATIC_PLAN_ENV
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 from moe_place.placement import Placement
+from moe_place.planfile import PlanFile, write_plan
 
 SUFFIXES = {"sglang": (".json", ".pt"), "vllm": (".json",), "eplb": (".pt", ".npz")}
 
 
-def read_plan_placement(path: str | Path) -> tuple[Placement, tuple[int, ...]]:
-    """The placement and model layer ids of a plan file (`moe_place.planfile`)."""
-    from moe_place.planfile import read_plan
+def export_plan(plan: PlanFile, engine: str, out: Path, *, num_model_layers: int | None = None,
+                dense_layer_ids: tuple[int, ...] = ()) -> dict:
+    """Write `plan` for `engine` to `out`; returns a summary (with `warnings`).
 
-    plan = read_plan(path)
-    return plan.placement, tuple(plan.layer_ids)
-
-
-def export_plan(placement: Placement, layer_ids: tuple[int, ...], engine: str, out: Path, *,
-                num_model_layers: int | None = None, dense_layer_ids: tuple[int, ...] = ()) -> dict:
-    """Write `placement` for `engine` to `out`; returns a summary (with `warnings`)."""
+    Engines give every layer the same slot count: a budget plan's per-layer plans (`plan.budget`)
+    stay in the plan file, its evenly slotted placement is exported (a warning says so).
+    """
+    placement, layer_ids = plan.placement, tuple(plan.layer_ids)
     out = Path(out)
     if engine not in SUFFIXES:
         raise InputError("--engine", f"one of {', '.join(SUFFIXES)}", engine)
@@ -42,6 +41,11 @@ def export_plan(placement: Placement, layer_ids: tuple[int, ...], engine: str, o
     summary = {"engine": engine, "out": str(out), "num_gpus": placement.num_gpus,
                "num_logical_experts": placement.num_logical_experts,
                "num_physical_experts": placement.num_physical_experts, "warnings": []}
+    if plan.budget is not None:
+        summary["warnings"].append(
+            f"the budget plan's per-layer slot counts ({min(plan.budget.slots_per_gpu)}-"
+            f"{max(plan.budget.slots_per_gpu)} per GPU) cannot run on {engine}, which gives every layer the same "
+            f"count: exported the same budget spread evenly ({placement.slots_per_gpu} per GPU on every layer)")
     if engine == "sglang":
         location = sglang.init_expert_location(placement, layer_ids, num_model_layers=num_model_layers,
                                                dense_layer_ids=dense_layer_ids)
@@ -57,9 +61,9 @@ def export_plan(placement: Placement, layer_ids: tuple[int, ...], engine: str, o
         summary["launch"] = (f"--ep-size {placement.num_gpus} --ep-num-redundant-experts "
                              f"{summary['ep_num_redundant_experts']} --init-expert-location {out}")
     elif engine == "vllm":
-        write_atomic(out, json.dumps(vllm.export_document(placement, layer_ids)) + "\n")
+        write_plan(out, plan.without_report())
         summary["num_layers"] = placement.num_layers
-        summary["launch"] = (f"{vllm.STATIC_PLAN_ENV}={out} with moe_place.engines.vllm installed; "
+        summary["launch"] = (f"{STATIC_PLAN_ENV}={out} with moe_place.engines.vllm installed; "
                              f"--eplb-config '{{\"num_redundant_experts\": "
                              f"{placement.num_physical_experts - placement.num_logical_experts}}}'")
     else:
@@ -76,7 +80,7 @@ def write_eplb_tensors(out: Path, placement: Placement) -> None:
     if out.suffix == ".npz":
         np.savez(buffer, **arrays)
     else:
-        import torch
+        import torch  # lazy: only the .pt format needs torch
 
         torch.save({k: torch.from_numpy(np.array(v, dtype=np.int64)) for k, v in arrays.items()}, buffer)
     write_atomic(out, buffer.getvalue())

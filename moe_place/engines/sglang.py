@@ -16,23 +16,41 @@ that one key and nothing else:
 Launch: `python -m sglang.launch_server ... --ep-size G --ep-num-redundant-experts R
 --init-expert-location FILE`. SGLang's recorder dumps are read by `moe_place.traces.load_trace`
 (planning input for `moe-place plan`).
+
+Online (`--enable-eplb`): SGLang's `EPLBManager` rebalances every
+`--eplb-rebalance-num-iterations` passes through
+`sglang.srt.eplb.eplb_algorithms.rebalance_experts(tokens_per_expert [passes, layers, E], ...)`
+and copies the changed layers `--eplb-rebalance-layers-per-chunk` at a time while serving goes on.
+`install_rebalance_hook()` puts `PaybackRebalance` in that function's place (reversibly): the
+payback controller of `replay --controller ours` decides, from the map SGLang runs, whether a
+migration-aware move pays back, and otherwise returns that map unchanged (SGLang then copies
+nothing). Settings: `moe_place.engines.config` (`MOE_PLACE_CONFIG` or `MOE_PLACE_*`; set
+`step_interval` to `--eplb-rebalance-num-iterations`). Call it in the server process before the
+first rebalance (e.g. a sitecustomize module, or a launcher that imports it then runs SGLang).
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
+from moe_place.engines.config import EngineConfig, load_engine_config
+from moe_place.eplb import placement_tensors, plan_placement
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
+from moe_place.online.controller import EngineRebalancer
 from moe_place.placement import Placement
 
 MAP_KEY = "physical_to_logical_map"
 SUFFIXES = (".json", ".pt")
+ALGORITHMS_MODULE = "sglang.srt.eplb.eplb_algorithms"
+LOCATION_MODULE = "sglang.srt.eplb.expert_location"
 
 
 @dataclass(frozen=True)
@@ -135,3 +153,86 @@ def read_init_expert_location(path: str | Path) -> np.ndarray:
     if matrix.ndim != 2 or matrix.dtype.kind not in "iu":
         raise InputError(f"{path}: {MAP_KEY}", "an integer matrix [layers, physical]", f"shape {matrix.shape}")
     return matrix.astype(np.int64)
+
+
+# ---------------------------------------------------------------------- online: the payback controller
+def sglang_current_map():
+    """SGLang's map in use, CPU `[layers, P]` (`get_global_expert_location_metadata()`), or None."""
+    try:
+        module = importlib.import_module(LOCATION_MODULE)
+    except ImportError:
+        return None
+    metadata = module.get_global_expert_location_metadata()
+    return None if metadata is None else metadata.physical_to_logical_map_cpu
+
+
+@dataclass
+class PaybackRebalance:
+    """SGLang's `rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts,
+    num_groups, num_nodes, algorithm)` decided by the payback controller (module note).
+
+    config: the controller's settings (None: `load_engine_config()`). current_map: returns the map in
+    use `[layers, P]` (default: SGLang's global expert location). The controller's state lives here,
+    one per model shape, between SGLang's calls.
+    Returns `(phy2log, log2phy, logcnt)` CPU int64 tensors, as SGLang's own algorithms do.
+    """
+
+    config: EngineConfig | None = None
+    current_map: Callable[[], Any] = sglang_current_map
+    sessions: dict = field(default_factory=dict)
+
+    def __call__(self, tokens_per_expert, num_physical_experts: int, num_local_physical_experts: int,
+                 num_groups: int | None, num_nodes: int, algorithm: Any = None):
+        loads = tokens_per_expert.detach().to("cpu").double().numpy() if hasattr(tokens_per_expert, "detach") \
+            else np.asarray(tokens_per_expert, dtype=np.float64)
+        if loads.ndim == 2:
+            loads = loads[None]
+        _, num_layers, num_experts = loads.shape
+        gpus = num_physical_experts // num_local_physical_experts
+        nodes = num_nodes if num_nodes >= 1 and gpus % num_nodes == 0 else 1
+        current = None
+        old = self.current_map()
+        if old is not None:
+            old = np.asarray(old.detach().to("cpu").numpy() if hasattr(old, "detach") else old, dtype=np.int64)
+            if old.shape == (num_layers, num_physical_experts):
+                current = Placement(old, num_experts, gpus, nodes, allow_colocated=True)
+        if current is None:  # no map to migrate from: a fresh plan
+            placement = plan_placement(loads.sum(axis=0), num_physical_experts, num_groups, nodes, gpus)
+        else:
+            key = (num_layers, num_experts, num_physical_experts, gpus, nodes)
+            if key not in self.sessions:
+                groups = num_groups if num_groups and num_experts % num_groups == 0 else None
+                self.sessions[key] = (self.config or load_engine_config()).rebalancer(gpus, nodes, num_layers,
+                                                                                       num_experts, groups)
+            rebalancer: EngineRebalancer = self.sessions[key]
+            decision = rebalancer.rebalance(loads, current)
+            placement = current if decision is None else decision.placement
+        return placement_tensors(placement)
+
+
+@dataclass
+class RebalanceHook:
+    """What `install_rebalance_hook` replaced, so that `uninstall_rebalance_hook` can put it back."""
+
+    module: Any
+    previous: Any
+    hook: PaybackRebalance
+    active: bool = True
+
+
+def install_rebalance_hook(hook: PaybackRebalance | None = None) -> RebalanceHook:
+    """Make SGLang's EPLB rebalance run `hook` (default: `PaybackRebalance()`); InputError without SGLang."""
+    try:
+        module = importlib.import_module(ALGORITHMS_MODULE)
+    except ImportError:
+        raise InputError("sglang", f"an importable SGLang with {ALGORITHMS_MODULE}", "not importable") from None
+    handle = RebalanceHook(module, module.rebalance_experts, hook or PaybackRebalance())
+    module.rebalance_experts = handle.hook
+    return handle
+
+
+def uninstall_rebalance_hook(handle: RebalanceHook) -> None:
+    """Undo `install_rebalance_hook` (a second call is a no-op)."""
+    if handle.active:
+        handle.module.rebalance_experts = handle.previous
+        handle.active = False

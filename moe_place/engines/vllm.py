@@ -1,22 +1,34 @@
 """vLLM adapter: an EPLB policy backed by moe-place, and a reversible way to register it.
 
-vLLM (`vllm/distributed/eplb/`) calls its policy's classmethod
+vLLM (`vllm/distributed/eplb/`, moved to `vllm/backends/distributed/eplb/` with a shim at the old
+path) asks its policy for a new map every `step_interval` steps. Two interfaces exist:
+- "legacy" (vLLM 0.33 and earlier): the classmethod
+  `rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks[, old_global_expert_indices])`
+  with `weight` the logical load window `[layers, E]` summed over `window_size` steps. It returns
+  the tuple `(phy2log, log2phy, logcnt)` in older releases (`log2phy` padded with -1 to
+  `num_redundant + 1` columns) or `phy2log` only in recent ones ("tuple" / "phy2log": `returns`).
+- "context" (vLLM main, out-of-tree policies): an instance holds configuration;
+  `create_state(num_moe_layers)` makes per-model state; `rebalance_experts(self, context,
+  policy_state) -> EplbPlan` plans from an `EplbRebalanceContext` (`load_window_cpu [samples,
+  layers, E]` per-step loads, `physical_to_logical_map_cpu [layers, P]`, `topology`,
+  `num_replicas`) with the state read-only; `on_layer_committed(policy_state, plan, layer_idx)`
+  is the only hook that advances the state. A transitional form names the planning method
+  `plan_rebalance` and keeps the legacy classmethod as a fallback ("plan_rebalance").
+`make_policy(interface="auto")` reads the interface off the installed vLLM's `AbstractEplbPolicy`
+(legacy when vLLM is absent), as `returns="auto"` reads the return style.
 
-    rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks[, old_global_expert_indices])
-
-with `weight` the logical load window `[layers, E]` (summed over `window_size` steps) every
-`step_interval` steps. Released versions differ in what it returns:
-- "tuple": `(phy2log [layers, P], log2phy [layers, E, R+1], logcnt [layers, E])` (older
-  releases; `log2phy` padded with -1 to `num_redundant + 1` columns as the default policy does);
-- "phy2log": only `phy2log [layers, P]` (recent main, which also passes the current map as
-  `old_global_expert_indices [layers, P]`).
-`MoePlaceEplbPolicy.returns` ("auto", "tuple", "phy2log"; env `MOE_PLACE_VLLM_RETURNS`) picks
-the style; "auto" reads it off the installed vLLM's `AbstractEplbPolicy` (tuple if vLLM is absent).
-
-When the current map is given, the re-plan is migration-aware: experts that keep their place keep
-their slot, so vLLM copies only the slots that really change. With `MOE_PLACE_STATIC_PLAN=FILE`
-(a file from `moe-place export --engine vllm`, or a `plan` file) the policy returns that fixed
-placement at every rebalance: vLLM moves to it once and never again (static placement).
+What the policy decides (`mode`):
+- "payback" (default): the payback controller `replay --controller ours` runs
+  (`moe_place.online.controller.EngineRebalancer`): it re-plans migration-aware from the map in
+  use, moves at most `max_moved_slots` slots per layer, and returns the map in use unchanged when
+  the move does not pay back its copies (formula 7 with the migration model, `async` by default
+  as vLLM's `use_async`). Its state (load history, hot-spot lifetimes) lives in the policy between
+  calls: per model in the class for the legacy interface, in `policy_state` for the context one.
+  Expert bytes, hardware and topology: `moe_place.engines.config` (`MOE_PLACE_CONFIG` file or
+  `MOE_PLACE_*` variables); the GPUs and nodes are vLLM's own.
+- "replan": a fresh plan at every call (migration-aware when the map in use is given).
+- a static plan: with `MOE_PLACE_STATIC_PLAN=FILE` (a plan file, e.g. from `moe-place export
+  --engine vllm`) the policy returns that placement at every rebalance: vLLM moves to it once.
 
 vLLM has no out-of-tree policy registry: policies live in the dict `EPLB_POLICIES` and the
 config's `policy` field only accepts the names of the `EPLBPolicyOption` literal. `install()`
@@ -33,9 +45,9 @@ plugin entry point group `vllm.general_plugins` (`register_plugin`, enabled by s
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
-import json
 import os
 import typing
 import warnings
@@ -46,38 +58,49 @@ from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
+from moe_place.engines.config import EngineConfig, load_engine_config
 from moe_place.eplb import placement_tensors, plan_placement, weight_to_numpy
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.online.controller import EngineRebalancer
+from moe_place.placement import Placement, keep_unchanged_slots
+from moe_place.planfile import read_plan
+from moe_place.solvers.deepseek import check_eplb_arguments
 
 POLICY_NAME = "moe_place"
 RETURN_STYLES = ("auto", "tuple", "phy2log")
+INTERFACES = ("auto", "legacy", "plan_rebalance", "context")
+MODES = ("payback", "replan")
 RETURNS_ENV = "MOE_PLACE_VLLM_RETURNS"
 STATIC_PLAN_ENV = "MOE_PLACE_STATIC_PLAN"
 PLUGIN_ENV = "MOE_PLACE_VLLM_POLICY"
-EXPORT_FORMAT = "moe-place-vllm-placement"
 
 # Where vLLM keeps its policy registry and its config literal (module paths moved between releases).
 POLICY_MODULES = ("vllm.distributed.eplb.policy", "vllm.backends.distributed.eplb.policy")
 OPTION_MODULES = ("vllm.config.parallel", "vllm.config", "vllm.distributed.eplb.policy",
                   "vllm.backends.distributed.eplb.policy")
+SETTINGS = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_weight", "static_plan",
+            "fresh_margin", "mode", "config")
 
 
-# ---------------------------------------------------------------------- the policy
-class MoePlaceEplbPolicy:
-    """An EPLB policy with vLLM's interface; configure by subclassing (`make_policy`) or env vars.
+# ---------------------------------------------------------------------- the decision
+class _PolicyCore:
+    """Settings and the decision shared by both interfaces (class attributes; see `make_policy`).
 
-    Class attributes:
-        returns: "auto" | "tuple" | "phy2log" (see the module note).
-        solver / time_limit_s: moe-place solver (None: `MOE_PLACE_SOLVER`, default "fast").
-        max_moved_slots: cap on slots whose expert changes per layer and rebalance (None: no cap).
-        move_cost_weight: load units charged per moved slot (0: moves are free to the solver).
-        static_plan: path of a fixed placement (None: `MOE_PLACE_STATIC_PLAN`, unset: plan online).
-        fresh_margin: with the current map, a layer takes a fresh plan only when it is this much
-            better (relative busiest-GPU load) than the migration-aware one.
+    returns: "auto" | "tuple" | "phy2log" (legacy interface only).
+    mode: "payback" (the controller) or "replan" (module note).
+    config: the controller's settings (None: `load_engine_config()` at first use).
+    solver / time_limit_s: moe-place solver for fresh plans (None: `MOE_PLACE_SOLVER`, default "fast").
+    max_moved_slots: "replan": cap on slots whose expert changes per layer (None: no cap);
+        "payback": the config's cap is used unless this is set.
+    move_cost_weight: "replan": load units charged per moved slot (0: moves are free to the solver).
+    static_plan: path of a fixed placement (None: `MOE_PLACE_STATIC_PLAN`, unset: plan online).
+    fresh_margin: "replan" with the current map: a layer takes a fresh plan only when it is this
+        much better (relative busiest-GPU load) than the migration-aware one.
     """
 
     returns: ClassVar[str] = "auto"
+    mode: ClassVar[str] = "payback"
+    config: ClassVar[EngineConfig | None] = None
     solver: ClassVar[str | None] = None
     time_limit_s: ClassVar[float | None] = None
     max_moved_slots: ClassVar[int | None] = None
@@ -86,43 +109,56 @@ class MoePlaceEplbPolicy:
     fresh_margin: ClassVar[float] = 0.02
 
     @classmethod
-    def rebalance_experts(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
-                          old_global_expert_indices=None):
-        """Plan `num_replicas` slots per layer for `weight [layers, E]` on `num_ranks` GPUs.
+    def engine_config(cls) -> EngineConfig:
+        config = cls.config or load_engine_config()
+        if cls.max_moved_slots is not None and cls.max_moved_slots != config.max_moved_slots:
+            config = EngineConfig(**{**config.__dict__, "max_moved_slots": cls.max_moved_slots})
+        return config
 
-        old_global_expert_indices: int `[layers, num_replicas]`, the map in use (optional); slots
-            holding -1 (ranks being added or removed) make it unusable and it is ignored.
-        Returns `phy2log` or `(phy2log, log2phy, logcnt)` (CPU int64 tensors), per `returns`.
+    @classmethod
+    def decide(cls, window: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+               old, sessions: dict, window_steps: int | None = None) -> Placement:
+        """The map to run next.
+
+        window: float `[samples, layers, E]` per-step loads or `[layers, E]` summed over `window_steps`.
+        old: the map in use `[layers, P]` (tensor or array) or None. sessions: where the
+        controller state lives, keyed by the model's shape (the caller's state object).
         """
-        loads = weight_to_numpy(weight)
-        num_layers, num_experts = loads.shape
+        loads = np.asarray(window, dtype=np.float64)
+        total = loads if loads.ndim == 2 else loads.sum(axis=0)
+        num_layers, num_experts = total.shape
+        check_eplb_arguments(num_experts, num_replicas, num_groups, num_nodes, num_ranks)
         static = cls.static_plan or os.environ.get(STATIC_PLAN_ENV)
         if static:
-            phy2log, planned_gpus = read_static_map(static, with_gpus=True)
-            if phy2log.shape != (num_layers, num_replicas):
-                raise InputError(static, f"a placement of {num_layers} layers x {num_replicas} slots",
-                                 f"{phy2log.shape[0]} x {phy2log.shape[1]}")
-            if planned_gpus != num_ranks:
-                raise InputError(static, f"a placement for {num_ranks} EP ranks", f"one for {planned_gpus}")
-            placement = Placement(phy2log, num_experts, num_ranks, allow_colocated=True)
-        else:
-            current = current_placement(old_global_expert_indices, num_experts, num_ranks, (num_layers, num_replicas))
-            placement = cls.plan(loads, num_replicas, num_groups, num_nodes, num_ranks, current)
-        phy2log, log2phy, logcnt = placement_tensors(placement, log2phy_width=num_replicas - num_experts + 1)
-        if return_style(cls.returns) == "phy2log":
-            return phy2log
-        return phy2log, log2phy, logcnt
+            return static_placement(static, num_layers, num_experts, num_replicas, num_ranks)
+        current = current_placement(old, num_experts, num_ranks, (num_layers, num_replicas))
+        if cls.mode == "replan" or current is None:
+            return cls.plan(total, num_replicas, num_groups, num_nodes, num_ranks, current)
+        if cls.mode != "payback":
+            raise InputError("mode", f"one of {', '.join(MODES)}", cls.mode)
+        key = (num_layers, num_experts, num_replicas, num_ranks, num_nodes)
+        if key not in sessions:
+            groups = num_groups if num_groups and num_experts % num_groups == 0 else None
+            nodes = num_nodes if num_nodes >= 1 and num_ranks % num_nodes == 0 else 1
+            sessions[key] = cls.engine_config().rebalancer(num_ranks, nodes, num_layers, num_experts, groups)
+        rebalancer: EngineRebalancer = sessions[key]
+        if current.num_nodes != rebalancer.controller.cost.topology.num_servers:
+            current = Placement(current.phy2log, num_experts, num_ranks, rebalancer.controller.cost.topology.num_servers,
+                                allow_colocated=True)
+        steps = cls.engine_config().window_steps if loads.ndim == 2 and window_steps is None else window_steps
+        decision = rebalancer.rebalance(loads, current, steps)
+        return current if decision is None else decision.placement
 
     @classmethod
     def plan(cls, loads: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
              current: Placement | None) -> Placement:
-        """A fresh plan, or with `current` the cheaper of two per layer.
+        """Mode "replan": a fresh plan, or with `current` the cheaper of two per layer.
 
         With the map in use, each layer gets the migration-aware plan (the solver starts from the
         current map and moves few slots) unless a fresh plan is more than `fresh_margin` better;
         then the fresh plan is taken with its slots aligned to the current map
-        (`keep_unchanged_slots`), so experts that stay on their GPU keep their slot and are not
-        copied. With `max_moved_slots` set, only the migration-aware plan is allowed.
+        (`moe_place.placement.keep_unchanged_slots`), so experts that stay on their GPU keep their
+        slot and are not copied. With `max_moved_slots` set, only the migration-aware plan is allowed.
         """
         settings = dict(solver=cls.solver, time_limit_s=cls.time_limit_s)
         fresh = None
@@ -137,49 +173,162 @@ class MoePlaceEplbPolicy:
         rows = np.array(aware.phy2log)
         busiest_aware = aware.gpu_loads(loads).max(axis=1)
         busiest_fresh = fresh.gpu_loads(loads).max(axis=1)
-        for layer in np.flatnonzero(busiest_fresh * (1 + cls.fresh_margin) < busiest_aware):
-            rows[layer] = keep_unchanged_slots(fresh.phy2log[layer], current.phy2log[layer], current.slots_per_gpu)
+        better = np.flatnonzero(busiest_fresh * (1 + cls.fresh_margin) < busiest_aware)
+        if better.size:
+            rows[better] = keep_unchanged_slots(fresh.phy2log[better], current.phy2log[better], current.slots_per_gpu)
         return Placement(rows, current.num_logical_experts, num_ranks, aware.num_nodes,
                          allow_colocated=aware.allow_colocated or fresh.allow_colocated)
 
 
-def keep_unchanged_slots(new_row: np.ndarray, old_row: np.ndarray, slots_per_gpu: int) -> np.ndarray:
-    """int64 `[P]`: `new_row` with each GPU's slots reordered so experts already there keep their slot.
+# ---------------------------------------------------------------------- the legacy interface
+class MoePlaceEplbPolicy(_PolicyCore):
+    """An EPLB policy with vLLM's classmethod interface; configure by subclassing (`make_policy`) or env vars.
 
-    Only the order inside each GPU changes (the GPU of every replica, hence every load, is as in
-    `new_row`); slots whose expert is unchanged need no copy.
+    The controller's state is kept in `_sessions`, one per class (each `make_policy` class has its own).
     """
-    new = np.asarray(new_row, dtype=np.int64).reshape(-1, slots_per_gpu)
-    old = np.asarray(old_row, dtype=np.int64).reshape(-1, slots_per_gpu)
-    out = np.full_like(new, -1)
-    for g in range(new.shape[0]):
-        remaining = list(new[g])
-        for i, expert in enumerate(old[g]):
-            if expert in remaining:
-                out[g, i] = expert
-                remaining.remove(expert)
-        free = np.flatnonzero(out[g] < 0)
-        out[g, free] = remaining
-    return out.ravel()
+
+    _sessions: ClassVar[dict] = {}
+
+    @classmethod
+    def rebalance_experts(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+                          old_global_expert_indices=None):
+        """Plan `num_replicas` slots per layer for `weight [layers, E]` on `num_ranks` GPUs.
+
+        old_global_expert_indices: int `[layers, num_replicas]`, the map in use (optional); slots
+            holding -1 (ranks being added or removed) make it unusable and it is ignored.
+        Returns `phy2log` or `(phy2log, log2phy, logcnt)` (CPU int64 tensors), per `returns`.
+        Bad arguments: `moe_place.errors.ParameterError` (an AssertionError, as vLLM's own policy raises).
+        """
+        placement = cls.decide(weight_to_numpy(weight), num_replicas, num_groups, num_nodes, num_ranks,
+                               old_global_expert_indices, cls._sessions)
+        phy2log, log2phy, logcnt = placement_tensors(placement, log2phy_width=num_replicas - placement.num_logical_experts + 1)
+        if return_style(cls.returns) == "phy2log":
+            return phy2log
+        return phy2log, log2phy, logcnt
 
 
-def make_policy(name: str = "MoePlaceEplbPolicy", **settings: Any) -> type:
-    """A policy class with `settings` (the class attributes of `MoePlaceEplbPolicy`).
+# ---------------------------------------------------------------------- the context interface
+@dataclass
+class MoePlaceState:
+    """Per-model state of the context interface: the controller's sessions (see `_PolicyCore.decide`)."""
+
+    num_moe_layers: int
+    sessions: dict = field(default_factory=dict)
+
+
+class MoePlaceContextPolicy(_PolicyCore):
+    """vLLM's context interface (module note): configuration on the instance's class, state in `policy_state`.
+
+    `rebalance_experts` plans on a copy of the state and hands the advanced copy along with the
+    plan; `on_layer_committed` adopts it, so the state moves only when vLLM commits the plan.
+    """
+
+    def create_state(self, num_moe_layers: int):
+        base = _vllm_class("EplbPolicyState")
+        if base is None:
+            return MoePlaceState(num_moe_layers)
+        state = base()
+        state.moe_place = MoePlaceState(num_moe_layers)
+        return state
+
+    def rebalance_experts(self, context, policy_state):
+        """An `EplbPlan` (CPU int64 `[layers, P]`) for the context; `policy_state` is only read."""
+        ours = _our_state(policy_state)
+        advanced = copy.deepcopy(ours)
+        loads = context.load_window_cpu.detach().to("cpu").double().numpy()
+        if loads.ndim == 2:
+            loads = loads[None]
+        topo = context.topology
+        placement = self.decide(loads, int(context.num_replicas), int(topo.num_groups), int(topo.num_nodes),
+                                int(topo.num_ranks), context.physical_to_logical_map_cpu, advanced.sessions,
+                                window_steps=len(loads))
+        return make_plan(placement_tensors(placement)[0], advanced)
+
+    def on_layer_committed(self, policy_state, plan, layer_idx: int) -> None:
+        """Adopt the state the plan was made with (once per plan, whichever layer commits first)."""
+        advanced = getattr(plan, "moe_place_state", None)
+        if advanced is None:
+            return
+        ours = _our_state(policy_state)
+        if ours is not advanced:
+            ours.sessions = advanced.sessions
+            if isinstance(policy_state, MoePlaceState):
+                return
+            policy_state.moe_place = ours
+
+
+class MoePlacePlanRebalancePolicy(MoePlaceEplbPolicy, MoePlaceContextPolicy):
+    """The transitional interface: `plan_rebalance(self, context, policy_state)` plus the legacy classmethod."""
+
+    def plan_rebalance(self, context, policy_state):
+        return MoePlaceContextPolicy.rebalance_experts(self, context, policy_state)
+
+
+def _our_state(policy_state) -> MoePlaceState:
+    if isinstance(policy_state, MoePlaceState):
+        return policy_state
+    ours = getattr(policy_state, "moe_place", None)
+    if ours is None:
+        raise InputError("policy_state", "a state from this policy's create_state", type(policy_state).__name__)
+    return ours
+
+
+def make_plan(phy2log, state: MoePlaceState):
+    """vLLM's `EplbPlan` for `phy2log`, carrying the advanced state for `on_layer_committed`."""
+    base = _vllm_class("EplbPlan")
+    if base is None:
+        return _Plan(phy2log, state)
+    plan = base(phy2log)
+    object.__setattr__(plan, "moe_place_state", state)  # frozen upstream dataclass: no field for it
+    return plan
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Stand-in for vLLM's `EplbPlan` when vLLM is not importable."""
+
+    physical_to_logical_map: Any
+    moe_place_state: MoePlaceState
+
+
+def make_policy(name: str = "MoePlaceEplbPolicy", interface: str = "auto", **settings: Any) -> type:
+    """A policy class for the installed vLLM's interface (`INTERFACES`; "auto": read it off vLLM) with
+    `settings` (the class attributes of `_PolicyCore`).
 
     When vLLM is importable the class also derives from its `AbstractEplbPolicy`, so
     `issubclass(cls, AbstractEplbPolicy)` holds for code that checks.
     """
-    known = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_weight", "static_plan", "fresh_margin")
-    unknown = set(settings) - set(known)
+    unknown = set(settings) - set(SETTINGS)
     if unknown:
-        raise InputError("make_policy", f"settings among {', '.join(known)}", ", ".join(sorted(unknown)))
+        raise InputError("make_policy", f"settings among {', '.join(SETTINGS)}", ", ".join(sorted(unknown)))
     if "returns" in settings and settings["returns"] not in RETURN_STYLES:
         raise InputError("returns", f"one of {', '.join(RETURN_STYLES)}", settings["returns"])
-    bases: tuple[type, ...] = (MoePlaceEplbPolicy,)
+    if "mode" in settings and settings["mode"] not in MODES:
+        raise InputError("mode", f"one of {', '.join(MODES)}", settings["mode"])
+    if interface not in INTERFACES:
+        raise InputError("interface", f"one of {', '.join(INTERFACES)}", interface)
     abstract = vllm_abstract_policy()
-    if abstract is not None:
-        bases += (abstract,)
-    return type(name, bases, dict(settings))
+    if interface == "auto":
+        interface = "legacy" if abstract is None else interface_of(abstract)
+    ours = {"legacy": MoePlaceEplbPolicy, "plan_rebalance": MoePlacePlanRebalancePolicy,
+            "context": MoePlaceContextPolicy}[interface]
+    bases: tuple[type, ...] = (ours,) if abstract is None else (ours, abstract)
+    namespace = dict(settings)
+    if interface != "context":
+        namespace["_sessions"] = {}  # the controller state of this class's legacy calls
+    return type(name, bases, namespace)
+
+
+def interface_of(abstract: type) -> str:
+    """"context", "plan_rebalance" or "legacy": the interface an `AbstractEplbPolicy` declares."""
+    if "plan_rebalance" in getattr(abstract, "__abstractmethods__", ()):
+        return "plan_rebalance"
+    method = inspect.getattr_static(abstract, "rebalance_experts", None)
+    if method is not None and not isinstance(method, classmethod):
+        params = list(inspect.signature(method).parameters)
+        if params[:3] == ["self", "context", "policy_state"]:
+            return "context"
+    return "legacy"
 
 
 def current_placement(old, num_experts: int, num_gpus: int, shape: tuple[int, int]) -> Placement | None:
@@ -219,8 +368,12 @@ def style_of(method) -> str:
 
 def vllm_abstract_policy() -> type | None:
     """vLLM's `AbstractEplbPolicy`, or None when vLLM is not importable."""
+    return _vllm_class("AbstractEplbPolicy")
+
+
+def _vllm_class(name: str) -> type | None:
     module = policy_module()
-    return None if module is None else getattr(module, "AbstractEplbPolicy", None)
+    return None if module is None else getattr(module, name, None)
 
 
 def policy_module():
@@ -236,67 +389,17 @@ def policy_module():
 
 
 # ---------------------------------------------------------------------- static placement files
-def read_static_map(path: str | Path, with_gpus: bool = False):
-    """int64 `[layers, P]` from a `moe-place export --engine vllm` file or a `plan` file.
-
-    with_gpus: also return the number of GPUs the placement was made for.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise InputError(str(path), "an existing placement file", "no such file")
-    if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise InputError(str(path), "a JSON placement file", f"invalid JSON ({exc.msg})") from None
-        if isinstance(data, dict) and data.get("format") == EXPORT_FORMAT:
-            phy2log = _int_matrix(data.get("phy2log"), f"{path}: phy2log")
-            gpus = data.get("num_gpus")
-            if not isinstance(gpus, int) or gpus < 1 or phy2log.shape[1] % gpus:
-                raise InputError(f"{path}: num_gpus", f"a divisor of the {phy2log.shape[1]} slots", gpus)
-            return (phy2log, gpus) if with_gpus else phy2log
-    from moe_place.engines.export import read_plan_placement
-
-    placement = read_plan_placement(path)[0]
-    phy2log = np.asarray(placement.phy2log, dtype=np.int64)
-    return (phy2log, placement.num_gpus) if with_gpus else phy2log
-
-
-def _int_matrix(value: Any, where: str) -> np.ndarray:
-    arr = np.asarray(value) if value is not None else np.zeros((0,))
-    if arr.ndim != 2 or arr.size == 0 or arr.dtype.kind not in "iu":
-        raise InputError(where, "a non-empty 2-D list of integer expert ids", f"shape {arr.shape}")
-    return arr.astype(np.int64)
-
-
-def export_document(placement: Placement, layer_ids: tuple[int, ...] = ()) -> dict:
-    """The JSON document `moe-place export --engine vllm` writes (read back by `read_static_map`)."""
-    phy2log, log2phy, logcnt = (np.asarray(a) for a in _numpy_maps(placement))
-    return {
-        "format": EXPORT_FORMAT,
-        "format_version": 1,
-        "usage": (f"{STATIC_PLAN_ENV}=THIS_FILE with the moe-place policy installed "
-                  "(moe_place.engines.vllm.install) makes vLLM's EPLB move to this placement at its "
-                  "first rebalance and keep it."),
-        "num_layers": placement.num_layers,
-        "num_logical_experts": placement.num_logical_experts,
-        "num_physical_experts": placement.num_physical_experts,
-        "num_redundant_experts": placement.num_physical_experts - placement.num_logical_experts,
-        "num_gpus": placement.num_gpus,
-        "num_nodes": placement.num_nodes,
-        "layer_ids": list(layer_ids) or list(range(placement.num_layers)),
-        "phy2log": phy2log.tolist(),
-        "log2phy": log2phy.tolist(),
-        "logcnt": logcnt.tolist(),
-    }
-
-
-def _numpy_maps(placement: Placement) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(phy2log, log2phy padded to R+1 columns as vLLM allocates it, logcnt)` as numpy."""
-    width = placement.num_physical_experts - placement.num_logical_experts + 1
-    log2phy = np.full(placement.log2phy.shape[:2] + (width,), -1, dtype=np.int64)
-    log2phy[..., : placement.log2phy.shape[-1]] = placement.log2phy
-    return placement.phy2log, log2phy, placement.logcnt
+def static_placement(path: str | Path, num_layers: int, num_experts: int, num_replicas: int,
+                     num_ranks: int) -> Placement:
+    """The placement of a plan file (`moe_place.planfile`), checked against vLLM's model and EP size."""
+    placement = read_plan(path).placement
+    if placement.phy2log.shape != (num_layers, num_replicas) or placement.num_logical_experts != num_experts:
+        raise InputError(str(path), f"a placement of {num_layers} layers x {num_replicas} slots, {num_experts} experts",
+                         f"{placement.num_layers} x {placement.num_physical_experts}, "
+                         f"{placement.num_logical_experts} experts")
+    if placement.num_gpus != num_ranks:
+        raise InputError(str(path), f"a placement for {num_ranks} EP ranks", f"one for {placement.num_gpus}")
+    return placement
 
 
 # ---------------------------------------------------------------------- registration
@@ -350,10 +453,7 @@ def uninstall(handle: Registration) -> None:
     else:
         handle.policies[handle.name] = handle.previous_policy
     for owner, attr, old in reversed(handle.option_patches):
-        if isinstance(owner, dict):
-            owner[attr] = old
-        else:
-            setattr(owner, attr, old)
+        setattr(owner, attr, old)
     for cls in handle.rebuilt:
         _rebuild_pydantic(cls)
     handle.active = False
@@ -379,13 +479,18 @@ def register_plugin() -> None:
     if not name or module is None:
         return
     current = module.EPLB_POLICIES.get(name)
-    if isinstance(current, type) and issubclass(current, MoePlaceEplbPolicy):
+    if isinstance(current, type) and issubclass(current, _PolicyCore):
         return
     install(name=name)
 
 
 def _widen_policy_option(name: str, handle: Registration) -> None:
-    """Add `name` to every `EPLBPolicyOption` literal and to `EPLBConfig.policy`'s annotation."""
+    """Add `name` to every `EPLBPolicyOption` literal, and to the type of `EPLBConfig.policy`.
+
+    vLLM's `EPLBConfig` is a pydantic dataclass: its validator is built from the dataclass
+    fields' types, so the field's type is widened and the validator rebuilt; nothing else of the
+    class is touched (its `__annotations__` and pydantic's own field records are left as they are).
+    """
     widened = None
     for module_name in OPTION_MODULES:
         try:
@@ -400,19 +505,10 @@ def _widen_policy_option(name: str, handle: Registration) -> None:
                 handle.option_patches.append((module, "EPLBPolicyOption", option))
                 module.EPLBPolicyOption = widened
         config = getattr(module, "EPLBConfig", None)
-        if config is not None and widened is not None and config not in handle.rebuilt:
-            annotations = config.__dict__.get("__annotations__", {})
-            if "policy" in annotations:
-                handle.option_patches.append((annotations, "policy", annotations["policy"]))
-                annotations["policy"] = widened
-            fields = getattr(config, "__pydantic_fields__", None)
-            if fields and "policy" in fields:
-                handle.option_patches.append((fields["policy"], "annotation", fields["policy"].annotation))
-                fields["policy"].annotation = widened
-            dc_fields = getattr(config, "__dataclass_fields__", None)
-            if dc_fields and "policy" in dc_fields:
-                handle.option_patches.append((dc_fields["policy"], "type", dc_fields["policy"].type))
-                dc_fields["policy"].type = widened
+        dc_fields = getattr(config, "__dataclass_fields__", None)
+        if widened is not None and dc_fields and "policy" in dc_fields and config not in handle.rebuilt:
+            handle.option_patches.append((dc_fields["policy"], "type", dc_fields["policy"].type))
+            dc_fields["policy"].type = widened
             if _rebuild_pydantic(config):
                 handle.rebuilt.append(config)
     if widened is None:
@@ -425,7 +521,7 @@ def _rebuild_pydantic(cls) -> bool:
     if not hasattr(cls, "__pydantic_fields__"):
         return False
     try:
-        from pydantic.dataclasses import rebuild_dataclass
+        from pydantic.dataclasses import rebuild_dataclass  # lazy: pydantic comes with vLLM, not with us
     except ImportError:
         return False
     rebuild_dataclass(cls, force=True)

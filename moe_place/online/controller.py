@@ -34,6 +34,7 @@ from moe_place.errors import InputError
 from moe_place.online.costing import ReplayCost
 from moe_place.online.window import HotSpotTracker, Predictor, SlidingWindow
 from moe_place.placement import Placement
+from moe_place.solvers.deepseek import eplb_rebalance
 
 CONTROLLERS = ("static", "periodic-eplb", "ours")
 
@@ -79,7 +80,7 @@ class StaticController:
 
 @dataclass
 class PeriodicEplbController:
-    """vLLM's default EPLB cadence with DeepSeek's EPLB (`moe_place.solvers.eplb`)."""
+    """vLLM's default EPLB cadence with DeepSeek's EPLB (`moe_place.solvers.deepseek`)."""
 
     num_layers: int
     num_experts: int
@@ -104,8 +105,6 @@ class PeriodicEplbController:
         if self._progress < self.step_interval:
             return None
         self._progress = 0
-        from moe_place.solvers.eplb import eplb_rebalance
-
         phy2log = eplb_rebalance(self._window.total(), current.num_physical_experts, self.num_groups,
                                  current.num_nodes, current.num_gpus)
         new = Placement(np.asarray(phy2log), current.num_logical_experts, current.num_gpus, current.num_nodes,
@@ -194,7 +193,7 @@ class PaybackController:
         savings = [current_s - self.cost.layer_times_s(c, expected_load) for c in candidates]
         excess = np.clip(recent - self.tracker.hot_factor * recent.mean(axis=-1, keepdims=True), 0, None)
         duration = self.tracker.expected_duration_steps(excess)
-        chosen = self._choose_layers(current, candidates, savings, current_s, duration)
+        chosen = self._choose_layers(current, candidates, savings, current_s, duration, expected_load)
         if not chosen:
             return None
         rows = np.array(current.phy2log)
@@ -206,13 +205,16 @@ class PaybackController:
         copies = self.cost.copies(current, new, np.array(layers))
         self._last_switch = step
         saving = sum(float(savings[which][layer]) for layer, which in chosen.items())
-        return Decision(new, tuple(layers), saving, duration, self.cost.migration_time_s(copies))
+        charged = self.cost.charge(copies, current, expected_load).charged_s
+        return Decision(new, tuple(layers), saving, duration, charged)
 
     def _choose_layers(self, current: Placement, candidates: list[Placement], savings: list[np.ndarray],
-                       current_s: np.ndarray, duration: float) -> dict[int, int]:
+                       current_s: np.ndarray, duration: float, expected_load: np.ndarray) -> dict[int, int]:
         """`{layer: candidate index}`: per layer the candidate (move budget) with the largest net gain
-        `saving x duration - copy time` among those that pay back their copies (N_min) within
-        `duration / hysteresis` steps; layers taken best gain/cost first, within the byte cap."""
+        `saving x (duration - copy steps) - charged copy time` among those that pay back what serving
+        pays for their copies (N_min, on the cost model's migration: stall or async) within
+        `(duration - copy steps) / hysteresis` steps, the saving starting once asynchronous copies
+        are done; layers taken best gain/cost first, within the byte cap."""
         scored = []
         for layer in range(current.num_layers):
             best = None
@@ -223,13 +225,14 @@ class PaybackController:
                 copies = self.cost.copies(current, candidate, np.array([layer]))
                 if not copies:
                     continue
-                copy_s = self.cost.migration_time_s(copies)
+                charge = self.cost.charge(copies, current, expected_load)
+                copy_s, life = charge.charged_s, duration - charge.steps
                 pays_back_after = n_min(copy_s, saving)  # batches (SPEC formula 7)
-                if pays_back_after is None or self.hysteresis * pays_back_after > duration:
+                if pays_back_after is None or self.hysteresis * pays_back_after > life:
                     continue
-                net = saving * duration - copy_s
+                net = saving * life - copy_s
                 if best is None or net > best[0]:
-                    best = (net, saving * duration / max(copy_s, 1e-12), which, len(copies) * self.cost.expert_bytes)
+                    best = (net, saving * life / max(copy_s, 1e-12), which, len(copies) * self.cost.expert_bytes)
             if best is not None:
                 scored.append((best[1], layer, best[2], best[3]))
         chosen, spent = {}, 0
@@ -250,3 +253,52 @@ def make_controller(kind: str, cost: ReplayCost, num_layers: int, num_experts: i
     if kind == "ours":
         return PaybackController(cost, num_layers, num_experts, **options)
     raise InputError("--controller", f"one of {', '.join(CONTROLLERS)}", kind)
+
+
+@dataclass
+class EngineRebalancer:
+    """The payback controller behind an engine's rebalance call, with its state kept between calls.
+
+    An engine (vLLM's EPLB policy, SGLang's rebalance) calls `rebalance` every `step_interval`
+    steps with the load window it recorded and the map it runs; the answer is the map to run
+    next: `PaybackController.decide`'s map when its move pays back, else `current` unchanged.
+    `controller.check_every` is the engine's `step_interval` (one check per call).
+
+    controller: the decision (`replay --controller ours` makes the same one on the same history).
+    step_interval: engine steps between two calls (vLLM's default 3000; SGLang's
+        `--eplb-rebalance-num-iterations`, default 1000).
+    """
+
+    controller: PaybackController
+    step_interval: int = 3000
+    _step: int = field(default=-1, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.step_interval < 1:
+            raise InputError("step_interval", "an integer >= 1 steps", self.step_interval)
+        self.controller.check_every = 1
+        self.controller.tracker.interval_steps = self.step_interval
+
+    def rebalance(self, window: np.ndarray, current: Placement, window_steps: int | None = None) -> Decision | None:
+        """The decision for `current` after the engine recorded `window`.
+
+        window: float `[samples, layers, E]` per-step loads, oldest first (vLLM's load window,
+            SGLang's per-pass logical counts), or `[layers, E]` loads summed over `window_steps`
+            steps (vLLM's older policy interface), taken as that many steps of their mean.
+        Returns None when nothing pays back (the engine keeps `current`).
+        """
+        loads = np.asarray(window, dtype=np.float64)
+        if loads.ndim == 2:
+            steps = 1 if window_steps is None else int(window_steps)
+            if steps < 1:
+                raise InputError("window_steps", "an integer >= 1 steps", window_steps)
+            # the predictor and tracker look at the last `horizon` steps: that many of the mean
+            loads = np.broadcast_to(loads / steps, (min(steps, self.controller.predictor.horizon),) + loads.shape)
+        if loads.ndim != 3 or loads.shape[1:] != (current.num_layers, current.num_logical_experts):
+            raise InputError("load window", f"[samples, {current.num_layers}, {current.num_logical_experts}]",
+                             list(loads.shape))
+        self._step += self.step_interval
+        first = self._step - len(loads) + 1
+        for i, counts in enumerate(loads):
+            self.controller.observe(first + i, counts)
+        return self.controller.decide(self._step, current)

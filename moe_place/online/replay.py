@@ -1,10 +1,12 @@
 """Replay a multi-step trace through a controller and the cost model.
 
 Each step: the map in use serves the step's counts (busiest-GPU expert time of every layer,
-summed over layers); the controller observes the counts and may decide a new map; the copies
-it needs are paid for as a stall (SPEC formula 7, `ReplayCost.migration_time_s`) and the map
-switches after the in-flight batches drain (`MapSwitch`). Totals: expert-layer time +
-migration time. Every controller starts from the same map (by default planned from the first
+summed over layers); the controller observes the counts and may decide a new map; serving pays
+for the copies it needs as the cost model's migration says (`ReplayCost.charge`: `stall`, the
+copy time of SPEC formula 7, or `async`, the delay the copies cause beside dispatch/combine,
+priced on the step that decided) and the map switches once the copies are done (`async`: after
+the steps they run beside) and the in-flight batches drain (`MapSwitch`). Totals: expert-layer
+time + migration time. Every controller starts from the same map (by default planned from the first
 `window` steps, as an offline plan loaded at start-up would be).
 
 Hindsight bounds: `hindsight_static` plans once for the whole trace (knowing it all);
@@ -35,7 +37,7 @@ class ReplayResult:
     """Per-step and total figures of one replay.
 
     expert_time_s / balancedness / bytes_moved / copy_time_s: float64 or int64 `[steps]`
-    (bytes and copy time on the step a rebalance was decided). bytes_moved counts copies between
+    (bytes and the migration time serving pays, on the step a rebalance was decided). bytes_moved counts copies between
     GPUs; slots_moved counts every slot whose expert changed (a copy within a GPU included);
     peak_staging_bytes is the most buffer memory one switch held (both maps live until the drain).
     balancedness: mean over layers of mean/max GPU load (vLLM's metric) under the map in use.
@@ -149,9 +151,10 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
         copies = cost.copies(switch.latest, decision.placement) if decision is not None else []
         if copies:
             staging = sum(c.num_bytes for c in copies)
-            switch.schedule(decision.placement, step, staging_bytes=staging)
-            moved_bytes[step] = sum(c.num_bytes for c in copies if c.src_gpu != c.dst_gpu)
-            copy_s[step] = cost.migration_time_s(copies)
+            charge = cost.charge(copies, in_use, counts[step])
+            switch.schedule(decision.placement, step, staging_bytes=staging, copy_steps=charge.steps)
+            moved_bytes[step] = sum(c.num_bytes for c in copies if not c.local)
+            copy_s[step] = charge.charged_s
             rebalance_steps.append(step)
             slots_moved += len(copies)
             peak_staging = max(peak_staging, staging)

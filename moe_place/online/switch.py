@@ -1,10 +1,11 @@
 """The double-buffered map switch: the map in use stays valid until in-flight batches drain.
 
 A rebalance decided after step `t` copies the new replicas into free buffers while the old map
-keeps serving (no slot of the old map is overwritten). Batches already dispatched with the old
-map, up to `drain_steps` of them in a pipelined engine, finish with it; the new map takes effect
-at step `t + 1 + drain_steps`. Only then are the old replicas released. So during a switch each
-receiving GPU holds both copies: the staging memory of a rebalance is its bytes moved.
+keeps serving (no slot of the old map is overwritten). When the copies run beside serving
+(asynchronous migration) they take `copy_steps` steps; then batches already dispatched with the
+old map, up to `drain_steps` of them in a pipelined engine, finish with it; the new map takes
+effect at step `t + 1 + copy_steps + drain_steps`. Only then are the old replicas released. So
+during a switch each receiving GPU holds both copies: the staging memory of a rebalance is its bytes moved.
 
 Invariants (checked on every transition): both maps are valid `Placement`s of the same shape,
 one switch at a time, and the map returned for a step is never a half-written one.
@@ -50,8 +51,9 @@ class MapSwitch:
             self.switches += 1
         return self.active
 
-    def schedule(self, new: Placement, decided_at_step: int, staging_bytes: int = 0) -> int:
-        """Start a switch to `new` after step `decided_at_step`; returns the step it takes effect."""
+    def schedule(self, new: Placement, decided_at_step: int, staging_bytes: int = 0, copy_steps: int = 0) -> int:
+        """Start a switch to `new` after step `decided_at_step`, its copies running beside `copy_steps`
+        steps; returns the step it takes effect."""
         if self.pending is not None:
             raise InputError("map switch", "no switch in flight (one at a time)", f"one due at step {self.switch_step}")
         old = self.active
@@ -61,6 +63,8 @@ class MapSwitch:
                 old.num_layers, old.num_physical_experts, old.num_logical_experts, old.num_gpus):
             raise InputError("new map", f"the shape of the map in use {old.phy2log.shape}", new.phy2log.shape)
         self.pending = new
-        self.switch_step = decided_at_step + 1 + self.drain_steps
+        if copy_steps < 0:
+            raise InputError("copy_steps", "an integer >= 0", copy_steps)
+        self.switch_step = decided_at_step + 1 + int(copy_steps) + self.drain_steps
         self.staging_bytes = int(staging_bytes)
         return self.switch_step

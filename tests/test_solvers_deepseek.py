@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import get_solver
-from moe_place.solvers.eplb import balanced_packing, eplb_rebalance, has_colocation, rebalance_experts, replicate_experts
+from moe_place.solvers.deepseek import balanced_packing, eplb_maps, eplb_rebalance, replicate_experts
 
 README_WEIGHT = np.array([[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
                           [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]])
@@ -16,7 +16,7 @@ README_PHY2LOG = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
 
 
 def test_readme_example_hierarchical_exact():
-    phy2log, log2phy, logcnt = rebalance_experts(README_WEIGHT, 16, 4, 2, 8)
+    phy2log, log2phy, logcnt = eplb_maps(README_WEIGHT, 16, 4, 2, 8)
     assert phy2log.tolist() == README_PHY2LOG
     assert logcnt.tolist() == [np.bincount(row, minlength=12).tolist() for row in README_PHY2LOG]
     for layer in range(2):  # log2phy lists exactly the slots of each expert
@@ -64,8 +64,8 @@ def test_tiny_instance_reaches_232_with_colocation():
 
 def test_bad_arguments_raise_input_errors():
     with pytest.raises(InputError, match="num_replicas"):
-        rebalance_experts(README_WEIGHT, 15, 4, 2, 8)
+        eplb_maps(README_WEIGHT, 15, 4, 2, 8)
     with pytest.raises(InputError, match="num_groups"):
-        rebalance_experts(README_WEIGHT, 16, 5, 1, 8)
+        eplb_maps(README_WEIGHT, 16, 5, 1, 8)
     with pytest.raises(InputError, match="weight"):
-        rebalance_experts(-README_WEIGHT, 16, 4, 2, 8)
+        eplb_maps(-README_WEIGHT, 16, 4, 2, 8)

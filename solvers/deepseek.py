@@ -13,13 +13,21 @@ layer in three steps, each a greedy rule on the even-split load model:
 
 The hierarchical policy is used when the number of groups is a multiple of the number of
 nodes; otherwise the global policy runs the same steps with one group and one node. Arithmetic
-is float32 as in the original so that ties break the same way (ties go to the lowest index,
-sorts are stable). Replicas of one expert can land on the same GPU (EPLB issue #22): a plan
-from here may need `Placement(..., allow_colocated=True)`.
+is float32 as in the original, and argument errors are `ParameterError`s (an `InputError` that
+is also an `AssertionError`, as the original asserts). Replicas of one expert can land on the
+same GPU (EPLB issue #22): a plan from here may need `Placement(..., allow_colocated=True)`.
 
-Public entry points:
-- `rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)` returns
-  `(phy2log, log2phy, logcnt)` like the original.
+Ties. Both sorts (steps 1 and 3) order equal loads somehow, and the order decides where equal
+items go. By default ties go to the lowest index (a stable sort), which gave the same maps as
+vLLM 0.33's numpy port of this algorithm on tied integer loads. The original sorts with torch's default
+sort, which is not stable above 16 elements: pass `descending_order` (an argsort) to reproduce
+it; `moe_place.eplb.rebalance_experts(solver="eplb")` passes torch's own sort, so the drop-in
+returns exactly what `eplb.py` returns on the same torch, ties included. Replicas of one expert
+always tie in step 3, so this also decides the order of an expert's slots in `log2phy`.
+
+Public entry points (named apart from the drop-in `moe_place.eplb.rebalance_experts`):
+- `eplb_maps(weight, num_replicas, num_groups, num_nodes, num_gpus)` returns the original's
+  three maps `(phy2log, log2phy, logcnt)`, `log2phy` in the original's replica order.
 - `eplb_rebalance(...)` returns `phy2log` only (what recent vLLM policies return).
 - the registered solver `"eplb"` plans one layer of a `PlacementProblem`.
 """
@@ -27,19 +35,32 @@ Public entry points:
 from __future__ import annotations
 
 import time
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 
-from moe_place.errors import InputError
+from moe_place.errors import ParameterError
+from moe_place.placement import has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers.base import LayerSolution, register
+from moe_place.solvers.bounds import window_lower_bound
+from moe_place.solvers.evaluate import window_objective
+
+DescendingOrder = Callable[[np.ndarray], np.ndarray]
+"""`(values float32 [rows, n]) -> int64 [rows, n]`: per row, the indices from the largest value down."""
 
 
-def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+def stable_descending_order(values: np.ndarray) -> np.ndarray:
+    """int64 `[rows, n]`: indices by descending value, ties by lowest index (the default order)."""
+    return np.argsort(-values, axis=1, kind="stable")
+
+
+def balanced_packing(weight: np.ndarray, num_packs: int,
+                     descending_order: DescendingOrder = stable_descending_order) -> tuple[np.ndarray, np.ndarray]:
     """Greedy packing of `n` items into `num_packs` packs of exactly `n / num_packs` items each.
 
     weight: float32 `[rows, n]`, each row packed on its own.
+    descending_order: the order items are taken in (heaviest first; see "Ties" above).
     Returns `(pack_index, rank_in_pack)`, both int64 `[rows, n]`: the pack of each item and its
     position inside the pack (the order in which it was put there).
     """
@@ -49,7 +70,7 @@ def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np
     if per_pack == 1:
         pack_index = np.broadcast_to(np.arange(items, dtype=np.int64), (rows, items)).copy()
         return pack_index, np.zeros((rows, items), dtype=np.int64)
-    order = np.argsort(-weight, axis=1, kind="stable")  # heaviest first, ties by index
+    order = np.asarray(descending_order(weight), dtype=np.int64)
     pack_weight = np.zeros((rows, num_packs), dtype=np.float32)
     pack_items = np.zeros((rows, num_packs), dtype=np.int64)
     pack_index = np.full((rows, items), -1, dtype=np.int64)
@@ -96,8 +117,8 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
     return inv
 
 
-def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: int, num_nodes: int,
-                            num_gpus: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: int, num_nodes: int, num_gpus: int,
+                            descending_order: DescendingOrder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The three steps above. weight: float32 `[layers, E]`. Returns phy2log, replica_rank, logcnt."""
     layers, experts = weight.shape
     group_size = experts // num_groups
@@ -107,7 +128,7 @@ def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: i
 
     # Step 1: groups to nodes. "Node-major" ids (nlog) number the experts node by node.
     group_load = weight.reshape(layers, num_groups, group_size).sum(axis=-1)
-    group_node, group_rank = balanced_packing(group_load, num_nodes)
+    group_node, group_rank = balanced_packing(group_load, num_nodes, descending_order)
     group_start = (group_node * groups_per_node + group_rank) * group_size  # [layers, groups]
     log2nlog = (group_start[:, :, None] + np.arange(group_size)).reshape(layers, experts)
     nlog2log = _inverse(log2nlog)
@@ -118,7 +139,7 @@ def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: i
 
     # Step 3: the node's replicas onto its GPUs. "GPU-major" ids (gphy) are the final slot ids.
     replica_load = np.take_along_axis(node_load / nlogcnt.astype(np.float32), phy2nlog, axis=1)
-    gpu_index, rank_in_gpu = balanced_packing(replica_load, num_gpus // num_nodes)
+    gpu_index, rank_in_gpu = balanced_packing(replica_load, num_gpus // num_nodes, descending_order)
     gphy2phy = _inverse(gpu_index * slots_per_gpu + rank_in_gpu)
 
     gphy2nlog = np.take_along_axis(phy2nlog, gphy2phy, axis=1)
@@ -130,24 +151,25 @@ def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: i
     return phy2log, rank, logcnt
 
 
-def rebalance_experts(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
-                      num_gpus: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """DeepSeek EPLB's entry point.
+def eplb_maps(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int, *,
+              descending_order: DescendingOrder = stable_descending_order
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DeepSeek EPLB's three maps for `weight`.
 
     weight: `[layers, E]` non-negative loads (token counts) of the logical experts.
     num_replicas: `P`, physical experts per layer, a multiple of `num_gpus`, `>= E`.
-    num_groups: expert groups (`E % num_groups == 0`); hierarchical policy when
-        `num_groups % num_nodes == 0`, global policy otherwise.
+    num_groups: expert groups; hierarchical policy when `num_groups % num_nodes == 0` (then
+        `E % num_groups == 0` and `num_gpus % num_nodes == 0` are required), global otherwise.
+    descending_order: the sort of steps 1 and 3 (see "Ties" in the module docstring).
     Returns `phy2log` int64 `[layers, P]`, `log2phy` int64 `[layers, E, max(logcnt)]` (-1 padded,
-    replicas in the order they were created) and `logcnt` int64 `[layers, E]`.
+    each expert's slots in the order its replicas were created, as the original lists them) and
+    `logcnt` int64 `[layers, E]`. Bad arguments raise `ParameterError` where the original asserts.
     """
     weight = _check_weight(weight)
     layers, experts = weight.shape
-    _check_shape(experts, num_replicas, num_groups, num_nodes, num_gpus)
-    if num_groups % num_nodes == 0:
-        phy2log, rank, logcnt = _rebalance_hierarchical(weight, num_replicas, num_groups, num_nodes, num_gpus)
-    else:
-        phy2log, rank, logcnt = _rebalance_hierarchical(weight, num_replicas, 1, 1, num_gpus)
+    hierarchical = check_eplb_arguments(experts, num_replicas, num_groups, num_nodes, num_gpus)
+    groups, nodes = (num_groups, num_nodes) if hierarchical else (1, 1)
+    phy2log, rank, logcnt = _rebalance_hierarchical(weight, num_replicas, groups, nodes, num_gpus, descending_order)
     width = int(logcnt.max())
     log2phy = np.full((layers, experts * width), -1, dtype=np.int64)
     np.put_along_axis(log2phy, phy2log * width + rank,
@@ -157,28 +179,44 @@ def rebalance_experts(weight: np.ndarray, num_replicas: int, num_groups: int, nu
 
 def eplb_rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
                    num_gpus: int) -> np.ndarray:
-    """int64 `[layers, P]`: the `phy2log` of `rebalance_experts` (arguments as there)."""
-    return rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)[0]
+    """int64 `[layers, P]`: the `phy2log` of `eplb_maps` (arguments as there)."""
+    return eplb_maps(weight, num_replicas, num_groups, num_nodes, num_gpus)[0]
+
+
+def check_eplb_arguments(num_experts: int, num_replicas: int, num_groups: int, num_nodes: int,
+                         num_gpus: int) -> bool:
+    """Check the EPLB signature's sizes where the original asserts; True for the hierarchical policy.
+
+    The original plans hierarchically when `num_groups % num_nodes == 0` and then asserts that the
+    groups split the experts and the nodes split the GPUs; both policies need `num_replicas` a
+    multiple of `num_gpus` and at least one slot per expert. `num_groups` 0 (what engines pass for
+    models without expert groups, where the original divides by zero) selects the global policy.
+    Raises `ParameterError` naming the argument.
+    """
+    if num_gpus < 1:
+        raise ParameterError("num_gpus", "an integer >= 1", num_gpus)
+    hierarchical = num_groups >= 1 and num_nodes >= 1 and num_groups % num_nodes == 0
+    if hierarchical:
+        if num_experts % num_groups:
+            raise ParameterError("num_groups", f"a divisor of the {num_experts} logical experts", num_groups)
+        if num_gpus % num_nodes:
+            raise ParameterError("num_nodes", f"a divisor of num_gpus={num_gpus}", num_nodes)
+    if num_replicas % num_gpus:
+        raise ParameterError("num_replicas", f"a multiple of num_gpus={num_gpus}", num_replicas)
+    if num_replicas < num_experts:
+        raise ParameterError("num_replicas", f"at least one slot per logical expert (>= {num_experts})",
+                             num_replicas)
+    return hierarchical
 
 
 def _check_weight(weight: np.ndarray) -> np.ndarray:
+    """float32 `[layers, E]` of `weight`; ParameterError unless a non-empty 2-D array of finite loads >= 0."""
     arr = np.asarray(weight)
     if arr.ndim != 2 or 0 in arr.shape:
-        raise InputError("weight", "a non-empty 2-D array [layers, logical experts]", f"shape {arr.shape}")
+        raise ParameterError("weight", "a non-empty 2-D array [layers, num_logical_experts]", f"shape {arr.shape}")
     if arr.dtype.kind not in "iuf" or not np.isfinite(arr).all() or (arr < 0).any():
-        raise InputError("weight", "finite loads >= 0", f"dtype {arr.dtype}")
+        raise ParameterError("weight", "finite loads >= 0", f"dtype {arr.dtype}")
     return arr.astype(np.float32)
-
-
-def _check_shape(experts: int, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int) -> None:
-    if num_gpus < 1 or num_replicas % num_gpus:
-        raise InputError("num_replicas", f"a multiple of num_gpus={num_gpus}", num_replicas)
-    if num_replicas < experts:
-        raise InputError("num_replicas", f"at least one slot per logical expert (>= {experts})", num_replicas)
-    if num_nodes < 1 or num_gpus % num_nodes:
-        raise InputError("num_nodes", f"a divisor of num_gpus={num_gpus}", num_nodes)
-    if num_groups < 1 or experts % num_groups:
-        raise InputError("num_groups", f"a divisor of the {experts} logical experts", num_groups)
 
 
 @register
@@ -197,9 +235,6 @@ class EplbSolver:
     def solve_layer(self, problem: PlacementProblem, layer: int, time_limit_s: float | None, *,
                     start: LayerSolution | None = None, deadline: float | None = None) -> LayerSolution:
         """EPLB's plan (time limit, start and deadline unused: it takes well under a millisecond)."""
-        from moe_place.solvers.bounds import window_lower_bound
-        from moe_place.solvers.evaluate import window_objective
-
         start = time.perf_counter()
         weight = problem.planning_loads()[layer:layer + 1]
         phy2log = eplb_rebalance(weight, problem.num_physical, problem.num_groups or 1, problem.num_nodes,
@@ -210,10 +245,3 @@ class EplbSolver:
         bound = min(bound, objective)
         status = "optimal" if objective <= bound * (1 + 1e-9) else "heuristic"  # met the bound: proved
         return LayerSolution(phy2log, status, objective, bound, time.perf_counter() - start, {"colocated": colocated})
-
-
-def has_colocation(phy2log: np.ndarray, num_gpus: int) -> bool:
-    """True when some GPU holds two replicas of one expert. phy2log: int `[P]` or `[layers, P]`."""
-    rows = np.atleast_2d(phy2log)
-    per_gpu = np.sort(rows.reshape(rows.shape[0], num_gpus, -1), axis=-1)
-    return bool((per_gpu[..., 1:] == per_gpu[..., :-1]).any())

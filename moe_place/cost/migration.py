@@ -1,0 +1,213 @@
+"""What a re-plan moves and what the move costs: the one model of a migration.
+
+Used by the online controller (its payback rule), the replay (what a rebalance pays), the payback
+calculator (`moe_place.cost.payback`, SPEC formula 7) and, through `moved_slots`, the planner's
+migration mode, which counts and caps exactly these moves.
+
+What moves. Going from map `old` to map `new` (same shape), every slot whose logical expert
+changes (`Placement.moved_slots`) receives one copy of its new expert's weights, `W_e` bytes.
+The copy comes from the holder of that expert in `old` with the cheapest route to the slot's
+GPU: the same GPU (a local copy, free of links), else the widest route of the topology (NVLink
+inside a server before the NIC across servers), lowest GPU index on ties. The old map stays
+valid until the switch, so every old replica can serve as a source.
+
+What the copies take (`copy_time_s`):
+- `serial`: one after another, `sum (W_e / B_path + alpha)` over copies between GPUs (formula 7);
+- `parallel`: all at once, `alpha + max over links (bytes crossing it / capacity)`, the lower bound
+  of a fair schedule, what a batched send/receive approaches.
+
+What serving pays for them (`MIGRATION_MODELS`):
+- `stall`: serving stops while the copies run; the whole copy time is paid.
+- `async`: the copies run on a side stream while serving goes on with the old map (vLLM's
+  `use_async`, SGLang's layer-chunked updates); the switch comes after the copies complete. The
+  contention model: a step is `t` seconds of expert compute, during which the links carry no
+  serving traffic, and `d` seconds of dispatch + combine on the links (`Migration.comm_time_s`).
+  Copies use a link at full bandwidth while serving leaves it idle and share it fairly (half each)
+  with dispatch/combine otherwise. So a step carries `t + d` seconds of copy work, the copies
+  complete after `T_copy / (t + d)` steps, and each second of copy work done beside
+  dispatch/combine delays them by one second: serving pays `T_copy * d / (t + d)` in all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_place.cost.topology import Topology
+from moe_place.errors import InputError
+from moe_place.placement import Placement, even_split_gpu_loads
+
+COPY_SCHEDULES = ("serial", "parallel")
+MIGRATION_MODELS = ("stall", "async")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Copy one expert's weights (`num_bytes`) from GPU `src_gpu` to GPU `dst_gpu`.
+
+    layer / slot / expert: what the copy fills (the slot of `layer` that receives logical `expert`);
+    -1 when the copy is not tied to a placement (a payback scenario's list of copies).
+    """
+
+    src_gpu: int
+    dst_gpu: int
+    num_bytes: float
+    layer: int = -1
+    slot: int = -1
+    expert: int = -1
+
+    def __post_init__(self) -> None:
+        if not self.num_bytes > 0:
+            raise InputError("copy bytes", "a number > 0", self.num_bytes)
+
+    @property
+    def local(self) -> bool:
+        """True for a copy within one GPU (no link crossed, no time)."""
+        return self.src_gpu == self.dst_gpu
+
+
+def moved_slots(old: Placement, new: Placement) -> np.ndarray:
+    """bool `[layers, P]`: the slots a re-plan fills with a copy (their logical expert changes)."""
+    return new.moved_slots(old)
+
+
+def plan_copies(old: Placement, new: Placement, topology: Topology, expert_bytes: float,
+                layers: np.ndarray | None = None) -> list[Copy]:
+    """The copies that turn `old` into `new`: one per moved slot, from the cheapest holder (module note).
+
+    layers: restrict to these layers (default: all). Returned in layer, slot order.
+    """
+    if new.num_gpus > topology.num_gpus:
+        raise InputError("placement num_gpus", f"at most the topology's {topology.num_gpus} GPUs", new.num_gpus)
+    moved = moved_slots(old, new)
+    per_gpu = old.slots_per_gpu
+    out: list[Copy] = []
+    for layer in (range(old.num_layers) if layers is None else layers):
+        for slot in np.flatnonzero(moved[layer]):
+            expert = int(new.phy2log[layer, slot])
+            dst = int(slot // per_gpu)
+            holders = np.unique(np.flatnonzero(old.phy2log[layer] == expert) // per_gpu)
+            if dst in holders:
+                src = dst
+            else:
+                width = [topology.path_bandwidth_bytes_per_s(int(h), dst) for h in holders]
+                src = int(holders[int(np.argmax(width))])
+            out.append(Copy(src, dst, float(expert_bytes), int(layer), int(slot), expert))
+    return out
+
+
+def copy_path(topology: Topology, copy: Copy) -> str:
+    """The link kinds a copy crosses ("same GPU" for a local copy)."""
+    return "same GPU" if copy.local else topology.path_kind(copy.src_gpu, copy.dst_gpu)
+
+
+def copy_time_s(topology: Topology, copies: list[Copy], alpha_s: float = 0.0, schedule: str = "serial") -> float:
+    """Seconds to make every copy under `schedule` ("serial" or "parallel", module note); local copies are free."""
+    if alpha_s < 0:
+        raise InputError("alpha_s", "seconds >= 0", alpha_s)
+    if schedule == "serial":
+        total = 0.0
+        for c in copies:
+            if not c.local:
+                total += c.num_bytes / topology.path_bandwidth_bytes_per_s(c.src_gpu, c.dst_gpu) + alpha_s
+        return total
+    if schedule == "parallel":
+        volume = np.zeros((topology.num_gpus, topology.num_gpus))
+        for c in copies:
+            volume[topology.check_gpu(c.src_gpu, "copy source"),
+                   topology.check_gpu(c.dst_gpu, "copy destination")] += c.num_bytes
+        np.fill_diagonal(volume, 0.0)
+        loads = topology.link_loads_bytes(volume)
+        if not loads:
+            return 0.0
+        return alpha_s + max(load / topology.graph.edges[e]["capacity"] for e, load in loads.items())
+    raise InputError("copy schedule", f"one of {', '.join(COPY_SCHEDULES)}", repr(schedule))
+
+
+@dataclass(frozen=True)
+class MigrationCharge:
+    """What serving pays for one rebalance's copies.
+
+    copy_s: the copies' own time (`copy_time_s`). charged_s: what serving pays (the copy time for
+    `stall`, the contention delay for `async`). steps: whole steps the copies run beside serving
+    before the switch can happen (0 for `stall`: they run while serving waits).
+    """
+
+    copy_s: float
+    charged_s: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class Migration:
+    """The migration model of one cluster: copy sizes, routes, schedule and what serving pays.
+
+    topology: the cluster. expert_bytes: `W_e`. row_bytes: bytes of one dispatched row (dispatch
+    and combine each move it once). alpha_s: fixed cost per copy. schedule: `COPY_SCHEDULES`.
+    model: `MIGRATION_MODELS` (module note).
+    """
+
+    topology: Topology
+    expert_bytes: float
+    row_bytes: float
+    alpha_s: float = 5e-6
+    schedule: str = "serial"
+    model: str = "stall"
+
+    def __post_init__(self) -> None:
+        if self.schedule not in COPY_SCHEDULES:
+            raise InputError("copy_schedule", f"one of {', '.join(COPY_SCHEDULES)}", self.schedule)
+        if self.model not in MIGRATION_MODELS:
+            raise InputError("migration", f"one of {', '.join(MIGRATION_MODELS)}", self.model)
+        if self.alpha_s < 0:
+            raise InputError("alpha_s", "seconds >= 0", self.alpha_s)
+        if not self.expert_bytes > 0 or not self.row_bytes > 0:
+            raise InputError("expert_bytes / row_bytes", "numbers > 0", (self.expert_bytes, self.row_bytes))
+
+    def copies(self, old: Placement, new: Placement, layers: np.ndarray | None = None) -> list[Copy]:
+        """`plan_copies` on this cluster."""
+        return plan_copies(old, new, self.topology, self.expert_bytes, layers)
+
+    def copy_time_s(self, copies: list[Copy]) -> float:
+        """Seconds the copies take under `schedule`."""
+        return copy_time_s(self.topology, copies, self.alpha_s, self.schedule)
+
+    def single_copy_time_s(self, copy: Copy) -> float:
+        """Seconds of one copy alone (`W_e / B_path + alpha`, 0 within one GPU)."""
+        return copy_time_s(self.topology, [copy], self.alpha_s, "serial")
+
+    def path(self, copy: Copy) -> str:
+        return copy_path(self.topology, copy)
+
+    def comm_time_s(self, placement: Placement, expert_load: np.ndarray) -> float:
+        """Seconds of dispatch + combine link time of one step (`d` of the module note), summed over layers.
+
+        expert_load: float `[layers, E]` rows per logical expert (split evenly over replicas).
+        Per layer, the busiest receiver: a GPU receives its rows from sources spread evenly over
+        all GPUs (1/G of them local), those of its own server over NVLink, the others over its
+        NIC; the two links work at once, so the slower one sets the time (formula 3, receive
+        side). Combine sends the same rows back: twice that.
+        """
+        rows = even_split_gpu_loads(placement.phy2log, np.asarray(expert_load, dtype=np.float64), placement.num_gpus)
+        topo, gpus = self.topology, placement.num_gpus
+        per_server = topo.gpus_per_server
+        times = []
+        if per_server > 1:      # GPU 1 shares GPU 0's server
+            times.append((per_server - 1) / gpus / topo.path_bandwidth_bytes_per_s(1, 0))
+        if gpus > per_server:   # GPU `per_server` is on the next server
+            times.append((gpus - per_server) / gpus / topo.path_bandwidth_bytes_per_s(per_server, 0))
+        seconds_per_row = max(times, default=0.0) * self.row_bytes
+        return float(2.0 * rows.max(axis=1).sum() * seconds_per_row)
+
+    def charge(self, copies: list[Copy], expert_s: float = 0.0, comm_s: float = 0.0) -> MigrationCharge:
+        """What serving pays for `copies` when a step takes `expert_s` of compute and `comm_s` of
+        dispatch/combine (module note; both only matter for `async`)."""
+        copy_s = self.copy_time_s(copies)
+        if self.model == "stall" or copy_s == 0.0:
+            return MigrationCharge(copy_s, copy_s, 0)
+        step_s = expert_s + comm_s
+        if step_s <= 0:  # an idle cluster: the copies have the links to themselves
+            return MigrationCharge(copy_s, 0.0, 1)
+        return MigrationCharge(copy_s, copy_s * comm_s / step_s, max(1, math.ceil(copy_s / step_s)))

@@ -1,0 +1,40 @@
+"""The engine adapters' controller settings: a config file, then environment variables on top."""
+
+import pytest
+
+from moe_place.engines.config import CONFIG_ENV, EngineConfig, load_engine_config
+from moe_place.errors import InputError
+
+
+def test_defaults_file_and_environment(tmp_path):
+    assert load_engine_config({}) == EngineConfig()
+    path = tmp_path / "moe-place.toml"
+    path.write_text('model = "DeepSeek-V3"\nmigration = "stall"\nmax_moved_slots = 4\n')
+    config = load_engine_config({CONFIG_ENV: str(path), "MOE_PLACE_MAX_MOVED_SLOTS": "1", "MOE_PLACE_NIC_GBIT": "200"})
+    assert (config.model, config.migration, config.max_moved_slots, config.nic_gbit) == ("DeepSeek-V3", "stall", 1, 200.0)
+    assert config.expert_shape().expert_bytes == 42 * 2**20
+    rebalancer = config.rebalancer(num_gpus=16, num_nodes=2, num_layers=3, num_experts=256)
+    cost = rebalancer.controller.cost
+    assert (cost.num_gpus, cost.topology.num_servers, cost.migration, rebalancer.controller.max_moved_slots) == \
+        (16, 2, "stall", 1)
+    custom = tmp_path / "custom.json"
+    custom.write_text('{"model": {"preset": "Qwen3-30B-A3B", "dtype": "fp8"}}')
+    assert load_engine_config({CONFIG_ENV: str(custom)}).expert_shape().dtype_bytes == 1
+
+
+@pytest.mark.parametrize("env, field", [
+    ({"MOE_PLACE_MIGRATION": "later"}, "migration"),
+    ({"MOE_PLACE_MAX_MOVED_SLOTS": "two"}, "MOE_PLACE_MAX_MOVED_SLOTS"),
+    ({"MOE_PLACE_MODEL": "GPT-9"}, "GPT-9"),
+    ({CONFIG_ENV: "/no/such/moe-place.toml"}, "moe-place.toml"),
+])
+def test_bad_settings_are_one_input_error_naming_the_field(env, field):
+    with pytest.raises(InputError, match=field):
+        load_engine_config(env)
+
+
+def test_unknown_key_in_the_file_is_named(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("max_moves = 3\n")
+    with pytest.raises(InputError, match="max_moves"):
+        load_engine_config({CONFIG_ENV: str(path)})

@@ -1,0 +1,89 @@
+"""The drop-in with solver="eplb" equals DeepSeek EPLB's `eplb.py` exactly, in all three tensors.
+
+Expected outputs: `tests/data/eplb_expected.npz`, made by `tests/data/make_eplb_expected.py` from
+github.com/deepseek-ai/EPLB `eplb.py` at commit 57919718be1fbe2baca80a42a7df4de7119aaa95 (the
+file's sha256 and the torch version are stored beside the outputs) on torch 2.13.0. The tests
+fetch nothing. The original orders equal loads by torch's default (unstable) sort, and so does
+the drop-in, so the tie cases hold for the torch the file was made with.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from moe_place import eplb as dropin  # noqa: E402
+from moe_place.errors import InputError, ParameterError  # noqa: E402
+from moe_place.solvers.deepseek import eplb_maps  # noqa: E402
+
+DATA = np.load(Path(__file__).parent / "data" / "eplb_expected.npz")
+CASES = [str(name) for name in DATA["meta/cases"]]
+
+
+def test_the_expected_outputs_say_where_they_came_from():
+    assert str(DATA["meta/eplb_commit"]) == "57919718be1fbe2baca80a42a7df4de7119aaa95"
+    assert len(str(DATA["meta/eplb_sha256"])) == 64
+    assert {"readme", "colocated"} <= set(CASES) and sum(c.startswith("random") for c in CASES) == 32
+    policies = {bool(DATA[f"{c}/args"][1] % DATA[f"{c}/args"][2] == 0) for c in CASES if c.startswith("random")}
+    assert policies == {True, False}  # hierarchical and global
+    sizes = [DATA[f"{c}/weight"].shape for c in CASES if c.startswith("random")]
+    assert {s[0] for s in sizes} == {1, 2, 3, 4} and min(s[1] for s in sizes) == 8 and max(s[1] for s in sizes) == 256
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_drop_in_equals_eplb_py(case):
+    replicas, groups, nodes, gpus = (int(v) for v in DATA[f"{case}/args"])
+    got = dropin.rebalance_experts(torch.from_numpy(DATA[f"{case}/weight"]), replicas, groups, nodes, gpus,
+                                   solver="eplb")
+    for name, tensor in zip(("phy2log", "log2phy", "logcnt"), got):
+        assert tensor.dtype == torch.int64 and tensor.device.type == "cpu"
+        np.testing.assert_array_equal(tensor.numpy(), DATA[f"{case}/{name}"], err_msg=f"{case}: {name}")
+
+
+def test_readme_log2phy_lists_replicas_in_creation_order():
+    _, log2phy, _ = dropin.rebalance_experts(torch.from_numpy(DATA["readme/weight"]), 16, 4, 2, 8, solver="eplb")
+    # expert 10 of layer 0 has two replicas; the original lists them as created, not ascending
+    np.testing.assert_array_equal(log2phy.numpy(), DATA["readme/log2phy"])
+    assert any(row[0] > row[1] >= 0 for row in log2phy.numpy().reshape(-1, log2phy.shape[-1]) if len(row) > 1)
+
+
+def test_forced_colocation_is_accepted_like_the_original():
+    phy2log, log2phy, logcnt = dropin.rebalance_experts(torch.ones(1, 8), 10, 1, 1, 1, solver="eplb")
+    assert phy2log.tolist() == [[2, 3, 4, 5, 6, 7, 0, 1, 0, 1]]
+    assert logcnt.tolist() == [[2, 2, 1, 1, 1, 1, 1, 1]]
+    # our other solvers never co-locate: one clear error saying why
+    with pytest.raises(ParameterError, match="at most 8 slots per GPU.*solver='eplb'"):
+        dropin.rebalance_experts(torch.ones(1, 8), 10, 1, 1, 1, solver="fast")
+
+
+def test_the_stable_order_differs_from_torch_only_in_tie_order():
+    # the planner's reimplementation sorts stably (ties by index): same phy2log on tie-free
+    # loads, but replicas of one expert may be listed in another order in log2phy
+    for case in (c for c in CASES if c.startswith("random")):
+        replicas, groups, nodes, gpus = (int(v) for v in DATA[f"{case}/args"])
+        phy2log, log2phy, logcnt = eplb_maps(DATA[f"{case}/weight"], replicas, groups, nodes, gpus)
+        np.testing.assert_array_equal(phy2log, DATA[f"{case}/phy2log"])
+        np.testing.assert_array_equal(logcnt, DATA[f"{case}/logcnt"])
+        np.testing.assert_array_equal(np.sort(log2phy, axis=-1), np.sort(DATA[f"{case}/log2phy"], axis=-1))
+
+
+@pytest.mark.parametrize("solver", ["eplb", "fast"])
+def test_parameter_errors_are_assertion_errors_with_a_clear_line(solver):
+    weight = torch.tensor([[10, 20, 30, 40]])
+    # vLLM's test_parameter_validation: 7 replicas on 4 GPUs must raise AssertionError
+    with pytest.raises(AssertionError, match="num_replicas: expected a multiple of num_gpus=4, got 7"):
+        dropin.rebalance_experts(weight, 7, 2, 2, 4, solver=solver)
+    with pytest.raises(InputError, match="num_replicas"):
+        dropin.rebalance_experts(weight, 7, 2, 2, 4, solver=solver)
+    # the hierarchical policy's own assertions: groups split the experts, nodes split the GPUs
+    with pytest.raises(ParameterError, match="num_groups: expected a divisor of the 4 logical experts, got 3"):
+        dropin.rebalance_experts(weight, 8, 3, 1, 4, solver=solver)
+    with pytest.raises(ParameterError, match="num_nodes: expected a divisor of num_gpus=3, got 2"):
+        dropin.rebalance_experts(weight, 6, 2, 2, 3, solver=solver)
+    with pytest.raises(ParameterError, match="weight"):
+        dropin.rebalance_experts(torch.ones(4), 8, 1, 1, 4, solver=solver)
+    # where the original falls back to the global policy, so does the drop-in
+    phy2log, _, logcnt = dropin.rebalance_experts(weight, 8, 3, 2, 4, solver=solver)
+    assert phy2log.shape == (1, 8) and logcnt.sum() == 8
