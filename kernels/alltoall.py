@@ -91,9 +91,3 @@ def ep_moe_layer(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     traffic = RankTraffic(rank, send_split, recv_split, x.shape[1] * x.element_size())
     return out, traffic
 
-
-def traffic_matrix_rows(topk_ids_per_rank: list[torch.Tensor], phy2log: torch.Tensor, policy: str = "even") -> torch.Tensor:
-    """int64 `[G, G]`: `a[s][d]` rows rank s sends to rank d, from the same plan the ranks use."""
-    world = len(topk_ids_per_rank)
-    return torch.stack([send_plan(ids, phy2log, world, rank, policy).send_counts
-                        for rank, ids in enumerate(topk_ids_per_rank)])

@@ -36,7 +36,6 @@ from moe_place.traces.model import Trace
 from moe_place.traces.npz import NpzHeader, counts_trace
 
 CSV_COLUMNS = ("step", "layer", "expert", "count")
-CSV_META = ("num_experts", "top_k", "model")
 
 
 # ---------------------------------------------------------------------- CSV

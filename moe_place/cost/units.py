@@ -7,13 +7,9 @@ expert weights are binary (`36 MiB` = 37,748,736 bytes). `80 GB` of HBM is 80e9 
 
 from __future__ import annotations
 
-KIB_BYTES = 1024
 MIB_BYTES = 1024**2
 GIB_BYTES = 1024**3
-KB_BYTES = 1e3
-MB_BYTES = 1e6
 GB_BYTES = 1e9
-TB_BYTES = 1e12
 TFLOPS = 1e12
 
 BYTES_PER_DTYPE = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8}
@@ -28,10 +24,3 @@ def gbit_per_s(value: float) -> float:
     """`value` Gbit/s as bytes/s (400 Gbit/s -> 50e9 bytes/s)."""
     return float(value) * 1e9 / 8
 
-
-def to_mib(num_bytes: float) -> float:
-    return num_bytes / MIB_BYTES
-
-
-def to_gib(num_bytes: float) -> float:
-    return num_bytes / GIB_BYTES

@@ -66,7 +66,6 @@ from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.planfile import read_plan
 from moe_place.solvers.deepseek import check_eplb_arguments
 
-POLICY_NAME = "moe_place"
 RETURN_STYLES = ("auto", "tuple", "phy2log")
 INTERFACES = ("auto", "legacy", "plan_rebalance", "context")
 MODES = ("payback", "replan")
