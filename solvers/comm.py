@@ -35,9 +35,11 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    balance-only plan (`quick_plan` on the same training loads, `fast`'s anytime start). One
    strength for all layers: the one with the least held-out time summed over windows and
    layers. A layer is grouped only if at that strength no held-out window found it slower than
-   its balance-only plan; the other layers keep the balance-only plan (`fast` on all the
-   training loads): no layer is returned whose held-out predicted time is worse than the
-   balance-only plan's. Grouped layers: steps 1-4 on all training steps at the chosen strength.
+   its balance-only plan, and only if over all layers grouping beats the balance-only plans by
+   more than `MIN_CV_GAIN` (a margin for the noise of two or three windows); the other layers
+   keep the balance-only plan (`fast` on all the training loads): no layer is returned whose
+   held-out predicted time is worse than the balance-only plan's. Grouped layers: steps 1-4 on
+   all training steps at the chosen strength.
 
 Lower bound (`layer_lower_bound_s`, reported per layer on the training tokens): busiest-GPU
 compute is at least the mean GPU's rows (`F/C`) and at least `ceil(experts used / G)` expert
@@ -72,6 +74,7 @@ SEARCH_CANDIDATES = 32                # swaps tried per round, best first-order 
 SWAPS_PER_ROUND = 4                   # swaps taken per round before the ranking is recomputed
 MEAN_WEIGHT = 1.0                     # weight of the mean NIC's term in the search surrogate
 PRICE_TEMPERATURE = 0.02              # softmax temperature of the NIC prices, relative to the busiest NIC
+MIN_CV_GAIN = 0.01                    # group only if held-out time beats the balance-only plans' by this share
 REPLICA_DET_S = 0.2                   # CP-SAT deterministic seconds for the replica nodes of one layer
 REPLICA_CANDIDATES = 4                # candidate experts per spare slot offered to CP-SAT
 HOME_FIRST = ("sglang-static", "node-aware")  # dispatchers that prefer a replica on the token's node
@@ -679,8 +682,13 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
         strength = STRENGTHS[choice]
         cv = {str(s): float(total[j].sum()) for j, s in enumerate(STRENGTHS)}
         cv["balance"] = float(np.sum(held_balance))
-        # a layer is grouped only if, at that strength, no held-out window found it slower than balance-only
+        # a layer is grouped only if, at that strength, no held-out window found it slower than balance-only,
+        # and only if grouping wins by more than the noise of a few windows over all layers
         wins = np.all([fold[choice] <= base for fold, base in zip(held, held_balance)], axis=0)
+        if total[choice].sum() > (1 - MIN_CV_GAIN) * np.sum(held_balance):
+            wins[:] = False
+            notes.append(f"held-out time at the best strength ({strength}) is within {MIN_CV_GAIN:.0%} of the "
+                         f"balance-only plans': returned the balance-only plan")
         held_chosen, held_base = total[choice], np.sum(held_balance, axis=0)
     else:
         cv, wins = {}, np.full(layers, strength is not None)
