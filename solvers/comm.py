@@ -8,7 +8,11 @@ how hard to group is chosen on held-out windows of the training trace.
 
 Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
 1. Node split. Experts go to nodes in equal numbers (`E/N`, the first `E % N` nodes one more),
-   heaviest first to the lightest node (`balanced_nodes`): the grouping-free start.
+   heaviest first to the lightest node (`balanced_nodes`): the grouping-free start. The other
+   start, `communities` (`community_nodes`: Louvain communities of the networkx co-activation
+   graph packed into nodes), groups more from the outset; on the Qwen3 trace it planned better
+   in sample but worse on held-out batches (bench/bench_comm.py, `time-comm`), so it is not the
+   default.
 2. Grouping (`NodeSearch`): swaps of two experts between nodes, best first, each lowering a
    surrogate of the layer time on the training tokens: per step, the busiest NIC's RDMA rows
    (sent, or received: the DeepEP rule of `moe_place.cost.comm`) over the NIC bandwidth, for
@@ -57,9 +61,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import networkx as nx
 import numpy as np
 from ortools.sat.python import cp_model
 
+from moe_place.analysis.coactivation import coactivation
 from moe_place.cost.comm import CommModel, SlotTable, layer_cost, token_homes
 from moe_place.errors import InputError
 from moe_place.placement import Placement
@@ -75,6 +81,7 @@ SWAPS_PER_ROUND = 4                   # swaps taken per round before the ranking
 MEAN_WEIGHT = 1.0                     # weight of the mean NIC's term in the search surrogate
 PRICE_TEMPERATURE = 0.02              # softmax temperature of the NIC prices, relative to the busiest NIC
 MIN_CV_GAIN = 0.01                    # group only if held-out time beats the balance-only plans' by this share
+COMMUNITY_NEIGHBOURS = 16            # co-activation graph: each expert joined to its 16 most frequent partners
 REPLICA_DET_S = 0.2                   # CP-SAT deterministic seconds for the replica nodes of one layer
 REPLICA_CANDIDATES = 4                # candidate experts per spare slot offered to CP-SAT
 HOME_FIRST = ("sglang-static", "node-aware")  # dispatchers that prefer a replica on the token's node
@@ -106,6 +113,40 @@ class LayerTokens:
     @property
     def num_steps(self) -> int:
         return self.loads.shape[0]
+
+
+def community_nodes(tokens: LayerTokens, num_nodes: int, neighbours: int = COMMUNITY_NEIGHBOURS,
+                    seed: int = 0) -> np.ndarray:
+    """int64 `[E]`: node of each expert, co-activated experts together as far as balance allows (step 1).
+
+    The co-activation graph of the tokens (networkx; each expert joined to the `neighbours` experts
+    it is picked with most often, weight = tokens picking both) is split into communities (Louvain,
+    seeded); communities, heaviest first, fill the nodes: each expert, heaviest first, goes to the
+    node holding most of its community among the nodes with room (ties: the lightest). Node `n`
+    takes `E // N` experts, one more when `n < E % N`.
+    """
+    loads = tokens.loads.sum(axis=0)
+    experts = loads.size
+    pairs = coactivation(tokens.ids[:, None, :], experts)[0].astype(np.float64)
+    np.fill_diagonal(pairs, 0.0)
+    near = np.argsort(-pairs, axis=1, kind="stable")[:, :neighbours]
+    graph = nx.Graph()
+    graph.add_nodes_from(range(experts))
+    graph.add_weighted_edges_from((a, int(b), float(pairs[a, b])) for a in range(experts) for b in near[a]
+                                  if pairs[a, b] > 0)
+    found = nx.community.louvain_communities(graph, weight="weight", seed=seed)
+    communities = sorted((sorted(c) for c in found), key=lambda c: (-loads[c].sum(), c[0]))
+    room = np.full(num_nodes, experts // num_nodes) + (np.arange(num_nodes) < experts % num_nodes)
+    node_load = np.zeros(num_nodes)
+    node_of = np.full(experts, -1, dtype=np.int64)
+    for members in communities:
+        for e in sorted(members, key=lambda x: (-loads[x], x)):
+            held = np.bincount(node_of[members][node_of[members] >= 0], minlength=num_nodes)
+            score = np.where(room > 0, held * (loads.sum() + 1.0) - node_load, -np.inf)
+            n = int(np.argmax(score))
+            node_of[e], room[n] = n, room[n] - 1
+            node_load[n] += loads[e]
+    return node_of
 
 
 def balanced_nodes(loads: np.ndarray, num_nodes: int) -> np.ndarray:
@@ -281,9 +322,10 @@ class NodeSearch:
                 gains[np.arange(experts)[None, :], self.node_of[:, None]]          # e to f's node, f to e's
             pair[self.node_of[:, None] == self.node_of[None, :]] = np.inf
             scores = pair[upper]
+            top = np.argpartition(scores, min(SEARCH_CANDIDATES, scores.size) - 1)[:SEARCH_CANDIDATES]
             moved: set[int] = set()
             taken = 0
-            for index in np.argsort(scores, kind="stable")[:SEARCH_CANDIDATES]:
+            for index in top[np.lexsort((top, scores[top]))]:  # best first, ties by pair index
                 e, f = int(upper[0][index]), int(upper[1][index])
                 if not np.isfinite(scores[index]) or swaps >= max_swaps or taken >= SWAPS_PER_ROUND:
                     break
@@ -587,11 +629,14 @@ def cv_windows(steps: list[np.ndarray]) -> list[list[np.ndarray]]:
 
 
 def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel, strengths: tuple[int, ...],
-               exact: bool) -> dict[int, tuple[np.ndarray, str]]:
-    """{strength: (phy2log `[P]`, replica status)}: steps 1-4 of one layer on `tokens`."""
-    loads = tokens.loads.sum(axis=0)
-    search = NodeSearch(tokens, balanced_nodes(loads, problem.num_nodes), problem.num_gpus, problem.num_nodes,
-                        problem.slots_per_gpu, model)
+               exact: bool, start: str = "balanced") -> dict[int, tuple[np.ndarray, str]]:
+    """{strength: (phy2log `[P]`, replica status)}: steps 1-4 of one layer on `tokens` from the
+    `balanced` split or the `communities` of the co-activation graph (`community_nodes`)."""
+    if start == "communities":
+        start = community_nodes(tokens, problem.num_nodes, seed=problem.seed)
+    else:
+        start = balanced_nodes(tokens.loads.sum(axis=0), problem.num_nodes)
+    search = NodeSearch(tokens, start, problem.num_gpus, problem.num_nodes, problem.slots_per_gpu, model)
     snapshots = search.search(max(strengths), strengths)
     order = sorted(strengths, reverse=True)  # the search ends at the largest: no reset for it
     plans = []
@@ -604,7 +649,8 @@ def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel,
 
 
 def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommModel,
-              time_limit_s: float | None = None, progress: bool = False, strength: int | None = None) -> TimePlan:
+              time_limit_s: float | None = None, progress: bool = False, strength: int | None = None,
+              start: str = "balanced") -> TimePlan:
     """Plan every layer of `problem` for the predicted layer time (module docstring).
 
     steps: the training trace, one int `[tokens, layers, k]` array per step (the problem's layers).
@@ -612,7 +658,10 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
     time_limit_s: wall-clock safety stop for the whole plan (None: none).
     strength: group every layer at this strength with no cross-validation and no guard (to measure
         what grouping does when nothing holds it back, e.g. in benchmarks); None: step 5.
+    start: `balanced` (step 1) or `communities` (`community_nodes`, measured in bench/bench_comm.py).
     """
+    if start not in ("balanced", "communities"):
+        raise InputError("start", "balanced or communities", start)
     start = time.monotonic()
     deadline = None if time_limit_s is None else start + time_limit_s
     model.check_placement(problem.num_gpus, problem.num_nodes, "topology")
@@ -664,7 +713,7 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
             if deadline is not None and time.monotonic() > deadline:
                 break
             tokens = LayerTokens.from_steps([s[:, i, :] for s in train], experts, problem.num_gpus, model.token_home)
-            for strength, (row, _) in plan_layer(tokens, problem, model, STRENGTHS, exact=False).items():
+            for strength, (row, _) in plan_layer(tokens, problem, model, STRENGTHS, False, start).items():
                 fold[STRENGTHS.index(strength), i] = train_cost(i, row, validation)
             fold_balance[i] = train_cost(i, fold_balance_rows[i], validation)
             if bar:
@@ -706,7 +755,7 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
         grouped = grouped and not stopped
         if grouped:
             tokens = LayerTokens.from_steps([s[:, i, :] for s in steps], experts, problem.num_gpus, model.token_home)
-            row, status = plan_layer(tokens, problem, model, (strength,), exact=True)[strength]
+            row, status = plan_layer(tokens, problem, model, (strength,), True, start)[strength]
         else:
             row, status = balance_rows[i], "node-closed"
         rows.append(row)

@@ -11,7 +11,7 @@ from moe_place.cost.models import ExpertShape
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
-from moe_place.solvers.comm import (STRENGTHS, LayerTokens, NodeSearch, balanced_nodes, cv_windows,
+from moe_place.solvers.comm import (STRENGTHS, LayerTokens, NodeSearch, balanced_nodes, community_nodes, cv_windows,
                                     layer_lower_bound_s, plan_time, replica_nodes)
 
 SHAPE = ExpertShape("test", 512, 256, 16, 4, 2)
@@ -154,3 +154,15 @@ def test_cv_windows_split_steps_or_halves():
     assert [[int(s[0, 0, 0]) for s in w] for w in windows] == [[0, 1], [2], [3, 4]]
     halves = cv_windows(steps[:1])
     assert [w[0].shape[0] for w in halves] == [5, 5]
+
+
+def test_community_start_puts_each_cluster_on_one_node():
+    rng = np.random.default_rng(8)
+    steps = clustered_steps(rng, layers=1)
+    tokens = LayerTokens.from_steps([s[:, 0, :] for s in steps], 16, 8, "blocks")
+    node_of = community_nodes(tokens, 2)
+    assert np.bincount(node_of).tolist() == [8, 8]
+    together = [len({int(node_of[e]) for e in row}) for row in tokens.ids]
+    assert np.mean(together) == pytest.approx(1.0)   # every token's experts on one node
+    result = plan_time(problem_for(steps, 8, 2), steps, CommModel(default_topology(8, 2), SHAPE), start="communities")
+    Placement(result.placement.phy2log, 16, 8, 2)

@@ -98,6 +98,7 @@ class SlotTable:
     num_experts: int
     candidates: np.ndarray = field(init=False, repr=False)
     logcnt: np.ndarray = field(init=False, repr=False)
+    static_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     gpu_of_slot: np.ndarray = field(init=False, repr=False)
     node_of_slot: np.ndarray = field(init=False, repr=False)
 
@@ -173,29 +174,32 @@ def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, ru
 
 
 def _static_rank_table(table: SlotTable, seed: int) -> np.ndarray:
-    """int64 `[G, E]`: the slot each rank uses for each expert under SGLang's static dispatch."""
-    rng = np.random.default_rng(seed)
+    """int64 `[G, E]`: the slot each rank uses for each expert under SGLang's static dispatch (cached
+    per seed on the table: the engine builds it once, not per batch)."""
+    if seed in table.static_tables:
+        return table.static_tables[seed]
     gpus, gpn = table.num_gpus, table.gpus_per_node
+    cand = table.candidates                                                # [E, W], -1 padded
+    valid = cand >= 0
+    cand_gpu = np.where(valid, table.gpu_of_slot[np.maximum(cand, 0)], -1)
+    cand_node = np.where(valid, table.node_of_slot[np.maximum(cand, 0)], -1)
     out = np.full((gpus, table.num_experts), -1, dtype=np.int64)
-    rank_node = np.arange(gpus) // gpn
-    for e in range(table.num_experts):
-        slots = table.candidates[e, :table.logcnt[e]]
-        if slots.size == 1:
-            out[:, e] = slots[0]
-            continue
-        for g in range(gpus):
-            same_gpu = slots[table.gpu_of_slot[slots] == g]
-            same_node = slots[table.node_of_slot[slots] == rank_node[g]]
-            if same_gpu.size:
-                out[g, e] = same_gpu[0]
-            elif same_node.size:
-                out[g, e] = same_node[0]
+    for match in (cand_node[None] == (np.arange(gpus) // gpn)[:, None, None],   # same node (overwritten by...)
+                  cand_gpu[None] == np.arange(gpus)[:, None, None]):            # ... same GPU, which wins
+        hit = match.any(axis=2)
+        first = np.argmax(match, axis=2)                                       # the lowest such slot
+        out = np.where(hit, cand[np.arange(table.num_experts)[None, :], first], out)
+    out[:, table.logcnt == 1] = cand[table.logcnt == 1, 0]
+    rng = np.random.default_rng(seed)
+    for e in np.flatnonzero((out < 0).any(axis=0)):  # nobody near: a fair draw over all replicas
+        slots = cand[e, :table.logcnt[e]]
         left = np.flatnonzero(out[:, e] < 0)
-        if left.size:
-            quotient, remainder = divmod(left.size, slots.size)
-            draws = np.concatenate([np.tile(slots, quotient), rng.choice(slots, remainder, replace=False)])
-            rng.shuffle(draws)
-            out[left, e] = draws
+        quotient, remainder = divmod(left.size, slots.size)
+        draws = np.concatenate([np.tile(slots, quotient), rng.choice(slots, remainder, replace=False)])
+        rng.shuffle(draws)
+        out[left, e] = draws
+    out.setflags(write=False)
+    table.static_tables[seed] = out
     return out
 
 
@@ -497,7 +501,9 @@ def layer_cost(model: CommModel, steps: list[np.ndarray], table: SlotTable, laye
     send, recv, rows_gpu = np.zeros(num_gpus), np.zeros(num_gpus), np.zeros(num_gpus)
     for index, ids in enumerate(steps):
         home = token_homes(ids.shape[0], num_gpus, model.token_home)
-        step = step_cost(model, ids, home, table, seed=_seed(model.seed, layer, index))
+        # SGLang builds its static table once; the dynamic choice draws anew every batch
+        draw = index if model.replica_choice == "sglang-dynamic" else 0
+        step = step_cost(model, ids, home, table, seed=_seed(model.seed, layer, draw))
         traffic = step.traffic
         tokens += traffic.tokens
         visited += traffic.visited_nodes
