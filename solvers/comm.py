@@ -21,7 +21,8 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    still count). Candidates are ranked by the first-order change of that surrogate
    (`NodeSearch.move_gains`: each visit of a token to a remote node priced by a softmax over the
    NICs' loads) and the first that lowers the exact surrogate is taken. The *strength* of
-   grouping is the number of swaps taken (0 = the split of step 1).
+   grouping is the number of swaps taken (0 = the split of step 1). The surrogate follows DeepEP's
+   rule; with `all-to-all` dispatch the held-out windows of step 5 judge with that model.
 3. Replica nodes (`replica_nodes`, OR-Tools CP-SAT). Spare slots (`P/N` minus the node's
    experts) take replicas. With a dispatcher that prefers a replica on the token's own node
    (`sglang-static`, `node-aware`) a replica of `e` on node `n` serves the tokens homed on `n`,
@@ -31,8 +32,8 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    node's spare slots. Deterministic time, one worker, fixed seed, the node-closed plan as hint.
    With `vllm` or `sglang-dynamic` (replica chosen without regard to the token's node) a remote
    replica only adds traffic: replicas stay on their expert's node.
-4. GPUs inside each node: `fast` (`fast_layer`) on the rows each expert serves on that node
-   (cross-validation packs with its LPT construction only, `lpt_pack`, to save time).
+4. GPUs inside each node: `quick_plan` (replica counts and GPUs, vectorised over the nodes and
+   strengths) on the rows each expert serves on that node.
 5. Strength by cross-validation: the training steps form `W <= MAX_WINDOWS` windows of
    consecutive steps (one step: its two halves); for each window, steps 1-4 on the others at
    every strength in `STRENGTHS`, judged by `layer_cost` on the held-out window, beside the
@@ -398,9 +399,7 @@ def replica_nodes(search: NodeSearch, num_physical: int, seed: int = 0, det_time
     np.add.at(saving, (experts_hit, home_node), price[rows, search.node_of[experts_hit]])
     saving[own] = 0.0
     if exact:
-        present = _replica_cpsat(search, demand, saving, spare, seed, det_time_s)
-        status = present[1]
-        present = present[0]
+        present, status = _replica_cpsat(search, demand, saving, spare, seed, det_time_s)
     else:
         present, status = _replica_greedy(search, demand, saving, spare), "greedy"
     present |= own

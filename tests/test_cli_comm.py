@@ -57,6 +57,12 @@ def test_plan_time_records_the_objective_and_evaluate_reports_the_layer_time(tok
     assert ev["time_model"]["replica_choice"] == "sglang-static"
     # the plan's own prediction is what evaluate predicts on the same trace
     assert plan.report["time"]["predicted_layer_time_s"] == pytest.approx(ev["layer_time_s"])
+    # exportable as any plan
+    loc = tmp_path / "loc.json"
+    assert main(["export", str(out), "--engine", "sglang", "--out", str(loc)]) == 0
+    capsys.readouterr()
+    mapping = np.asarray(json.loads(loc.read_text())["physical_to_logical_map"])
+    assert mapping.shape == (2, 24) and all(set(row) == set(range(16)) for row in mapping.tolist())
 
 
 def test_distinct_nodes_per_token_is_a_direct_count(token_trace, tmp_path, capsys):
