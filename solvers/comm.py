@@ -661,8 +661,8 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
     """
     if start not in ("balanced", "communities"):
         raise InputError("start", "balanced or communities", start)
-    start = time.monotonic()
-    deadline = None if time_limit_s is None else start + time_limit_s
+    began = time.monotonic()
+    deadline = None if time_limit_s is None else began + time_limit_s
     model.check_placement(problem.num_gpus, problem.num_nodes, "topology")
     if problem.current is not None:
         raise InputError("--objective time", "no --current plan (migration-aware re-plans balance load only)")
@@ -679,7 +679,7 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
 
     def finish(rows, layer_reports, strength, cv) -> TimePlan:
         return TimePlan(Placement(np.stack(rows), experts, problem.num_gpus, problem.num_nodes),
-                        tuple(layer_reports), strength, cv, balance, tuple(notes), time.monotonic() - start)
+                        tuple(layer_reports), strength, cv, balance, tuple(notes), time.monotonic() - began)
 
     def train_cost(i: int, row: np.ndarray, on: list[np.ndarray]) -> float:
         table = SlotTable(row, problem.num_gpus, problem.num_nodes, experts)

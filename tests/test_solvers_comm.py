@@ -8,11 +8,12 @@ import pytest
 
 from moe_place.cost.comm import CommModel, SlotTable, default_topology, layer_cost
 from moe_place.cost.models import ExpertShape
+from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.solvers.comm import (STRENGTHS, LayerTokens, NodeSearch, balanced_nodes, community_nodes, cv_windows,
-                                    layer_lower_bound_s, plan_time, replica_nodes)
+                                    layer_lower_bound_s, plan_layer, plan_time, replica_nodes)
 
 SHAPE = ExpertShape("test", 512, 256, 16, 4, 2)
 
@@ -164,5 +165,16 @@ def test_community_start_puts_each_cluster_on_one_node():
     assert np.bincount(node_of).tolist() == [8, 8]
     together = [len({int(node_of[e]) for e in row}) for row in tokens.ids]
     assert np.mean(together) == pytest.approx(1.0)   # every token's experts on one node
-    result = plan_time(problem_for(steps, 8, 2), steps, CommModel(default_topology(8, 2), SHAPE), start="communities")
+    problem = problem_for(steps, 8, 2)
+    model = CommModel(default_topology(8, 2), SHAPE)
+    row = plan_layer(tokens, problem, model, (0,), False, "communities")[0][0]   # strength 0: the start itself
+    placed = np.empty(16, dtype=int)
+    placed[row] = np.arange(16) // 8
+    assert len({tuple(np.flatnonzero(placed == n)) for n in range(2)} ^
+               {tuple(np.flatnonzero(node_of == n)) for n in range(2)}) == 0
+    result = plan_time(problem, steps, model, strength=0, start="communities")   # every layer at the start
+    assert np.array_equal(result.placement.phy2log[0], row)
+    result = plan_time(problem, steps, model, start="communities")
     Placement(result.placement.phy2log, 16, 8, 2)
+    with pytest.raises(InputError, match="start"):
+        plan_time(problem, steps, model, start="random")
