@@ -10,10 +10,10 @@ Samples: `in` (plan on the three recorded batches, judge on the same three) and 
 - `eplb`: DeepSeek EPLB's global policy (the hierarchical one needs expert groups; Qwen3 has none);
 - `eplb-hier`: EPLB's hierarchical policy with one expert group per node (contiguous blocks of E/N);
 - `fast`: our balance-only plan (`--objective balance --solver fast`);
-- `time`: `--objective time` (`moe_place.solvers.comm.plan_time`, strength chosen on held-out windows
-  of the training batches, guarded against the balance-only plan);
-- `time-comm`: `time` starting from Louvain communities of the networkx co-activation graph packed
-  into nodes instead of the grouping-free balanced split;
+- `time`: `--objective time` (`moe_place.solvers.comm.plan_time`: nodes start from Louvain
+  communities of the networkx co-activation graph, strength chosen on held-out windows of the
+  training batches, guarded against the balance-only plan);
+- `time-bal`: the same from the grouping-free balanced node split instead of the communities;
 - `grouped`: the same planner with every layer grouped at the largest strength and no hold-out or
   guard: what grouping for the training tokens does when nothing holds it back.
 Columns: distinct nodes per token, RDMA GB (dispatch phase), busiest/mean GPU rows (per step,
@@ -24,7 +24,7 @@ at least 30% below eplb's; out of sample (mean over folds) at least 5% below the
 above fast's on a fold. Plan time of 48 layers at EP32 on 2 cores: `moe-place plan` timed end to end.
 
     python bench/bench_comm.py [--layers 48] [--output-json bench/results/comm.json] [--plot bench/results/comm.png]
-    python bench/bench_comm.py --timing-only     # just the end-to-end plan times
+    python bench/bench_comm.py --timing-only [--output-json FILE]   # just the end-to-end plan times
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
 
 CASES = ((32, 4, 0), (32, 4, 32), (64, 8, 64))
-METHODS = ("contiguous", "eplb", "eplb-hier", "fast", "time", "time-comm", "grouped")
+METHODS = ("contiguous", "eplb", "eplb-hier", "fast", "time", "time-bal", "grouped")
 BASELINES = ("contiguous", "eplb", "fast")   # the issue's "best of"
 PARTS = ("dispatch_s", "compute_s", "combine_s")
 
@@ -72,8 +72,8 @@ def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model:
     problem = PlacementProblem(loads, gpus, physical, num_nodes=nodes)
     start = time.perf_counter()
     out["fast"] = (solve(problem, "fast").placement.phy2log, time.perf_counter() - start, {})
-    for method, strength, begin in (("time", None, "balanced"), ("time-comm", None, "communities"),
-                                    ("grouped", max(STRENGTHS), "balanced")):
+    for method, strength, begin in (("time", None, "communities"), ("time-bal", None, "balanced"),
+                                    ("grouped", max(STRENGTHS), "communities")):
         start = time.perf_counter()
         result = plan_time(problem, train, model, strength=strength, start=begin)
         extra = {"strength": result.strength, "layers_grouped": sum(x.choice == "grouped" for x in result.layers),
@@ -221,9 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = str(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))
     if args.timing_only:
-        for t in [plan_time_cli(path, redundant, 60.0) for redundant in (0, 32)]:
+        timing = [plan_time_cli(path, redundant, 60.0) for redundant in (0, 32)]
+        for t in timing:
             print(f"plan time: {t['command']}: {t['wall_s']:.1f} s on {t['cores']} cores (exit {t['exit_code']})"
                   f"{'; ' + '; '.join(t['notes']) if t['notes'] else ''}")
+        if args.output_json:
+            write_json_atomic(args.output_json, {"plan_time": timing})
         return 0
     trace = load_trace(path)
     layers = list(range(0, trace.num_layers, max(1, trace.num_layers // args.layers)))[:args.layers]

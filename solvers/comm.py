@@ -7,12 +7,14 @@ together belong on one node. Grouping alone puts correlated hot experts together
 how hard to group is chosen on held-out windows of the training trace.
 
 Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
-1. Node split. Experts go to nodes in equal numbers (`E/N`, the first `E % N` nodes one more),
-   heaviest first to the lightest node (`balanced_nodes`): the grouping-free start. The other
-   start, `communities` (`community_nodes`: Louvain communities of the networkx co-activation
-   graph packed into nodes), groups more from the outset; on the Qwen3 trace it planned better
-   in sample but worse on held-out batches (bench/bench_comm.py, `time-comm`), so it is not the
-   default.
+1. Node split, equal numbers of experts per node (`E/N`, the first `E % N` nodes one more).
+   Default (`communities`, `community_nodes`): the co-activation graph of the training tokens
+   (networkx) is split into Louvain communities, which fill the nodes heaviest first, each
+   expert to the node holding most of its community among those with room. The other start,
+   `balanced` (`balanced_nodes`), ignores co-activation: heaviest expert first to the lightest
+   node. On the Qwen3 trace (bench/bench_comm.py, 48 layers) the communities start gave the
+   lower predicted time in and out of sample on 10 of 12 case/sample pairs and was never
+   slower than `fast` on a held-out batch; the balanced start was, by 0.3-0.5%, on two.
 2. Grouping (`NodeSearch`): swaps of two experts between nodes, best first, each lowering a
    surrogate of the layer time on the training tokens: per step, the busiest NIC's RDMA rows
    (sent, or received: the DeepEP rule of `moe_place.cost.comm`) over the NIC bandwidth, for
@@ -21,7 +23,7 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    still count). Candidates are ranked by the first-order change of that surrogate
    (`NodeSearch.move_gains`: each visit of a token to a remote node priced by a softmax over the
    NICs' loads) and the first that lowers the exact surrogate is taken. The *strength* of
-   grouping is the number of swaps taken (0 = the split of step 1). The surrogate follows DeepEP's
+   grouping is the number of swaps taken (0 = the start of step 1). The surrogate follows DeepEP's
    rule; with `all-to-all` dispatch the held-out windows of step 5 judge with that model.
 3. Replica nodes (`replica_nodes`, OR-Tools CP-SAT). Spare slots (`P/N` minus the node's
    experts) take replicas. With a dispatcher that prefers a replica on the token's own node
@@ -75,7 +77,7 @@ from moe_place.progress import ProgressBar
 from moe_place.solvers import solve
 from moe_place.solvers.quick import quick_plan
 
-STRENGTHS = (0, 2, 4, 8, 16, 32, 64)  # node swaps away from the grouping-free split (step 2)
+STRENGTHS = (0, 2, 4, 8, 16, 32, 64)  # node swaps away from the start (step 2)
 MAX_WINDOWS = 3                       # cross-validation windows (folds) at most
 SEARCH_CANDIDATES = 32                # swaps tried per round, best first-order change first
 SWAPS_PER_ROUND = 4                   # swaps taken per round before the ranking is recomputed
@@ -628,9 +630,9 @@ def cv_windows(steps: list[np.ndarray]) -> list[list[np.ndarray]]:
 
 
 def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel, strengths: tuple[int, ...],
-               exact: bool, start: str = "balanced") -> dict[int, tuple[np.ndarray, str]]:
+               exact: bool, start: str = "communities") -> dict[int, tuple[np.ndarray, str]]:
     """{strength: (phy2log `[P]`, replica status)}: steps 1-4 of one layer on `tokens` from the
-    `balanced` split or the `communities` of the co-activation graph (`community_nodes`)."""
+    `communities` of the co-activation graph (`community_nodes`) or the `balanced` split."""
     if start == "communities":
         start = community_nodes(tokens, problem.num_nodes, seed=problem.seed)
     else:
@@ -649,7 +651,7 @@ def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel,
 
 def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommModel,
               time_limit_s: float | None = None, progress: bool = False, strength: int | None = None,
-              start: str = "balanced") -> TimePlan:
+              start: str = "communities") -> TimePlan:
     """Plan every layer of `problem` for the predicted layer time (module docstring).
 
     steps: the training trace, one int `[tokens, layers, k]` array per step (the problem's layers).
@@ -657,7 +659,7 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
     time_limit_s: wall-clock safety stop for the whole plan (None: none).
     strength: group every layer at this strength with no cross-validation and no guard (to measure
         what grouping does when nothing holds it back, e.g. in benchmarks); None: step 5.
-    start: `balanced` (step 1) or `communities` (`community_nodes`, measured in bench/bench_comm.py).
+    start: `communities` (`community_nodes`, the default) or `balanced` (`balanced_nodes`): step 1.
     """
     if start not in ("balanced", "communities"):
         raise InputError("start", "balanced or communities", start)
