@@ -37,4 +37,16 @@ busiest/mean GPU (s_expert)
     Rows of the busiest GPU over the mean rows per GPU; 1 is perfect balance.
 balancedness
     Mean over max GPU load, in `(0, 1]` (vLLM/SGLang's metric, the inverse of s_expert).
+home GPU (token home)
+    The GPU that holds a token before and after its MoE layer (data-parallel attention puts a
+    batch's tokens on the `G` GPUs: contiguous `blocks`, or `round-robin`).
+replica choice
+    Which replica of an expert a (token, expert) pair is sent to (vLLM: position modulo replicas;
+    SGLang static: same GPU, same node, else a fair draw; `node-aware`: ours).
+dispatch / combine (at multi-node EP)
+    Sending tokens to their experts' GPUs and the results back. DeepEP style: one RDMA send per
+    token and remote node, then NVLink fan-out inside the node; all-to-all: one send per token
+    and destination GPU. Distinct nodes per token: the nodes a token's chosen replicas are on.
+layer time
+    Dispatch + busiest-GPU expert compute + combine of one MoE layer (phases separated by barriers).
 """

@@ -183,3 +183,40 @@ def test_a_plan_file_that_is_not_a_plan_is_one_line_exit_2(capsys, tmp_path):
     assert main(["predict", str(scenario)]) == 2
     err = capsys.readouterr().err
     assert str(plan) in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("style", ["deepep", "all-to-all"])
+def test_trace_workload_with_the_layer_time_models_traffic(capsys, tmp_path, style):
+    from moe_place.cost.comm import CommModel, SlotTable, step_cost
+    from moe_place.cost.models import get_model
+    from moe_place.cost.topology import parse_topology_spec
+
+    trace_path = bundled_path("qwen3-30b-a3b_prefill_topk.npz")
+    placement = Placement.contiguous(2, 128, 8, 2, 8)           # 2 nodes x 4 GPUs, 8 redundant slots
+    plan = tmp_path / "plan.json"
+    write_plan(plan, PlanFile(placement, (0, 1)))
+    spec = "2 nodes x 4 H100, NVLink 450 GB/s, 400 Gbit/s NIC per GPU"
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'[model]\npreset = "Qwen3-30B-A3B"\n[topology]\nspec = "{spec}"\n[workload]\n'
+                        f'trace = "{trace_path}"\nplan = "{plan}"\nlayer = 1\nweights = "once"\ntraffic = "{style}"\n'
+                        f'replica_choice = "vllm"\n')
+    report = run_json(capsys, scenario)
+    ids = load_trace(trace_path).topk_ids[0][:, 1, :]
+    model = CommModel(parse_topology_spec(spec), get_model("Qwen3-30B-A3B"), dispatch=style, replica_choice="vllm")
+    expected = step_cost(model, ids, token_sources(ids.shape[0], 8), SlotTable(placement.phy2log[1], 8, 2, 128))
+    assert report["dispatch"]["time_s"] == pytest.approx(expected.dispatch_s)
+    assert report["combine"]["time_s"] == pytest.approx(expected.combine_s)
+    assert report["compute"]["time_s"] == pytest.approx(expected.compute_s)
+    assert report["dispatch"]["total_bytes"] == pytest.approx(expected.traffic.rows.sum() * 4096)
+
+
+def test_trace_workload_traffic_needs_token_ids(capsys, tmp_path):
+    placement = Placement.contiguous(3, 8, 8)
+    plan = tmp_path / "plan.json"
+    write_plan(plan, PlanFile(placement, (0, 1, 2)))
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'[model]\npreset = "Mixtral-8x7B"\n[topology]\nspec = "2 nodes x 4 H100, 400 Gbit/s NIC"\n'
+                        f'[workload]\ntrace = "{bundled_path("mixtral-8x7b_expert_counts_L0_L7_L15.npz")}"\n'
+                        f'plan = "{plan}"\ntraffic = "deepep"\n')
+    assert main(["predict", str(scenario)]) == 2
+    assert "traffic: expected a token-level trace" in capsys.readouterr().err

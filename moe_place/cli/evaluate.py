@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from moe_place.cli.options import add_trace_options, fraction, positive_int, trace_load_options
+from moe_place.cli.options import add_time_model_arguments, add_trace_options, fraction, positive_int, trace_load_options
 
-HELP = "per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace"
+HELP = ("per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace, and the predicted "
+        "layer time (dispatch + compute + combine, RDMA/NVLink bytes, nodes per token)")
+TIME_KEYS = ("distinct_nodes_per_token", "rdma_bytes", "nvlink_bytes", "dispatch_s", "compute_s", "combine_s",
+             "layer_time_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,10 +26,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantile", type=fraction, default=None,
                         help="the quantile for --window-objective quantile, in [0, 1] (default 0.9)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    add_time_model_arguments(parser)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random replica choices (default 0)")
     add_trace_options(parser)
 
 
+def time_figures(placement, trace, model) -> tuple[list[dict], dict]:
+    """(per-layer dicts with TIME_KEYS and the NIC/node bytes, top-level sums and notes) of a plan on a
+    trace whose layers are the plan's. Count-level traces get the compute time only."""
+    import numpy as np
+
+    from moe_place.cost.comm import SlotTable, compute_only_s, layer_cost
+
+    layers, top = [], {"time_model": model.describe()}
+    if trace.is_token_level:
+        for i in range(placement.num_layers):
+            table = SlotTable(placement.phy2log[i], placement.num_gpus, placement.num_nodes,
+                              placement.num_logical_experts)
+            cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, i)
+            layers.append(cost.to_dict())
+        top["layer_time_s"] = float(sum(x["layer_time_s"] for x in layers))
+        top["rdma_bytes"] = float(sum(x["rdma_bytes"] for x in layers))
+        top["nvlink_bytes"] = float(sum(x["nvlink_bytes"] for x in layers))
+    else:
+        steps = trace.step_counts()
+        for i in range(placement.num_layers):
+            compute = compute_only_s(model, steps[:, i, :].astype(np.float64), placement.phy2log[i],
+                                     placement.num_gpus)
+            layers.append({**{key: None for key in TIME_KEYS}, "compute_s": compute})
+        top.update({"layer_time_s": None, "rdma_bytes": None, "nvlink_bytes": None,
+                    "compute_s": float(sum(x["compute_s"] for x in layers)),
+                    "note": "count-level trace: only the compute time (replicas split each expert's rows evenly); "
+                            "dispatch, combine and traffic need token-level expert ids"})
+    return layers, top
+
+
 def run(args: argparse.Namespace) -> int:
+    from moe_place.cli.options import time_model_from_args
     from moe_place.cli.plan import print_report
     from moe_place.errors import InputError
     from moe_place.solvers.evaluate import evaluate_placement
@@ -47,5 +84,46 @@ def run(args: argparse.Namespace) -> int:
     reports = evaluate_placement(placement, loads, args.split, args.window_objective, quantile, plan.layer_ids)
     report = {"plan": str(args.plan), "trace": str(args.trace), "split": args.split,
               "windows": int(loads.shape[0]), "layers": [r.to_dict() for r in reports]}
+    model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
+                                 seed=args.seed)
+    if model is None:
+        report["time_note"] = (f"no layer time: the trace's model {trace.meta.model!r} names no expert-shape preset; "
+                               f"give --model")
+        print(f"evaluate: note: {report['time_note']}", file=sys.stderr)
+    else:
+        layers, top = time_figures(placement, trace, model)
+        for row, extra in zip(report["layers"], layers):
+            row.update(extra)
+        report.update(top)
+        if "note" in top:
+            print(f"evaluate: note: {top['note']}", file=sys.stderr)
+    if args.format == "json":
+        print_report(report, "json")
+        return 0
     print_report(report, args.format, header=f"evaluate {args.plan} on {args.trace}: split {args.split}")
+    if model is not None:
+        print_time_table(report)
     return 0
+
+
+def print_time_table(report: dict) -> None:
+    """The layer-time figures of `evaluate` as a table (microseconds, MB), with what they assume."""
+    m = report["time_model"]
+    lines = [f"layer time: {m['topology']}, {m['model']}, dispatch {m['dispatch']}, replica choice "
+             f"{m['replica_choice']}, tokens in {m['token_home']}, weights {m['weights']} (sums over the trace's steps)",
+             f"{'layer':>6} {'nodes/token':>12} {'RDMA MB':>10} {'NVLink MB':>10} {'dispatch us':>12} "
+             f"{'compute us':>11} {'combine us':>11} {'layer us':>10}"]
+
+    def num(value, scale: float, width: int, digits: int) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value * scale:>{width}.{digits}f}"
+
+    for row in report["layers"]:
+        lines.append(f"{row['layer']:>6} {num(row['distinct_nodes_per_token'], 1, 12, 3)} "
+                     f"{num(row['rdma_bytes'], 1e-6, 10, 2)} {num(row['nvlink_bytes'], 1e-6, 10, 2)} "
+                     f"{num(row['dispatch_s'], 1e6, 12, 2)} {num(row['compute_s'], 1e6, 11, 2)} "
+                     f"{num(row['combine_s'], 1e6, 11, 2)} {num(row['layer_time_s'], 1e6, 10, 2)}")
+    if report.get("layer_time_s") is not None:
+        lines.append(f"sum: layer time {report['layer_time_s'] * 1e3:.4f} ms, RDMA {report['rdma_bytes'] / 1e9:.4f} GB")
+    else:
+        lines.append(f"sum: compute {report['compute_s'] * 1e3:.4f} ms; {report['note']}")
+    sys.stdout.write("\n".join(lines) + "\n")

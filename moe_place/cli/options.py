@@ -114,3 +114,83 @@ def add_trace_options(parser: argparse.ArgumentParser) -> None:
 def trace_load_options(args: argparse.Namespace) -> dict:
     """Keyword arguments for `moe_place.traces.load_trace` from `add_trace_options`."""
     return {"top_k": args.top_k, "keep_dense_layers": args.keep_dense_layers}
+
+
+# ---------------------------------------------------------------------- the layer-time model
+DISPATCH_CHOICES = ("deepep", "all-to-all")            # moe_place.cost.comm.DISPATCH_STYLES
+REPLICA_CHOICE_NAMES = ("sglang-static", "vllm", "sglang-dynamic", "node-aware")  # ... REPLICA_CHOICES
+TOKEN_HOME_CHOICES = ("blocks", "round-robin")          # ... TOKEN_HOMES
+WEIGHT_CHOICES = ("once", "tiles", "l2", "none")        # moe_place.cost.gemm.WEIGHT_MODES
+
+
+def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the layer-time model (`moe_place.cost.comm`), shared by `plan` and `evaluate`."""
+    parser.add_argument("--topology", metavar="SPEC",
+                        help="cluster, e.g. '4 nodes x 8 H100, NVLink 450 GB/s, 400 Gbit/s NIC per GPU' (default: "
+                             "the plan's nodes of H100s with NVLink 450 GB/s and one 400 Gbit/s NIC per GPU)")
+    parser.add_argument("--dispatch", choices=DISPATCH_CHOICES, default="deepep",
+                        help="deepep: one RDMA send per (token, remote node), NVLink fan-out inside the node; "
+                             "all-to-all: one send per (token, destination GPU) (default deepep)")
+    parser.add_argument("--replica-choice", choices=REPLICA_CHOICE_NAMES, default="sglang-static",
+                        help="which replica a (token, expert) pair uses: sglang-static (default: what SGLang does "
+                             "with a plan from --init-expert-location: same GPU, same node, else a fair draw), vllm "
+                             "(position modulo replicas), sglang-dynamic (uniform random), node-aware (ours: home "
+                             "GPU, home node, a node the token visits anyway, the least-loaded)")
+    parser.add_argument("--token-home", choices=TOKEN_HOME_CHOICES, default="blocks",
+                        help="where a step's tokens live: contiguous blocks per GPU or round-robin (default blocks)")
+    parser.add_argument("--model", metavar="PRESET",
+                        help="expert shape for row bytes and FLOPs (default: from the trace's model name), e.g. "
+                             "Qwen3-30B-A3B, DeepSeek-V3, Qwen3-235B-A22B, Mixtral-8x7B, OLMoE-1B-7B")
+    parser.add_argument("--weights", choices=WEIGHT_CHOICES, default="once",
+                        help="expert weight reads in the compute time: once (formula 1, default), tiles (formula 5, "
+                             "needs --block-m), l2, none")
+    parser.add_argument("--block-m", type=positive_int, metavar="M",
+                        help="GEMM tile height, with --weights tiles (default: none)")
+
+
+def infer_model_name(trace_model: str) -> str | None:
+    """The expert-shape preset a trace's model name names (e.g. 'Qwen/Qwen3-30B-A3B-Instruct-2507' ->
+    'Qwen3-30B-A3B'), or None."""
+    from moe_place.cost.models import ALIASES, PRESETS
+
+    key = "-".join(str(trace_model).strip().lower().replace("_", "-").split())
+    for name in PRESETS:
+        if name.lower() in key:
+            return name
+    for alias, name in ALIASES.items():
+        if alias in key:
+            return name
+    return None
+
+
+def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int, trace_model: str,
+                         required: bool, seed: int = 0):
+    """The `CommModel` the options describe for a plan of `num_gpus` GPUs on `num_nodes` nodes.
+
+    Returns None when no expert shape is known (no --model and a trace model name that names no
+    preset) and `required` is False; InputError naming --model when it is True.
+    """
+    from moe_place.cost.comm import CommModel, default_topology
+    from moe_place.cost.models import PRESETS, get_model
+    from moe_place.cost.topology import parse_topology_spec
+    from moe_place.errors import InputError
+
+    name = args.model or infer_model_name(trace_model)
+    if name is None:
+        if required:
+            raise InputError("--model", f"an expert shape preset ({', '.join(PRESETS)}) for row bytes and FLOPs; "
+                             f"the trace's model {trace_model!r} names none", "nothing")
+        return None
+    model = get_model(name)
+    if args.topology is not None:
+        topology = parse_topology_spec(args.topology)
+        if (topology.num_servers, topology.num_gpus) != (num_nodes, num_gpus):
+            raise InputError("--topology", f"{num_nodes} node(s) x {num_gpus // num_nodes} GPUs (the plan's "
+                             f"{num_gpus} GPUs on {num_nodes} node(s))",
+                             f"{topology.num_servers} x {topology.gpus_per_server}")
+    else:
+        topology = default_topology(num_gpus, num_nodes)
+    if args.weights == "tiles" and args.block_m is None:
+        raise InputError("--block-m", "a tile height with --weights tiles", "nothing")
+    return CommModel(topology, model, dispatch=args.dispatch, replica_choice=args.replica_choice,
+                     token_home=args.token_home, weights=args.weights, block_m=args.block_m, seed=seed)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_float, non_negative_int,
-                                   output_file, positive_float, positive_int, trace_load_options)
+from moe_place.cli.options import (add_time_model_arguments, add_trace_options, layer_selection, non_negative_float,
+                                   non_negative_int, output_file, positive_float, positive_int, trace_load_options)
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
 # the registry's names (`moe_place.solvers.solver_names()`, checked by tests) without importing the solvers
@@ -34,7 +34,7 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wall-clock seconds for the whole plan, kept: the anytime plan of every layer, then "
                              "fast, then (auto, cpsat) CP-SAT on deterministic time from fast's plan, never worse "
                              "than it; the same inputs give the same plan unless the limit runs out (a note on "
-                             "stderr says so). Default: no limit (auto is then fast only)")
+                             "stderr says so); default: no limit (auto is then fast only)")
     parser.add_argument("--split", choices=("even", "local", "optimal"), default="even",
                         help="token split among replicas used in the report (solvers plan on even; default even)")
     parser.add_argument("--allow-colocated", action="store_true",
@@ -48,6 +48,12 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser)
+    parser.add_argument("--objective", choices=("balance", "time"),
+                        help="balance: the busiest GPU's rows (the solvers); time: the predicted MoE layer time, "
+                             "dispatch + compute + combine, with nodes grouped by co-activation as far as held-out "
+                             "windows of the trace say it pays (moe_place.solvers.comm); default: time for a "
+                             "token-level trace on --nodes > 1, else balance")
+    add_time_model_arguments(parser)
     parser.add_argument("--solver", default="auto", metavar="NAME",
                         help=f"one of {', '.join(SOLVER_CHOICES)} (default auto: fast, then CP-SAT where --time-limit "
                              "leaves room)")
@@ -148,13 +154,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--move-cost", "a value >= 0", args.move_cost)
     current_plan = read_plan(args.current) if args.current is not None else None
     problem, trace, options = build_problem(args, current_plan)
+    objective = args.objective or ("time" if trace.is_token_level and args.nodes > 1 else "balance")
+    options["objective"] = objective
+    if objective == "time":
+        return _run_time(args, problem, trace, options)
     current = problem.current
     solution = solve(problem, args.solver, args.time_limit, args.jobs, progress=not args.no_progress)
     for note in solution.notes:
         print(f"plan: note: {note}", file=sys.stderr)
     rows = report_rows(problem, solution, args.split)
-    report = {"solver": args.solver, "status": solution.status, "wall_s": round(solution.wall_s, 6),
-              "split": args.split, "layers": rows}
+    report = {"objective": "balance", "solver": args.solver, "status": solution.status,
+              "wall_s": round(solution.wall_s, 6), "split": args.split, "layers": rows}
     if current is not None:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
     budget_layers = None
@@ -179,6 +189,66 @@ def run(args: argparse.Namespace) -> int:
     print_report(report, args.format, header=f"plan {args.trace}: {problem.num_layers} layers, "
                  f"{problem.num_experts} experts, P = {problem.num_physical} on {problem.num_gpus} GPUs "
                  f"({problem.slots_per_gpu} slots each), solver {args.solver}, split {args.split}")
+    return 0
+
+
+def _run_time(args: argparse.Namespace, problem, trace, options: dict) -> int:
+    """`--objective time`: plan for the predicted layer time (moe_place.solvers.comm) and write the plan."""
+    from moe_place.cli.options import time_model_from_args
+    from moe_place.cost.comm import SlotTable, layer_cost
+    from moe_place.errors import InputError
+    from moe_place.planfile import PlanFile, file_sha256, write_plan
+    from moe_place.solvers.comm import plan_time
+    from moe_place.solvers.evaluate import layer_figures
+
+    why = "(the default for a token-level trace on several nodes; --objective balance plans without it)"
+    if not trace.is_token_level:
+        raise InputError("--objective time", "a token-level trace (per-token expert ids): the traffic needs them; "
+                         "this trace holds counts only")
+    if args.current is not None:
+        raise InputError("--objective time", f"no --current plan: migration-aware re-plans balance load only {why}")
+    if args.expert_memory_budget is not None:
+        raise InputError("--objective time", f"--redundant R, not --expert-memory-budget {why}")
+    if args.solver not in ("auto", "fast"):
+        raise InputError("--solver", f"auto or fast with --objective time (its balance-only reference plan is fast's) "
+                         f"{why}", args.solver)
+    model = time_model_from_args(args, problem.num_gpus, problem.num_nodes, trace.meta.model, required=True,
+                                 seed=args.seed)
+    steps = list(trace.topk_ids)
+    result = plan_time(problem, steps, model, args.time_limit, progress=not args.no_progress)
+    for note in result.notes:
+        print(f"plan: note: {note}", file=sys.stderr)
+    rows = []
+    for i, layer in enumerate(result.layers):
+        figures = layer_figures(layer.phy2log, problem.layer_loads(i), problem.num_gpus, args.split,
+                                problem.window_objective, problem.quantile, problem.layer_id(i))
+        table = SlotTable(result.balance.phy2log[i], problem.num_gpus, problem.num_nodes, problem.num_experts)
+        balance_s = layer_cost(model, [s[:, i, :] for s in steps], table, i).layer_time_s
+        rows.append({**figures.to_dict(), "status": "heuristic", "choice": layer.choice,
+                     "predicted_time_s": layer.predicted_s, "balance_predicted_time_s": balance_s,
+                     "time_lower_bound_s": layer.lower_bound_s, "held_out_s": layer.held_out_s,
+                     "balance_held_out_s": layer.balance_held_out_s, "replicas": layer.replica_status})
+    predicted = sum(r["predicted_time_s"] for r in rows)
+    report = {"objective": "time", "solver": "time", "status": "heuristic", "wall_s": round(result.wall_s, 6),
+              "split": args.split, "layers": rows,
+              "time": {"model": model.describe(), "strength": result.strength, "cv_held_out_s": result.cv,
+                       "layers_grouped": sum(r["choice"] == "grouped" for r in rows),
+                       "predicted_layer_time_s": predicted,
+                       "balance_predicted_layer_time_s": sum(r["balance_predicted_time_s"] for r in rows),
+                       "lower_bound_s": sum(r["time_lower_bound_s"] for r in rows),
+                       "notes": list(result.notes)}}
+    options.update({"topology": model.topology.describe(), "dispatch": model.dispatch,
+                    "replica_choice": model.replica_choice, "token_home": model.token_home,
+                    "model": model.model.name, "weights": model.weights, "block_m": model.block_m})
+    inputs = {"trace": str(args.trace), "trace_sha256": file_sha256(args.trace),
+              "options": {**options, "solver": args.solver, "current": None, "max_moved_slots": None,
+                          "move_cost": args.move_cost},
+              "seed": args.seed}
+    write_plan(args.out, PlanFile(result.placement, problem.layer_ids, report, inputs))
+    print(f"wrote plan {args.out}", file=sys.stderr)
+    print_report(report, args.format, header=f"plan {args.trace}: {problem.num_layers} layers, {problem.num_experts} "
+                 f"experts, P = {problem.num_physical} on {problem.num_gpus} GPUs / {problem.num_nodes} nodes, "
+                 f"objective time ({model.dispatch}, replica choice {model.replica_choice})")
     return 0
 
 
@@ -222,4 +292,13 @@ def print_report(report: dict, fmt: str, header: str = "") -> None:
     if "status" in report:
         summary += f", status {report['status']}, {report.get('wall_s', 0):.2f} s"
     lines.append(summary)
+    if "time" in report:
+        t = report["time"]
+        cv = t["cv_held_out_s"]
+        lines.append(f"predicted layer time on the training tokens (summed over layers and steps) "
+                     f"{t['predicted_layer_time_s'] * 1e3:.4f} ms, balance-only plan {t['balance_predicted_layer_time_s'] * 1e3:.4f} ms, lower bound "
+                     f"{t['lower_bound_s'] * 1e3:.4f} ms; grouping strength {t['strength']} "
+                     f"({t['layers_grouped']} of {len(report['layers'])} layers grouped)")
+        if cv:
+            lines.append("held-out time by strength (ms): " + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in cv.items()))
     sys.stdout.write("\n".join(lines) + "\n")

@@ -210,6 +210,41 @@ def gpu_expert_work(rows_per_expert, hidden: int, intermediate: int, dtype_bytes
     return GpuExpertWork(float(rows.sum()), computed, flops, memory, flops / flops_per_s, memory / memory_bytes_per_s)
 
 
+def gpu_times_s(rows_by_gpu: np.ndarray, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,
+                memory_bytes_per_s: float, *, weights: str = "once", block_m: int | None = None, block_n: int = 128,
+                matrices: int = 3, flops_per_row: float | None = None) -> np.ndarray:
+    """float64 `[..., G]`: `gpu_expert_work(rows).time_s` of every GPU at once (no empty-expert padding).
+
+    rows_by_gpu: float `[..., G, S]`, the valid rows of each of a GPU's `S` local experts (slots).
+    The same formulas as `gpu_expert_work` (tests compare them), vectorised for the planners.
+    """
+    rows = np.asarray(rows_by_gpu, dtype=np.float64)
+    if weights not in WEIGHT_MODES:
+        raise InputError("weights", f"one of {WEIGHT_MODES}", repr(weights))
+    if weights == "tiles" and block_m is None:
+        raise InputError("block_m", "a tile height when weights = 'tiles'", "nothing")
+    params = matrices * hidden * intermediate
+    per_row = 2.0 * params if flops_per_row is None else float(flops_per_row)
+    if block_m is not None:
+        block_m = _positive_int(block_m, "block_m")
+        computed = (np.ceil(rows / block_m) * block_m).sum(axis=-1)
+    else:
+        computed = rows.sum(axis=-1)
+    touched = np.count_nonzero(rows, axis=-1)
+    gated_bytes = 3 * hidden * intermediate * dtype_bytes  # formula 5 and the L2 model are for gate+up, down
+    if weights == "none":
+        memory = np.zeros_like(computed)
+    elif weights == "once":
+        memory = touched * params * dtype_bytes
+    elif weights == "l2":
+        memory = rows.sum(axis=-1) * (2 * hidden + 3 * intermediate) * dtype_bytes + touched * gated_bytes
+    else:
+        m_tiles = np.ceil(rows / block_m).sum(axis=-1)
+        memory = m_tiles * gated_bytes + rows.sum(axis=-1) * tile_row_bytes(hidden, intermediate, dtype_bytes,
+                                                                            block_n)
+    return np.maximum(per_row * computed / flops_per_s, memory / memory_bytes_per_s)
+
+
 def expert_time_s(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,
                   memory_bytes_per_s: float, *, weights: str = "tiles", block_m: int | None = None,
                   block_n: int = 128, matrices: int = 3, pad_empty: bool = False) -> float:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.cost import gemm, offload, pipeline, traffic
+from moe_place.analysis.dispatch import token_sources
+from moe_place.cost import comm, gemm, offload, pipeline, traffic
 from moe_place.cost.files import get_int, get_number, read_table_file
 from moe_place.cost.hardware import Catalog, load_catalog
 from moe_place.cost.models import ExpertShape, model_from_table
@@ -31,7 +32,10 @@ name = "..."                      # optional label
               dispatch = [[a_ij]] + sources = [GPU ids of rows] + groups = [GPU ids of columns]
               rows_per_expert = [[rows of each local expert] per GPU] (+ gpus = [GPU ids], default 0..)
               trace = "trace.npz" + plan = "plan.json" (+ layer = 0, step = 0, token_layout = "blocks",
-                sources = [GPU ids holding the tokens], default all GPUs of the plan)
+                sources = [GPU ids holding the tokens], default all GPUs of the plan,
+                traffic = "per-dispatch" (one row per token and expert, replicas split evenly; default)
+                  | "deepep" | "all-to-all" (token-level traces: moe_place.cost.comm's dispatch rules),
+                replica_choice = "sglang-static" | "vllm" | "sglang-dynamic" | "node-aware" (with those))
             tokens = n (optional: dispatches must sum to n * top_k)
             weights = "none" | "once" | "tiles" | "l2" (default "once"); block_m, block_n = 128, pad_empty = false
             dispatch_dtype / combine_dtype = "bf16" | "fp8" (row = hidden * bytes) or dispatch_bytes / combine_bytes
@@ -196,6 +200,13 @@ def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
         raise InputError(f"{plan_path}: num_logical_experts", f"the trace's {trace.num_experts} experts",
                          placement.num_logical_experts)
     sources = _gpu_list(table, "sources", here, topo, default=list(range(placement.num_gpus)))
+    style = str(table.get("traffic", "per-dispatch"))
+    if style not in ("per-dispatch",) + comm.DISPATCH_STYLES:
+        raise InputError(f"{here}.traffic", f"one of per-dispatch, {', '.join(comm.DISPATCH_STYLES)}", repr(style))
+    if style != "per-dispatch":
+        return _comm_workload(trace, placement, table, here, topo, sources, layer, step, style)
+    if "replica_choice" in table:
+        raise InputError(f"{here}.replica_choice", "traffic = \"deepep\" or \"all-to-all\" with it")
     if trace.is_token_level:
         ids = trace.topk_ids[step][:, layer, :]
         src = token_sources(ids.shape[0], len(sources), str(table.get("token_layout", "blocks")))
@@ -209,6 +220,33 @@ def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
     for g in range(placement.num_gpus):
         rows[g] = per_slot[g * placement.slots_per_gpu:(g + 1) * placement.slots_per_gpu]
     return tuple(rows), a_full, list(range(placement.num_gpus))
+
+
+def _comm_workload(trace, placement, table: dict, here: str, topo: Topology, sources: list[int], layer: int, step: int,
+                   style: str):
+    """Rows and the dispatch matrix of one step of a token-level trace under `moe_place.cost.comm`'s
+    dispatch rules: replicas chosen per (token, expert), DeepEP or all-to-all sends."""
+    if not trace.is_token_level:
+        raise InputError(f"{here}.traffic", "a token-level trace (per-token expert ids) with deepep/all-to-all",
+                         "counts only")
+    rule = str(table.get("replica_choice", comm.ENGINE_REPLICA_CHOICE))
+    ids = trace.topk_ids[step][:, layer, :]
+    homes = np.asarray(sources)[token_sources(ids.shape[0], len(sources), str(table.get("token_layout", "blocks")))]
+    slot_table = comm.SlotTable(placement.phy2log[layer], placement.num_gpus, placement.num_nodes,
+                                placement.num_logical_experts)
+    try:
+        slots = comm.choose_replicas(ids, homes, slot_table, rule)
+    except InputError as exc:
+        raise InputError(f"{here}.replica_choice" if exc.where == "replica choice" else f"{here}.sources",
+                         exc.expected, exc.got) from None
+    moved = comm.step_traffic(slots, homes, slot_table, style)
+    gpus = list(range(placement.num_gpus))
+    a_full = traffic.embed_dispatch(moved.rows, gpus, gpus, topo)
+    per_slot = moved.rows_per_slot.astype(np.float64)
+    rows = [np.zeros(0)] * topo.num_gpus
+    for g in gpus:
+        rows[g] = per_slot[g * placement.slots_per_gpu:(g + 1) * placement.slots_per_gpu]
+    return tuple(rows), a_full, gpus
 
 
 def _layer_counts(trace, step: int, layer: int, placement) -> np.ndarray:

@@ -50,6 +50,9 @@ class Topology:
     num_servers: int
     gpus_per_server: int
     _routes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _flows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _incidence: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _cuts: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         graph = self.graph
@@ -121,6 +124,26 @@ class Topology:
                 loads[edge] = loads.get(edge, 0.0) + float(volume[src, dst])
         return loads
 
+    def route_incidence(self) -> tuple[tuple[Edge, ...], np.ndarray, np.ndarray]:
+        """(edges, capacities, incidence): every directed edge some GPU-to-GPU route crosses, its
+        capacity (float64 `[edges]`, bytes/s) and float64 `[G*G, edges]` with 1 where the route of
+        pair `src*G + dst` crosses the edge. `volume.ravel() @ incidence` are the link loads of
+        `link_loads_bytes`, for every pair at once (built once per topology)."""
+        if not self._incidence:
+            gpus = self.num_gpus
+            pairs = [(s, d) for s in range(gpus) for d in range(gpus) if s != d]
+            edges = sorted({e for s, d in pairs for e in self.route(s, d)})
+            column = {e: i for i, e in enumerate(edges)}
+            incidence = np.zeros((gpus * gpus, len(edges)))
+            for s, d in pairs:
+                for e in self.route(s, d):
+                    incidence[s * gpus + d, column[e]] = 1.0
+            capacity = np.array([self.graph.edges[e]["capacity"] for e in edges], dtype=np.float64)
+            incidence.setflags(write=False)
+            capacity.setflags(write=False)
+            self._incidence.append((tuple(edges), capacity, incidence))
+        return self._incidence[0]
+
     def check_volume(self, volume_bytes: np.ndarray, where: str = "traffic") -> np.ndarray:
         volume = np.asarray(volume_bytes, dtype=np.float64)
         if volume.shape != (self.num_gpus, self.num_gpus):
@@ -136,10 +159,29 @@ class Topology:
         inside = set(nodes)
         return float(sum(d["capacity"] for u, v, d in self.graph.edges(data=True) if u in inside and v not in inside))
 
+    def server_cut_capacities(self) -> tuple[np.ndarray, np.ndarray]:
+        """(out, in), float64 `[servers]` bytes/s: capacity of the edges leaving each server's nodes,
+        and of the edges leaving everything else (into the server); the cuts of formula 3."""
+        if not self._cuts:
+            all_nodes = frozenset(self.graph.nodes)
+            out = [self.cut_capacity_bytes_per_s(self.server_nodes(s)) for s in range(self.num_servers)]
+            into = [self.cut_capacity_bytes_per_s(all_nodes - self.server_nodes(s)) for s in range(self.num_servers)]
+            self._cuts.append((np.array(out, dtype=np.float64), np.array(into, dtype=np.float64)))
+        return self._cuts[0]
+
     def max_flow_bytes_per_s(self, sources: list[int], sinks: list[int]) -> float:
-        """Max flow from GPU set `sources` to GPU set `sinks`, no GPU forwarding for others."""
-        src_nodes = {gpu_node(self.check_gpu(g)) for g in sources}
-        dst_nodes = {gpu_node(self.check_gpu(g)) for g in sinks}
+        """Max flow from GPU set `sources` to GPU set `sinks`, no GPU forwarding for others.
+
+        Cached per (sources, sinks) pair: a phase bound asks the same few questions layer after layer.
+        """
+        key = (frozenset(self.check_gpu(g) for g in sources), frozenset(self.check_gpu(g) for g in sinks))
+        if key not in self._flows:
+            self._flows[key] = self._max_flow(key[0], key[1])
+        return self._flows[key]
+
+    def _max_flow(self, sources: frozenset[int], sinks: frozenset[int]) -> float:
+        src_nodes = {gpu_node(g) for g in sources}
+        dst_nodes = {gpu_node(g) for g in sinks}
         if src_nodes & dst_nodes:
             return float("inf")
         keep = [n for n, d in self.graph.nodes(data=True) if d["kind"] != "gpu" or n in src_nodes | dst_nodes]

@@ -1,0 +1,540 @@
+"""The MoE layer time of a placement at multi-node EP: dispatch + busiest-GPU compute + combine.
+
+Inputs: the token-level expert ids of one layer (one array per step: a step is one forward
+pass), where each token lives (its *home* GPU: data-parallel attention puts a batch's tokens on
+the `G` GPUs), a placement row `phy2log [P]` and a `CommModel` (topology, expert shape,
+dispatch style, replica choice). Per step:
+
+1. Replica choice (`choose_replicas`): every (token, logical expert) pair goes to one physical
+   slot. Rules, by name:
+   - `vllm`: vLLM's `eplb_map_to_physical_and_record` (vllm/model_executor/layers/fused_moe/
+     router/base_router.py on main; fused_moe/layer.py in 0.10-0.11): the replica index is the
+     pair's flat position in the rank's local `topk_ids` (`local token index * k + j`) modulo
+     the expert's replica count, taken from `logical_to_physical_map` (slots ascending).
+   - `sglang-static`: SGLang `--ep-dispatch-algorithm static`
+     (python/sglang/srt/eplb/expert_location.py, `compute_logical_to_rank_dispatch_physical_map`):
+     each rank uses, for each expert, a replica on its own GPU, else one on its own node (the
+     lowest slot), else a seeded fair draw over all replicas (every replica drawn equally
+     often across the ranks left). Our draw is seeded numpy, not SGLang's `random.Random(42)`.
+   - `sglang-dynamic`: SGLang `--ep-dispatch-algorithm dynamic`
+     (python/sglang/srt/eplb/expert_location_dispatch.py, `topk_ids_logical_to_physical`): a
+     uniform random replica per (token, expert), seeded.
+   - `node-aware` (our recommended dispatcher): a replica on the token's home GPU, else on its
+     home node, else on a node the token already visits, else the least-loaded replica (rows
+     the step has put on each GPU so far). Experts with one replica are placed first (they fix
+     nodes the token must visit); the rest are resolved one per token per round.
+   Without redundant slots every rule is the same: an expert has one slot.
+2. Traffic (`step_traffic`), rows moved in the dispatch phase, `rows[i][j]` from GPU i to j:
+   - `deepep` (DeepEP internode kernels, used by SGLang and vLLM across nodes): a token is sent
+     over RDMA once to every remote node holding one of its chosen slots, to the GPU with the
+     home GPU's local rank there; that GPU (on the home node: the home GPU itself) forwards it
+     over NVLink once to each other GPU of the node that holds one of its slots.
+   - `all-to-all`: one send per (token, destination GPU) from the home GPU; same GPU is free.
+   Combine mirrors dispatch: the same rows in the opposite direction (`rows.T`).
+3. Times: dispatch and combine from SPEC formula 3 on the topology's graph
+   (`traffic.phase_time_s`, equal to `phase_lower_bound`), with `dispatch_bytes_per_row` and
+   `combine_bytes_per_row`; compute is the busiest GPU's `max(F/C, W/B)` (formula 1; formula 5
+   with `weights="tiles"`) over the rows each slot received. `layer_time_s = dispatch + compute +
+   combine`, barriers between the phases as in SPEC C6.
+Figures of a trace are sums over its steps (the time to run them one after another), except
+`distinct_nodes_per_token`, a mean over all tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moe_place.analysis.dispatch import token_sources
+from moe_place.cost.gemm import WEIGHT_MODES, gpu_times_s
+from moe_place.cost.models import ExpertShape
+from moe_place.cost.topology import Topology, build_cluster
+from moe_place.cost.hardware import builtin_catalog
+from moe_place.cost.traffic import phase_time_s
+from moe_place.cost.units import gb_per_s, gbit_per_s
+from moe_place.errors import InputError
+
+DISPATCH_STYLES = ("deepep", "all-to-all")
+REPLICA_CHOICES = ("vllm", "sglang-static", "sglang-dynamic", "node-aware")
+# The default: what SGLang does with a plan loaded by `--init-expert-location` (it then sets
+# `--ep-dispatch-algorithm static`, python/sglang/srt/server_args.py), the way our plans reach it.
+ENGINE_REPLICA_CHOICE = "sglang-static"
+TOKEN_HOMES = ("blocks", "round-robin")
+DEFAULT_GPU = "H100"
+DEFAULT_NVLINK_GB_PER_S = 450.0
+DEFAULT_NIC_GBIT_PER_S = 400.0
+
+
+def default_topology(num_gpus: int, num_nodes: int) -> Topology:
+    """`num_nodes` H100 nodes of `num_gpus / num_nodes` GPUs, NVLink 450 GB/s, one 400 Gbit/s NIC per GPU."""
+    if num_nodes < 1 or num_gpus % num_nodes:
+        raise InputError("num_nodes", f"a divisor of the {num_gpus} GPUs", num_nodes)
+    return build_cluster(builtin_catalog().gpu(DEFAULT_GPU), num_nodes, num_gpus // num_nodes,
+                         nvlink_bytes_per_s=gb_per_s(DEFAULT_NVLINK_GB_PER_S),
+                         nic_bytes_per_s=gbit_per_s(DEFAULT_NIC_GBIT_PER_S) if num_nodes > 1 else 0.0)
+
+
+def token_homes(num_tokens: int, num_gpus: int, layout: str = "blocks") -> np.ndarray:
+    """int64 `[tokens]`: the home GPU of each token of one step (`blocks` or `round-robin`)."""
+    if layout not in TOKEN_HOMES:
+        raise InputError("token home", f"one of {', '.join(TOKEN_HOMES)}", layout)
+    return token_sources(num_tokens, num_gpus, "round_robin" if layout == "round-robin" else "blocks")
+
+
+# ---------------------------------------------------------------------- replica choice
+@dataclass(frozen=True)
+class SlotTable:
+    """The slots of one layer's plan, grouped by expert.
+
+    phy2log: int64 `[P]`. candidates: int64 `[E, width]`, the slots of each expert ascending,
+    -1 padded (vLLM's `logical_to_physical_map` row). logcnt: int64 `[E]`.
+    gpu_of_slot / node_of_slot: int64 `[P]`.
+    """
+
+    phy2log: np.ndarray
+    num_gpus: int
+    num_nodes: int
+    num_experts: int
+    candidates: np.ndarray = field(init=False, repr=False)
+    logcnt: np.ndarray = field(init=False, repr=False)
+    static_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    gpu_of_slot: np.ndarray = field(init=False, repr=False)
+    node_of_slot: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        row = np.asarray(self.phy2log, dtype=np.int64)
+        physical = row.size
+        if self.num_gpus < 1 or physical % self.num_gpus or self.num_nodes < 1 or self.num_gpus % self.num_nodes:
+            raise InputError("placement", "P divisible by G and G divisible by N", (physical, self.num_gpus,
+                                                                                    self.num_nodes))
+        if physical and (row.min() < 0 or row.max() >= self.num_experts):
+            raise InputError("phy2log", f"expert ids in [0, {self.num_experts})")
+        logcnt = np.bincount(row, minlength=self.num_experts)
+        if (logcnt < 1).any():
+            raise InputError("phy2log", f"every expert at least once (expert {int(np.argmin(logcnt))} has no slot)")
+        order = np.argsort(row, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(logcnt)[:-1]))
+        candidates = np.full((self.num_experts, int(logcnt.max())), -1, dtype=np.int64)
+        candidates[row[order], np.arange(physical) - np.repeat(starts, logcnt)] = order
+        gpu = np.arange(physical, dtype=np.int64) // (physical // self.num_gpus)
+        for name, value in (("phy2log", row), ("candidates", candidates), ("logcnt", logcnt), ("gpu_of_slot", gpu),
+                            ("node_of_slot", gpu // (self.num_gpus // self.num_nodes))):
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+
+    @property
+    def slots_per_gpu(self) -> int:
+        return self.phy2log.size // self.num_gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.num_gpus // self.num_nodes
+
+
+def local_positions(home: np.ndarray, num_gpus: int) -> np.ndarray:
+    """int64 `[tokens]`: each token's index among the tokens of its home GPU (in token order)."""
+    order = np.argsort(home, kind="stable")
+    counts = np.bincount(home, minlength=num_gpus)
+    starts = np.cumsum(counts) - counts
+    local = np.empty(home.size, dtype=np.int64)
+    local[order] = np.arange(home.size) - starts[home[order]]
+    return local
+
+
+def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, rule: str = ENGINE_REPLICA_CHOICE,
+                    seed: int = 0) -> np.ndarray:
+    """int64 `[tokens, k]`: the physical slot each (token, expert) pair is sent to (module docstring, step 1).
+
+    topk_ids: int `[tokens, k]` logical expert ids of one layer and step; home: int `[tokens]` home GPUs.
+    seed: for `sglang-static` and `sglang-dynamic` (the same seed gives the same choice).
+    """
+    ids = np.asarray(topk_ids, dtype=np.int64)
+    home = np.asarray(home, dtype=np.int64)
+    if rule not in REPLICA_CHOICES:
+        raise InputError("replica choice", f"one of {', '.join(REPLICA_CHOICES)}", rule)
+    if ids.ndim != 2 or home.shape != ids.shape[:1]:
+        raise InputError("topk_ids", "[tokens, k] ids and one home GPU per token", f"{ids.shape}, {home.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= table.num_experts):
+        raise InputError("topk_ids", f"expert ids in [0, {table.num_experts})")
+    if home.size and (home.min() < 0 or home.max() >= table.num_gpus):
+        raise InputError("home", f"GPUs in [0, {table.num_gpus})")
+    count = table.logcnt[ids]
+    if table.candidates.shape[1] == 1 or ids.size == 0:
+        return table.candidates[ids, 0]
+    if rule == "vllm":
+        position = local_positions(home, table.num_gpus)[:, None] * ids.shape[1] + np.arange(ids.shape[1])
+        return table.candidates[ids, position % count]
+    if rule == "sglang-dynamic":
+        draw = np.random.default_rng(seed).integers(0, 65536, size=ids.shape)
+        return table.candidates[ids, draw % count]
+    if rule == "sglang-static":
+        return _static_rank_table(table, seed)[home[:, None], ids]
+    return _node_aware(ids, home, table)
+
+
+def _static_rank_table(table: SlotTable, seed: int) -> np.ndarray:
+    """int64 `[G, E]`: the slot each rank uses for each expert under SGLang's static dispatch (cached
+    per seed on the table: the engine builds it once, not per batch)."""
+    if seed in table.static_tables:
+        return table.static_tables[seed]
+    gpus, gpn = table.num_gpus, table.gpus_per_node
+    cand = table.candidates                                                # [E, W], -1 padded
+    valid = cand >= 0
+    cand_gpu = np.where(valid, table.gpu_of_slot[np.maximum(cand, 0)], -1)
+    cand_node = np.where(valid, table.node_of_slot[np.maximum(cand, 0)], -1)
+    out = np.full((gpus, table.num_experts), -1, dtype=np.int64)
+    for match in (cand_node[None] == (np.arange(gpus) // gpn)[:, None, None],   # same node (overwritten by...)
+                  cand_gpu[None] == np.arange(gpus)[:, None, None]):            # ... same GPU, which wins
+        hit = match.any(axis=2)
+        first = np.argmax(match, axis=2)                                       # the lowest such slot
+        out = np.where(hit, cand[np.arange(table.num_experts)[None, :], first], out)
+    out[:, table.logcnt == 1] = cand[table.logcnt == 1, 0]
+    rng = np.random.default_rng(seed)
+    for e in np.flatnonzero((out < 0).any(axis=0)):  # nobody near: a fair draw over all replicas
+        slots = cand[e, :table.logcnt[e]]
+        left = np.flatnonzero(out[:, e] < 0)
+        quotient, remainder = divmod(left.size, slots.size)
+        draws = np.concatenate([np.tile(slots, quotient), rng.choice(slots, remainder, replace=False)])
+        rng.shuffle(draws)
+        out[left, e] = draws
+    out.setflags(write=False)
+    table.static_tables[seed] = out
+    return out
+
+
+def _node_aware(ids: np.ndarray, home: np.ndarray, table: SlotTable) -> np.ndarray:
+    """Our dispatcher (module docstring): home GPU, home node, a visited node, the least-loaded GPU."""
+    tokens, k = ids.shape
+    rows = np.arange(tokens)
+    cand = table.candidates[ids]                                   # [T, k, width]
+    valid = cand >= 0
+    cand_gpu = np.where(valid, table.gpu_of_slot[np.maximum(cand, 0)], -1)
+    cand_node = np.where(valid, table.node_of_slot[np.maximum(cand, 0)], -1)
+    home_node = home // table.gpus_per_node
+    spread = rows[:, None] + np.arange(k)[None, :]  # spreads tokens over equally good replicas
+    chosen = np.where(table.logcnt[ids] == 1, cand[..., 0], -1)
+
+    def pick(mask: np.ndarray) -> np.ndarray:
+        """For each pair, the (spread mod hits)-th candidate where `mask` holds; -1 where none."""
+        hits = mask.sum(axis=-1)
+        nth = spread % np.maximum(hits, 1)
+        index = np.argmax(np.cumsum(mask, axis=-1) > nth[..., None], axis=-1)
+        return np.where(hits > 0, np.take_along_axis(cand, index[..., None], axis=-1)[..., 0], -1)
+
+    open_ = chosen < 0
+    for mask in (cand_gpu == home[:, None, None], cand_node == home_node[:, None, None]):
+        choice = pick(mask & valid)
+        take = open_ & (choice >= 0)
+        chosen[take] = choice[take]
+        open_ &= ~take
+    load = np.bincount(table.gpu_of_slot[chosen[~open_]], minlength=table.num_gpus).astype(np.int64)
+    while open_.any():
+        visited = np.zeros((tokens, table.num_nodes), dtype=bool)
+        done = ~open_
+        visited[np.repeat(rows, k)[done.ravel()], table.node_of_slot[chosen[done]]] = True
+        # one open pair per token this round: its first
+        first = np.argmax(open_, axis=1)
+        active = open_[rows, first]
+        t_act, j_act = rows[active], first[active]
+        on_visited = visited[t_act[:, None], np.maximum(cand_node[t_act, j_act], 0)] & valid[t_act, j_act]
+        hits = on_visited.sum(axis=1)
+        nth = (t_act + j_act) % np.maximum(hits, 1)
+        index = np.argmax(np.cumsum(on_visited, axis=1) > nth[:, None], axis=1)
+        pick_visited = cand[t_act, j_act, index]
+        via_visited = hits > 0
+        chosen[t_act[via_visited], j_act[via_visited]] = pick_visited[via_visited]
+        np.add.at(load, table.gpu_of_slot[pick_visited[via_visited]], 1)
+        rest_t, rest_j = t_act[~via_visited], j_act[~via_visited]
+        experts = ids[rest_t, rest_j]
+        for e in np.unique(experts):
+            which = np.flatnonzero(experts == e)
+            slots = table.candidates[e, :table.logcnt[e]]
+            counts = water_fill(load[table.gpu_of_slot[slots]], which.size)
+            chosen[rest_t[which], rest_j[which]] = np.repeat(slots, counts)
+            np.add.at(load, table.gpu_of_slot[slots], counts)
+        open_[t_act, j_act] = False
+    return chosen
+
+
+def water_fill(levels: np.ndarray, amount: int) -> np.ndarray:
+    """int64 `[n]`: `amount` units added one at a time to the lowest level (ties: the first index).
+
+    levels: int `[n]` current loads. The result is what that greedy gives, in closed form.
+    """
+    levels = np.asarray(levels, dtype=np.int64)
+    add = np.zeros(levels.size, dtype=np.int64)
+    if amount <= 0 or levels.size == 0:
+        return add
+    low, high = int(levels.min()), int(levels.min()) + amount  # the final water level lies in [low, high]
+    while low < high:  # largest level L with sum(max(0, L - levels)) <= amount
+        mid = (low + high + 1) // 2
+        if np.maximum(0, mid - levels).sum() <= amount:
+            low = mid
+        else:
+            high = mid - 1
+    add = np.maximum(0, low - levels)
+    left = amount - int(add.sum())
+    at_level = np.flatnonzero(levels + add == low)
+    add[at_level[:left]] += 1
+    return add
+
+
+# ---------------------------------------------------------------------- traffic
+@dataclass(frozen=True)
+class StepTraffic:
+    """Rows one step of one layer moves and computes (module docstring, step 2).
+
+    rows: float64 `[G, G]`, dispatch-phase rows sent from GPU i to GPU j (zero diagonal).
+    rows_per_slot: int64 `[P]`, the rows each physical expert computes.
+    tokens: tokens of the step; visited_nodes: sum over tokens of the distinct nodes holding
+    their chosen slots.
+    """
+
+    rows: np.ndarray
+    rows_per_slot: np.ndarray
+    tokens: int
+    visited_nodes: int
+    gpus_per_node: int
+
+    @property
+    def cross_node(self) -> np.ndarray:
+        """bool `[G, G]`: pairs on different nodes."""
+        node = np.arange(self.rows.shape[0]) // self.gpus_per_node
+        return node[:, None] != node[None, :]
+
+    @property
+    def rdma_rows(self) -> float:
+        return float(self.rows[self.cross_node].sum())
+
+    @property
+    def nvlink_rows(self) -> float:
+        return float(self.rows[~self.cross_node].sum())
+
+    @property
+    def nic_send_rows(self) -> np.ndarray:
+        """float64 `[G]`: rows each GPU's NIC sends to other nodes in the dispatch phase."""
+        return np.where(self.cross_node, self.rows, 0.0).sum(axis=1)
+
+    @property
+    def nic_recv_rows(self) -> np.ndarray:
+        """float64 `[G]`: rows each GPU's NIC receives from other nodes in the dispatch phase."""
+        return np.where(self.cross_node, self.rows, 0.0).sum(axis=0)
+
+
+def step_traffic(slots: np.ndarray, home: np.ndarray, table: SlotTable, style: str = "deepep") -> StepTraffic:
+    """The rows of one step (module docstring, step 2). slots: int `[tokens, k]` from `choose_replicas`."""
+    if style not in DISPATCH_STYLES:
+        raise InputError("dispatch", f"one of {', '.join(DISPATCH_STYLES)}", style)
+    slots = np.asarray(slots, dtype=np.int64)
+    home = np.asarray(home, dtype=np.int64)
+    tokens = slots.shape[0]
+    gpus, gpn = table.num_gpus, table.gpus_per_node
+    rows_idx = np.repeat(np.arange(tokens), slots.shape[1])
+    gpu_visit = np.zeros((tokens, gpus), dtype=bool)
+    gpu_visit[rows_idx, table.gpu_of_slot[slots].ravel()] = True
+    node_visit = gpu_visit.reshape(tokens, table.num_nodes, gpn).any(axis=2)
+    t, g = np.nonzero(gpu_visit)
+    if style == "all-to-all":
+        src, dst = home[t], g
+    else:
+        forwarder = (g // gpn) * gpn + home[t] % gpn                  # NVLink fan-out from here
+        remote = node_visit.copy()
+        remote[np.arange(tokens), home // gpn] = False
+        t_remote, n_remote = np.nonzero(remote)
+        src = np.concatenate([home[t_remote], forwarder])
+        dst = np.concatenate([n_remote * gpn + home[t_remote] % gpn, g])
+    keep = src != dst
+    rows = np.bincount(src[keep] * gpus + dst[keep], minlength=gpus * gpus).reshape(gpus, gpus).astype(np.float64)
+    rows_per_slot = np.bincount(slots.ravel(), minlength=table.phy2log.size)
+    return StepTraffic(rows, rows_per_slot, int(tokens), int(node_visit.sum()), gpn)
+
+
+# ---------------------------------------------------------------------- the layer time
+@dataclass(frozen=True)
+class CommModel:
+    """How a layer's time is predicted (module docstring).
+
+    topology: the cluster; its GPUs and nodes must match the plan's. model: the expert shape
+    (FLOPs and weight bytes per expert, activation row bytes). dispatch: one of DISPATCH_STYLES.
+    replica_choice: one of REPLICA_CHOICES. token_home: one of TOKEN_HOMES.
+    weights: how expert weights are read (`moe_place.cost.gemm`: once = formula 1, tiles = formula 5
+    with `block_m`). dispatch_bytes_per_row / combine_bytes_per_row: None = the model's row bytes.
+    seed: for the random replica choices.
+    """
+
+    topology: Topology
+    model: ExpertShape
+    dispatch: str = "deepep"
+    replica_choice: str = ENGINE_REPLICA_CHOICE
+    token_home: str = "blocks"
+    weights: str = "once"
+    block_m: int | None = None
+    block_n: int = 128
+    dispatch_bytes_per_row: float | None = None
+    combine_bytes_per_row: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value, known in (("dispatch", self.dispatch, DISPATCH_STYLES),
+                                   ("replica choice", self.replica_choice, REPLICA_CHOICES),
+                                   ("token home", self.token_home, TOKEN_HOMES),
+                                   ("weights", self.weights, WEIGHT_MODES)):
+            if value not in known:
+                raise InputError(name, f"one of {', '.join(known)}", value)
+        if self.weights == "tiles" and self.block_m is None:
+            raise InputError("block_m", "a tile height when weights = 'tiles'", "nothing")
+        for name in ("dispatch_bytes_per_row", "combine_bytes_per_row"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise InputError(name, "bytes > 0", value)
+
+    @property
+    def dispatch_row_bytes(self) -> float:
+        return float(self.model.row_bytes if self.dispatch_bytes_per_row is None else self.dispatch_bytes_per_row)
+
+    @property
+    def combine_row_bytes(self) -> float:
+        return float(self.model.row_bytes if self.combine_bytes_per_row is None else self.combine_bytes_per_row)
+
+    def check_placement(self, num_gpus: int, num_nodes: int, where: str = "topology") -> None:
+        """InputError unless the topology has the plan's GPUs and nodes."""
+        topo = self.topology
+        if (topo.num_gpus, topo.num_servers) != (num_gpus, num_nodes):
+            raise InputError(where, f"{num_nodes} nodes of {num_gpus // num_nodes} GPUs (the plan's {num_gpus} GPUs "
+                             f"on {num_nodes} nodes)", f"{topo.num_servers} x {topo.gpus_per_server}")
+
+    def compute_times_s(self, rows_per_slot: np.ndarray, num_gpus: int) -> np.ndarray:
+        """float64 `[..., G]`: each GPU's expert time for rows per slot `[..., P]`."""
+        rows = np.asarray(rows_per_slot, dtype=np.float64)
+        gpu, m = self.topology.gpu, self.model
+        return gpu_times_s(rows.reshape(*rows.shape[:-1], num_gpus, -1), m.hidden, m.intermediate, m.dtype_bytes,
+                           gpu.flops_per_s, gpu.memory_bytes_per_s, weights=self.weights, block_m=self.block_m,
+                           block_n=self.block_n, matrices=m.matrices, flops_per_row=float(m.flops_per_row()))
+
+    def describe(self) -> dict:
+        """JSON-ready: what the figures assume."""
+        return {"topology": self.topology.describe(), "model": self.model.name, "dispatch": self.dispatch,
+                "replica_choice": self.replica_choice, "token_home": self.token_home, "weights": self.weights,
+                "dispatch_bytes_per_row": self.dispatch_row_bytes, "combine_bytes_per_row": self.combine_row_bytes}
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Predicted figures of one layer over a trace's steps (sums over steps unless said otherwise).
+
+    tokens: tokens in all steps. distinct_nodes_per_token: mean over tokens of the nodes their
+    chosen slots are on. rdma_bytes / nvlink_bytes: dispatch-phase bytes over the NICs / over
+    NVLink (combine moves the same rows back at `combine_bytes_per_row`). nic_send_bytes /
+    nic_recv_bytes: float64 `[G]` dispatch-phase bytes each GPU's NIC sends / receives;
+    node_send_bytes / node_recv_bytes: float64 `[N]` the same per node. rows_per_gpu: float64
+    `[G]` rows computed. busiest_rows / mean_rows: busiest and mean GPU rows, summed over steps
+    (the busiest of each step). dispatch_s, compute_s, combine_s: seconds, summed over steps.
+    """
+
+    tokens: int
+    distinct_nodes_per_token: float
+    rdma_bytes: float
+    nvlink_bytes: float
+    nic_send_bytes: np.ndarray
+    nic_recv_bytes: np.ndarray
+    node_send_bytes: np.ndarray
+    node_recv_bytes: np.ndarray
+    rows_per_gpu: np.ndarray
+    busiest_rows: float
+    mean_rows: float
+    dispatch_s: float
+    compute_s: float
+    combine_s: float
+
+    @property
+    def layer_time_s(self) -> float:
+        return self.dispatch_s + self.compute_s + self.combine_s
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "distinct_nodes_per_token": self.distinct_nodes_per_token,
+                "rdma_bytes": self.rdma_bytes, "nvlink_bytes": self.nvlink_bytes,
+                "nic_send_bytes_max": float(self.nic_send_bytes.max(initial=0.0)),
+                "nic_recv_bytes_max": float(self.nic_recv_bytes.max(initial=0.0)),
+                "node_send_bytes": self.node_send_bytes.tolist(), "node_recv_bytes": self.node_recv_bytes.tolist(),
+                "busiest_gpu_rows": self.busiest_rows, "mean_gpu_rows": self.mean_rows,
+                "dispatch_s": self.dispatch_s, "compute_s": self.compute_s, "combine_s": self.combine_s,
+                "layer_time_s": self.layer_time_s}
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One step of one layer: its traffic and the three phase times (seconds)."""
+
+    traffic: StepTraffic
+    dispatch_s: float
+    compute_s: float
+    combine_s: float
+
+
+def step_cost(model: CommModel, topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, seed: int = 0) -> StepCost:
+    """Replica choice, traffic and times of one step (module docstring, steps 1-3).
+
+    topk_ids: int `[tokens, k]`; home: int `[tokens]` home GPUs (any, e.g. only some GPUs hold tokens).
+    """
+    model.check_placement(table.num_gpus, table.num_nodes)
+    slots = choose_replicas(topk_ids, home, table, model.replica_choice, seed)
+    traffic = step_traffic(slots, home, table, model.dispatch)
+    return StepCost(traffic, phase_time_s(model.topology, traffic.rows * model.dispatch_row_bytes),
+                    float(model.compute_times_s(traffic.rows_per_slot, table.num_gpus).max()),
+                    phase_time_s(model.topology, traffic.rows.T * model.combine_row_bytes))
+
+
+def layer_cost(model: CommModel, steps: list[np.ndarray], table: SlotTable, layer: int = 0) -> LayerCost:
+    """The figures of one layer of a plan on token-level ids (module docstring).
+
+    steps: one int `[tokens, k]` array of this layer's expert ids per step; each step's tokens live
+    on the GPUs as `model.token_home` says. table: the layer's plan. layer: mixed into the seed of
+    the random replica choices (each layer and step draws its own).
+    """
+    num_gpus, num_nodes = table.num_gpus, table.num_nodes
+    model.check_placement(num_gpus, num_nodes)
+    gpn = num_gpus // num_nodes
+    d_row = model.dispatch_row_bytes
+    tokens = visited = 0
+    rdma = nvlink = dispatch = combine = compute = busiest = mean = 0.0
+    send, recv, rows_gpu = np.zeros(num_gpus), np.zeros(num_gpus), np.zeros(num_gpus)
+    for index, ids in enumerate(steps):
+        home = token_homes(ids.shape[0], num_gpus, model.token_home)
+        # SGLang builds its static table once; the dynamic choice draws anew every batch
+        draw = index if model.replica_choice == "sglang-dynamic" else 0
+        step = step_cost(model, ids, home, table, seed=_seed(model.seed, layer, draw))
+        traffic = step.traffic
+        tokens += traffic.tokens
+        visited += traffic.visited_nodes
+        rdma += traffic.rdma_rows * d_row
+        nvlink += traffic.nvlink_rows * d_row
+        send += traffic.nic_send_rows * d_row
+        recv += traffic.nic_recv_rows * d_row
+        dispatch += step.dispatch_s
+        combine += step.combine_s
+        compute += step.compute_s
+        per_gpu = traffic.rows_per_slot.reshape(num_gpus, -1).sum(axis=1).astype(np.float64)
+        rows_gpu += per_gpu
+        busiest += float(per_gpu.max())
+        mean += float(per_gpu.mean())
+    return LayerCost(tokens, visited / max(tokens, 1), rdma, nvlink, send, recv,
+                     send.reshape(num_nodes, gpn).sum(axis=1), recv.reshape(num_nodes, gpn).sum(axis=1), rows_gpu,
+                     busiest, mean, dispatch, compute, combine)
+
+
+def compute_only_s(model: CommModel, step_loads: np.ndarray, phy2log: np.ndarray, num_gpus: int) -> float:
+    """Seconds of busiest-GPU compute summed over steps, for count-level loads (no token ids).
+
+    step_loads: `[steps, E]` dispatches per logical expert of one layer; replicas split them evenly.
+    """
+    loads = np.atleast_2d(np.asarray(step_loads, dtype=np.float64))
+    row = np.asarray(phy2log, dtype=np.int64)
+    logcnt = np.bincount(row, minlength=loads.shape[1])
+    per_slot = (loads / np.maximum(logcnt, 1))[:, row]                  # [steps, P]
+    return float(model.compute_times_s(per_slot, num_gpus).max(axis=-1).sum())
+
+
+def _seed(seed: int, layer: int, step: int) -> int:
+    """One seed per (model seed, layer, step): random replica choices differ by layer and step, repeatably."""
+    return int(np.random.SeedSequence([seed, layer, step]).generate_state(1)[0])
