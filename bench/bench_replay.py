@@ -27,7 +27,7 @@ intended kind of hot spots: tens to hundreds of steps.
 
 Time = expert-layer time (busiest GPU per layer, summed over layers, cost model) + migration
 time, under both migration models of `moe_place.cost.migration` (`--migration`, default both):
-`stall` (serving stops for the copies, SPEC formula 7) and `async` (the copies run beside
+`stall` (serving stops for the copies, formula 7) and `async` (the copies run beside
 serving, sharing the links with dispatch/combine, and the map switches once they are done: what
 vLLM's `use_async` and SGLang's chunked updates do). The references pay no migration, so they are
 the same under both. Targets: under `stall`, ours spends >= 15% less total time than the better

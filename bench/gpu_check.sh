@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU validation run of moe-place, in one script (issue 7): under 5 minutes on one H100/H200.
+# The GPU validation run of moe-place, in one script: under 5 minutes on one H100/H200.
 #
 #   bash bench/gpu_check.sh              # on a GPU machine, from the repository root
 #   bash bench/gpu_check.sh --dry-run    # on a CPU: Triton interpreter, tiny sizes (about a minute)

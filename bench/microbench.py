@@ -492,7 +492,7 @@ def payback_model(gpu_part, saving_per_batch_s: float, expert_bytes: int, copy_b
 
 
 def section_payback(ctx: Context) -> dict:
-    """SPEC C9 shape: 8 hot experts on GPU 0; replicate 7 to GPUs 1..7 so GPU 0 keeps 128 + 7x64 rows."""
+    """row C9 shape: 8 hot experts on GPU 0; replicate 7 to GPUs 1..7 so GPU 0 keeps 128 + 7x64 rows."""
     torch = ctx.timer.torch
 
     s = ctx.sizes

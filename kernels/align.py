@@ -13,7 +13,7 @@ token `p // k`, choice `p % k`. A grouped GEMM wants each expert's rows next to 
                         row to its row in the contiguous order, -1 for a padding row.
 
 Both layouts launch the same tiles; the padded rows are the work the GPU does for nothing
-(SPEC formula 4, worked example C8). `ExpertLayout.num_padded_rows` is the number of rows the
+(formula 4, worked example C8). `ExpertLayout.num_padded_rows` is the number of rows the
 kernel executes, and must equal `moe_place.cost.gemm.padded_rows`.
 
 This is index bookkeeping, written in torch (runs on the device of `topk_ids`); `align_numpy`
@@ -84,7 +84,7 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, pad_empty: boo
     topk_ids: int `[T, k]` logical expert ids in `[0, num_experts)`.
     block_m: tile height BLOCK_M (>= 1).
     pad_empty: give an expert without rows one tile anyway (what a kernel that launches a fixed
-        grid per expert does; SPEC C8 "pad all").
+        grid per expert does; row C8 "pad all").
     """
     _check(topk_ids, num_experts, block_m)
     device = topk_ids.device

@@ -12,7 +12,7 @@ Every EP rank holds a share of the batch's tokens and `S = P/G` expert slots. On
 
 Backends: gloo on CPU (tests spawn several local processes), NCCL on GPUs. The bytes each rank
 sends and receives are returned, so they can be checked against the traffic matrix `a[i][j]`
-(SPEC formula 3: `V_D[i][j] = a[i][j] * d_D`, `V_C[j][i] = a[i][j] * d_C`).
+(formula 3: `V_D[i][j] = a[i][j] * d_D`, `V_C[j][i] = a[i][j] * d_C`).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
         parts.append("Skew = busiest rank's time / the uniform load's busiest rank's time.")
     if "payback" in sec:
         b = sec["payback"]
-        parts.append(f"### Replica payback (SPEC C9 shape: h={b['hidden']}, I={b['intermediate']}, "
+        parts.append(f"### Replica payback (row C9 shape: h={b['hidden']}, I={b['intermediate']}, "
                      f"{b['expert_bytes'] / 2**20:.1f} MiB experts, rows {b['rows_before'][0]} -> GPU 0 keeps "
                      f"{b['rows_after'][0]} + 7x{b['rows_after'][1]})")
         parts.append(_table(["quantity", "measured", "predicted", "ratio"], [

@@ -3,7 +3,7 @@
 Per layer: loads of the `E` logical experts (one vector, or several windows/scenarios), `G` GPUs
 on `N` nodes, `P` physical experts (slots) per layer with `P/G` on each GPU, the split policy,
 an optional current placement (for migration-aware re-plans) and its migration limits.
-The objective is the busiest GPU's load per layer (see SOLVER-NOTES.md):
+The objective is the busiest GPU's load per layer (docs/MODEL.md, "The placement problem"):
 
     T = max_g sum_{replicas on g} w[e] / r[e]          (even split)
 

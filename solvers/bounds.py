@@ -1,6 +1,6 @@
 """Valid lower bounds on the best busiest-GPU load of a layer.
 
-Problem (SOLVER-NOTES.md): loads `w[e] >= 0` of `E` experts, `G` GPUs with `S` slots each,
+Problem (docs/MODEL.md, "The placement problem"): loads `w[e] >= 0` of `E` experts, `G` GPUs with `S` slots each,
 `P = G*S` physical experts; replica counts `r[e] >= 1`, `sum r = P`, no two replicas of one
 expert on one GPU. Bounds 1-2 hold for every split policy: they bound `T*`, the smallest
 busiest-GPU load any plan reaches with the *optimal* split (each expert's load shared among its

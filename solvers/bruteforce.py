@@ -1,6 +1,6 @@
 """Exact optimum of one tiny layer by enumeration: the oracle the other solvers are tested against.
 
-Problem (SOLVER-NOTES.md, even split): choose replica counts `r[e] >= 1` with `sum r = G*S` and
+Problem (docs/MODEL.md, even split): choose replica counts `r[e] >= 1` with `sum r = G*S` and
 put the replicas on `G` GPUs with exactly `S` slots each, never two replicas of one expert on one
 GPU, minimising the busiest GPU's load `max_g sum_{e on g} w[e] / r[e]`.
 

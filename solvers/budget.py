@@ -2,7 +2,7 @@
 
 Engines give every layer the same number of physical experts. When the budget is bytes rather
 than slots, a layer whose load is skewed gains more from an extra replica than a flat one, so
-spending the same memory unevenly shortens the sum of the layers' waits (the seed's point C11:
+spending the same memory unevenly shortens the sum of the layers' waits (row C11 of docs/MODEL.md:
 layer times add up along the forward pass).
 
 Given loads `w[l, e]` of `L` layers, `G` GPUs and `expert_bytes` per expert copy, each layer

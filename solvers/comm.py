@@ -2,7 +2,7 @@
 
 At multi-node EP the dispatch/combine of DeepEP-style kernels sends a token over RDMA once per
 remote node holding one of its experts (`moe_place.cost.comm`), so experts that tokens pick
-together belong on one node. Grouping alone puts correlated hot experts together (SOLVER-NOTES.md,
+together belong on one node. Grouping alone puts correlated hot experts together (docs/MODEL.md,
 "co-activation and cross-node traffic"), so the plan is made for the layer time itself, and
 how hard to group is chosen on held-out windows of the training trace.
 

@@ -1,6 +1,6 @@
 """`cpsat`: one layer's joint replicate-and-place problem as an OR-Tools CP-SAT model.
 
-Problem (SOLVER-NOTES.md, even split): loads `w[t, e]` of `E` experts in `W` windows, `G` GPUs
+Problem (docs/MODEL.md, even split): loads `w[t, e]` of `E` experts in `W` windows, `G` GPUs
 with `S` slots each (`P = G*S`). Choose replica counts `r[e] >= 1` and the GPUs holding them
 (never two replicas of one expert on one GPU, exactly `S` per GPU); each replica of `e` serves
 `w[t, e] / r[e]`. Minimise the busiest GPU's load, windows combined by their max or mean (a

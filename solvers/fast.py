@@ -1,6 +1,6 @@
 """`fast`: a deterministic construction + local search for one layer, in tens of milliseconds.
 
-Model: the even split (SOLVER-NOTES.md), exactly `S = P/G` slots per GPU, never two replicas of
+Model: the even split (docs/MODEL.md), exactly `S = P/G` slots per GPU, never two replicas of
 one expert on one GPU. With several windows it plans on their summed loads and reports the
 problem's window objective.
 

@@ -1,4 +1,4 @@
-"""SPEC.md conformance C1, C2, C4 (exact) and C5 (statistical, within +-0.01) from analysis outputs."""
+"""Conformance rows of docs/MODEL.md: C1, C2, C4 (exact) and C5 (statistical, within +-0.01) from analysis outputs."""
 
 import numpy as np
 import pytest

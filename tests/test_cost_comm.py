@@ -1,5 +1,5 @@
 """The layer-time model (moe_place.cost.comm) against per-token brute force, the engines' replica
-rules, formula 3 on the graph and SPEC C6."""
+rules, formula 3 on the graph and row C6."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
-"""SPEC.md conformance (C3, C6-C13): each scenario file in bench/scenarios runs through the CLI and
-prints the SPEC numbers to the digits SPEC.md gives."""
+"""Conformance rows of docs/MODEL.md (C3, C6-C13): each scenario file in bench/scenarios runs through the CLI and
+prints the numbers to the digits docs/MODEL.md gives."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_c3_busiest_gpu_compute(capsys):
     assert round(hot["busiest_flops"] / 1e9, 2) == 19.33  # C1: the same 19.33 GFLOP
 
 
-# dispatch / busiest compute / combine / sum with barriers (ms), SPEC C6
+# dispatch / busiest compute / combine / sum with barriers (ms), row C6
 C6 = {
     "c6_balanced.toml": (0.336, 0.156, 0.336, 0.827),
     "c6_hot.toml": (0.839, 0.391, 0.839, 2.068),

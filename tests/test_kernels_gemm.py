@@ -58,7 +58,7 @@ def test_align_matches_numpy_reference(tokens, top_k, block_m, pad_empty):
 
 
 def test_align_c8_padding_counts():
-    """SPEC C8: rows [32,16,8,4,2,1,1,0], BLOCK_M=32 -> 64 valid, 224 padded (3.5x), 256 if all padded (4x)."""
+    """row C8: rows [32,16,8,4,2,1,1,0], BLOCK_M=32 -> 64 valid, 224 padded (3.5x), 256 if all padded (4x)."""
     rows = [32, 16, 8, 4, 2, 1, 1, 0]
     plain = layout_from_rows(rows, 32)
     every = layout_from_rows(rows, 32, pad_empty=True)

@@ -118,7 +118,7 @@ def test_bench_cli_forwards_to_microbench(tmp_path, capsys):
 
 
 def test_bench_predictions_reproduce_spec_c9():
-    """The benchmark's predicted column uses the cost model as SPEC C9 does: same numbers at C9's sizes."""
+    """The benchmark's predicted column uses the cost model as row C9 does: same numbers at C9's sizes."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("microbench_c9", ROOT / "bench" / "microbench.py")

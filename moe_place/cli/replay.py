@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "(default: from the trace, else Qwen3-30B-A3B)")
     cluster.add_argument("--nic-gbit", type=positive_float, default=400.0, help="NIC per GPU, Gbit/s (default 400)")
     cluster.add_argument("--copy-schedule", choices=("serial", "parallel"), default="serial",
-                         help="copies one after another (SPEC formula 7, default) or all at once")
+                         help="copies one after another (formula 7, default) or all at once")
     cluster.add_argument("--migration", choices=("stall", "async"), default="stall",
                          help="serving stops for the copies (default stall), or they run beside it, sharing the links "
                               "with dispatch/combine, and the map switches once they are done")

@@ -1,4 +1,4 @@
-"""moe_place.cost: the time model of SPEC.md (seed sections 9.3-9.4), one concept per module.
+"""moe_place.cost: the time model of docs/MODEL.md, one concept per module.
 
 units      GB vs GiB, Gbit/s; every other quantity carries its unit in its name
 hardware   catalog of GPUs, CPUs and NICs (datasheet peaks x efficiency), user parts from TOML/JSON

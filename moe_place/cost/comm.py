@@ -31,11 +31,11 @@ dispatch style, replica choice). Per step:
      over NVLink once to each other GPU of the node that holds one of its slots.
    - `all-to-all`: one send per (token, destination GPU) from the home GPU; same GPU is free.
    Combine mirrors dispatch: the same rows in the opposite direction (`rows.T`).
-3. Times: dispatch and combine from SPEC formula 3 on the topology's graph
+3. Times: dispatch and combine from formula 3 on the topology's graph
    (`traffic.phase_time_s`, equal to `phase_lower_bound`), with `dispatch_bytes_per_row` and
    `combine_bytes_per_row`; compute is the busiest GPU's `max(F/C, W/B)` (formula 1; formula 5
    with `weights="tiles"`) over the rows each slot received. `layer_time_s = dispatch + compute +
-   combine`, barriers between the phases as in SPEC C6.
+   combine`, barriers between the phases as in row C6.
 Figures of a trace are sums over its steps (the time to run them one after another), except
 `distinct_nodes_per_token`, a mean over all tokens.
 """

@@ -1,4 +1,4 @@
-"""Expert GEMM time on one GPU: padding (SPEC formula 4), tile-level traffic (formula 5) and
+"""Expert GEMM time on one GPU: padding (formula 4), tile-level traffic (formula 5) and
 `max(F/C, W/B)` (formula 1); the busiest GPU sets the layer time.
 
 Public names the kernels code compares measurements against (stable):
@@ -150,7 +150,7 @@ def expert_work_arrays(rows, hidden: int, intermediate: int, dtype_bytes: float,
 
     The one definition of an expert GEMM's work, vectorised over any leading axes (GPUs, layers,
     steps). rows: valid rows (dispatches) of each local expert, >= 0 (not checked here: callers
-    check user input with `check_rows`). weights: `none` counts compute only (SPEC C3, C6); `once`
+    check user input with `check_rows`). weights: `none` counts compute only (row C3, C6); `once`
     reads each touched expert's weights once (formula 1); `tiles` uses formula 5 and needs `block_m`
     (no cache reuse: an upper bound on HBM bytes); `l2` is formula 5 with the re-reads served from
     L2 (`l2_traffic_bytes`, a lower bound). FLOPs are `flops_per_row` (default `2*P_e`, `P_e =

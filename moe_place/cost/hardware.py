@@ -1,8 +1,8 @@
 """Hardware catalog: datasheet peaks of GPUs, CPUs and NICs, and the efficiency applied to them.
 
 The cost model never uses a peak directly: compute and memory rates are multiplied by the part's
-`efficiency` (default 0.5, SPEC.md "50% of datasheet peak"). Link rates (NVLink, PCIe, NIC) are
-used as given, per direction, as the seed's examples do. CPU figures of the Xeon Platinum 8452Y
+`efficiency` (default 0.5: half the datasheet peak, docs/MODEL.md). Link rates (NVLink, PCIe, NIC) are
+used as given, per direction, as the worked examples do. CPU figures of the Xeon Platinum 8452Y
 are *measured* (KTransformers paper, MLC), so its efficiency is 1.0.
 
 The built-in parts are written in the same schema a user file uses, so both go through one parser:
@@ -149,7 +149,7 @@ Part = GpuSpec | CpuSpec | NicSpec
 
 # Built-in parts, in the user-file schema. Sources: NVIDIA datasheets (dense BF16/FP8 Tensor Core,
 # HBM, NVLink per direction = half the bidirectional figure, PCIe per direction); the Xeon figures are
-# the KTransformers paper's measurements that SPEC.md uses.
+# the KTransformers paper's measurements that the worked examples use (docs/MODEL.md, C10).
 BUILTIN_PARTS: dict = {
     "gpu": {
         "H100-SXM": dict(bf16_tflops=989.4, fp8_tflops=1978.9, hbm_gb_per_s=3350, memory_gb=80,
@@ -164,7 +164,7 @@ BUILTIN_PARTS: dict = {
                               pcie_gb_per_s=32, aliases=["A100", "A100-SXM", "A100 80GB SXM", "A100-80GB"]),
         "A100-40GB-PCIe": dict(bf16_tflops=312, hbm_gb_per_s=1555, memory_gb=40, nvlink_gb_per_s=0,
                                pcie_gb_per_s=32, aliases=["A100-PCIe", "A100 40GB PCIe", "A100-40GB"],
-                               notes="PCIe 4.0 x16 32 GB/s theoretical; the seed uses 25 GB/s for transfers"),
+                               notes="PCIe 4.0 x16 32 GB/s theoretical; the worked examples use 25 GB/s for transfers"),
         "H20": dict(bf16_tflops=148, fp8_tflops=296, hbm_gb_per_s=4096, memory_gb=96, nvlink_gb_per_s=450,
                     pcie_gb_per_s=64),
         "B200": dict(bf16_tflops=2250, fp8_tflops=4500, hbm_gb_per_s=8000, memory_gb=180, nvlink_gb_per_s=900,
@@ -179,7 +179,7 @@ BUILTIN_PARTS: dict = {
     },
     "nic": {
         "ConnectX-7": dict(gbit_per_s=400, messages_per_s=54e6, aliases=["CX7", "ConnectX-7-400G"],
-                           notes="400 Gbit/s = 50 GB/s per direction; ~54 M requests/s as the seed uses"),
+                           notes="400 Gbit/s = 50 GB/s per direction; ~54 M requests/s as row C13 uses"),
     },
 }
 

@@ -1,7 +1,7 @@
 """What a re-plan moves and what the move costs: the one model of a migration.
 
 Used by the online controller (its payback rule), the replay (what a rebalance pays), the payback
-calculator (`moe_place.cost.payback`, SPEC formula 7) and, through `moved_slots`, the planner's
+calculator (`moe_place.cost.payback`, formula 7) and, through `moved_slots`, the planner's
 migration mode, which counts and caps exactly these moves.
 
 What moves. Going from map `old` to map `new` (same shape), every slot whose logical expert

@@ -1,4 +1,4 @@
-"""Experts in host memory: CPU or GPU execution (SPEC formula 8, C10), how many experts fit on the
+"""Experts in host memory: CPU or GPU execution (formula 8, C10), how many experts fit on the
 GPU (C11, C12) and the stability of a shared expert pool (formula 9).
 
 Formula 8, for one expert on `m` rows (`alpha` per transfer, link `B_L`, CPU `C_C`, DRAM `B_D`,

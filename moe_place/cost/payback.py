@@ -1,4 +1,4 @@
-"""Replica payback (SPEC formula 7): memory check, `N_min`, net gain of a list of copies.
+"""Replica payback (formula 7): memory check, `N_min`, net gain of a list of copies.
 
 The copies and their time over the real path are the migration model's
 (`moe_place.cost.migration`: `Copy`, `copy_time_s`, serial `sum (W_e/B_path + alpha)` or parallel).

@@ -1,4 +1,4 @@
-"""Micro-batch pipeline (SPEC formula 6) and the break-even slowdowns of C7.
+"""Micro-batch pipeline (formula 6) and the break-even slowdowns of C7.
 
 Stages `t_1..t_S` run on independent resources (e.g. dispatch on the NIC, expert GEMM on the SMs,
 combine on the NIC again); `q` equal micro-batches each take `t_s / q` per stage. With a barrier

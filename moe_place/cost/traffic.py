@@ -1,4 +1,4 @@
-"""Dispatch/combine traffic and its lower bound (SPEC formula 3), FP8 vs BF16 payloads, and the
+"""Dispatch/combine traffic and its lower bound (formula 3), FP8 vs BF16 payloads, and the
 NIC message-rate crossover (C13).
 
 `a[i][j]`: dispatches (token, expert pairs) sent from source GPU `i` to expert GPU `j`. The

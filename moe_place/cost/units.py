@@ -1,4 +1,4 @@
-"""Units, spelled out once: GB and Gbit are decimal, GiB and MiB are binary (as SPEC.md does).
+"""Units, spelled out once: GB and Gbit are decimal, GiB and MiB are binary (docs/MODEL.md).
 
 Bandwidths and FLOP rates are decimal (`450 GB/s` = 450e9 bytes/s); memory capacities of
 expert weights are binary (`36 MiB` = 37,748,736 bytes). `80 GB` of HBM is 80e9 bytes, about

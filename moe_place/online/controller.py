@@ -13,8 +13,7 @@ and, after each step, may return a `Decision` (a new map) for the map the engine
   solver for migration-aware plans (unchanged experts keep their slots) under each move budget of
   `move_budgets` (slot changes per layer; by default only `max_moved_slots`). Per
   layer it keeps the budget whose net gain over the expected remaining life `L` of the current hot
-  spots (measured persistence) is largest, `dt * L - T_copy`, among those that pay back (SPEC
-  formula 7: `N_min = floor(T_copy/dt) + 1` batches) within `L / hysteresis` (> 1 keeps it from
+  spots (measured persistence) is largest, `dt * L - T_copy`, among those that pay back (formula 7: `N_min = floor(T_copy/dt) + 1` batches) within `L / hysteresis` (> 1 keeps it from
   flapping); with several budgets the move count of a rebalance follows the payback rule.
   Layers go best gain/cost first, within `max_bytes` per rebalance. Copies come from the cheapest
   replica (same GPU, same node, then across nodes), so moves that stay inside a node pay back
@@ -227,7 +226,7 @@ class PaybackController:
                     continue
                 charge = self.cost.charge(copies, current, expected_load)
                 copy_s, life = charge.charged_s, duration - charge.steps
-                pays_back_after = n_min(copy_s, saving)  # batches (SPEC formula 7)
+                pays_back_after = n_min(copy_s, saving)  # batches (formula 7)
                 if pays_back_after is None or self.hysteresis * pays_back_after > life:
                     continue
                 net = saving * life - copy_s

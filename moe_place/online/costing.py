@@ -1,6 +1,6 @@
 """What a step and a rebalance cost on a given cluster: the cost model, vectorised for replay.
 
-Expert time of one layer is the busiest GPU's `max(F/C, W/B)` (SPEC formula 1) with the tile
+Expert time of one layer is the busiest GPU's `max(F/C, W/B)` (formula 1) with the tile
 traffic of formula 5 and padding of formula 4: `moe_place.cost.gemm.expert_times_s` over every
 GPU and layer at once. Rows of a slot are its expert's dispatches split evenly over the
 replicas, rounded up to whole rows.

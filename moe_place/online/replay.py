@@ -3,7 +3,7 @@
 Each step: the map in use serves the step's counts (busiest-GPU expert time of every layer,
 summed over layers); the controller observes the counts and may decide a new map; serving pays
 for the copies it needs as the cost model's migration says (`ReplayCost.charge`: `stall`, the
-copy time of SPEC formula 7, or `async`, the delay the copies cause beside dispatch/combine,
+copy time of formula 7, or `async`, the delay the copies cause beside dispatch/combine,
 priced on the step that decided) and the map switches once the copies are done (`async`: after
 the steps they run beside) and the in-flight batches drain (`MapSwitch`). Totals: expert-layer
 time + migration time. Every controller starts from the same map (by default planned from the first
