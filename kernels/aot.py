@@ -98,6 +98,8 @@ def compile_all(arch: int = 90, quick: bool = False) -> list[CompiledKernel]:
     """Compile the grouped GEMM, gather and combine kernels for `sm_{arch}`."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter patches triton.language and cannot compile")
+    # the kernel modules are imported only now, on purpose: importing them with TRITON_INTERPRET set
+    # would bind the interpreter's patched triton.language, which cannot compile
     from moe_place.kernels.combine import _combine_kernel
     from moe_place.kernels.dispatch import _gather_rows_kernel
     from moe_place.kernels.grouped_gemm import _grouped_gemm_kernel, default_num_warps

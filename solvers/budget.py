@@ -30,6 +30,7 @@ import numpy as np
 
 from moe_place.errors import InfeasibleError, InputError
 from moe_place.solvers.evaluate import even_gpu_loads
+from moe_place.solvers.fast import fast_layer
 
 LayerPlanner = Callable[[np.ndarray, int, int], np.ndarray]
 """`(loads [E], num_gpus, slots_per_gpu) -> phy2log [G*S]`: one layer's plan for a slot count."""
@@ -212,6 +213,4 @@ def _busiest(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> float:
 
 
 def _fast_planner(loads: np.ndarray, num_gpus: int, slots_per_gpu: int) -> np.ndarray:
-    from moe_place.solvers.fast import fast_layer
-
     return fast_layer(loads, num_gpus, num_gpus * slots_per_gpu)

@@ -72,6 +72,7 @@ from moe_place.problem import PlacementProblem, combine_windows
 from moe_place.solvers.base import LayerSolution, register
 from moe_place.solvers.bounds import windows_lower_bound
 from moe_place.solvers.evaluate import even_gpu_loads
+from moe_place.solvers.fast import FastSolver
 
 DEFAULT_TIME_LIMIT_S = 10.0   # deterministic seconds per layer when the caller gives none
 NUM_WORKERS = 1               # one sequential worker: deterministic, and with the lex ordering it proved
@@ -590,8 +591,6 @@ class CpSatSolver:
         """CP-SAT for `time_limit_s` deterministic seconds (None: DEFAULT_TIME_LIMIT_S), from `start`
         (or `fast`'s plan) and the current plan in migration mode, whichever costs less; `deadline`
         caps the wall clock (then `detail["cut"]`)."""
-        from moe_place.solvers.fast import FastSolver
-
         instance = LayerInstance(problem.layer_loads(layer), problem.num_gpus, problem.slots_per_gpu,
                                  problem.window_objective, problem.quantile, problem.current_row(layer),
                                  problem.move_cost_weight, problem.max_moved_slots)

@@ -59,7 +59,8 @@ import numpy as np
 from moe_place.placement import has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers.base import LayerSolution, register
-from moe_place.solvers.bounds import apportion, layer_lower_bound
+from moe_place.solvers.bounds import (apportion, layer_lower_bound, model_lower_bounds, pairing_ip, pairing_lp_bound,
+                                     window_lower_bound)
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import window_objective
 
@@ -664,8 +665,6 @@ def _pairing_ip_step(problem: PlacementProblem, layer: int, loads: np.ndarray, p
     """(plan `[P]`, its objective, a bound) after up to `rounds` integer pairing tests (bounds.pairing_ip,
     2 slots per GPU, one window) at 0.9% below the plan: an infeasible test certifies the plan within
     ~1%; a feasible one gives replica counts whose sorted pairing is the new plan if it is better."""
-    from moe_place.solvers.bounds import pairing_ip
-
     for _ in range(rounds):
         if objective <= bound * (1 + IP_GAP):
             break
@@ -704,14 +703,12 @@ class FastSolver:
     def prepare(self, problem: PlacementProblem, layers: list[int], quick: bool = False) -> None:
         """Precompute EPLB's plans and the window lower bounds of `layers` of `problem`
         (`quick`: only the bounds that cost milliseconds)."""
-        from moe_place.problem import PlacementProblem as Problem
-        from moe_place.solvers.bounds import model_lower_bounds
         if self._problem is not problem:
             self._problem, self._prepared = problem, {}
         todo = [i for i in layers if i not in self._prepared]
         if not todo:
             return
-        sub = Problem(problem.loads[:, todo, :], problem.num_gpus, problem.num_physical, problem.num_nodes,
+        sub = PlacementProblem(problem.loads[:, todo, :], problem.num_gpus, problem.num_physical, problem.num_nodes,
                       problem.num_groups, window_objective=problem.window_objective, quantile=problem.quantile)
         bounds = model_lower_bounds(sub, quick)
         rows = None
@@ -724,8 +721,6 @@ class FastSolver:
     def _layer_figures(self, problem: PlacementProblem, layer: int) -> tuple[np.ndarray | None, float]:
         """(EPLB's plan `[P]` or None in migration mode, the window lower bound) of one layer."""
         if self._problem is not problem or layer not in self._prepared:
-            from moe_place.solvers.bounds import window_lower_bound
-
             row = None if problem.current is not None else eplb_rebalance(
                 problem.planning_loads()[layer:layer + 1], problem.num_physical, problem.num_groups or 1,
                 problem.num_nodes, problem.num_gpus)[0]
@@ -767,8 +762,6 @@ class FastSolver:
         objective = window_objective(problem, layer, phy2log)
         if (problem.num_physical == 2 * problem.num_gpus and problem.num_windows == 1
                 and objective > window_bound * (1 + STOP_GAP) and room(_PAIRING_BOUND_MIN_S)):
-            from moe_place.solvers.bounds import pairing_lp_bound  # bound 4: 3-6 LP tests, ~0.05 s at EP144
-
             window_bound = max(window_bound, pairing_lp_bound(loads, problem.num_gpus, problem.num_physical,
                                                               window_bound, objective))
             if current is None and objective > window_bound * (1 + IP_GAP) and room(_PAIRING_IP_MIN_S):

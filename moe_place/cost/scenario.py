@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.analysis.dispatch import token_sources
+from moe_place.analysis.dispatch import dispatch_matrix, expert_to_gpu_share, token_sources
 from moe_place.cost import comm, gemm, offload, pipeline, traffic
 from moe_place.cost.files import get_int, get_number, read_table_file
 from moe_place.cost.hardware import Catalog, load_catalog
@@ -20,6 +20,8 @@ from moe_place.cost.payback import payback
 from moe_place.cost.topology import Topology, topology_from_table
 from moe_place.cost.units import BYTES_PER_DTYPE, GIB_BYTES, MIB_BYTES, GB_BYTES, gb_per_s
 from moe_place.errors import InputError
+from moe_place.planfile import read_plan
+from moe_place.traces.load import load_trace
 
 SCHEMA = """\
 name = "..."                      # optional label
@@ -179,10 +181,6 @@ def build_workload(sc: Scenario, table: dict | None = None, where: str = "worklo
 
 
 def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
-    from moe_place.analysis.dispatch import dispatch_matrix, expert_to_gpu_share, token_sources
-    from moe_place.planfile import read_plan
-    from moe_place.traces.load import load_trace
-
     if "plan" not in table:
         raise InputError(f"{here}.plan", "a plan file next to the trace", "nothing")
     plan_path = sc.resolve(str(table["plan"]))

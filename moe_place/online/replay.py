@@ -26,10 +26,11 @@ import numpy as np
 
 from moe_place.eplb import plan_placement
 from moe_place.errors import InputError
-from moe_place.online.controller import Controller
+from moe_place.online.controller import Controller, StaticController
 from moe_place.online.costing import ReplayCost
 from moe_place.online.switch import MapSwitch
 from moe_place.placement import Placement, balancedness
+from moe_place.traces.synthetic import DEEPSEEK_R1, domain_mixture_counts
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,6 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
 def hindsight_static(counts: np.ndarray, cost: ReplayCost, num_physical: int, num_nodes: int = 1,
                      num_groups: int | None = None, solver: str = "fast") -> ReplayResult:
     """Bound: one map planned from the whole trace, never moved, no migration paid."""
-    from moe_place.online.controller import StaticController
-
     counts = check_counts_3d(counts)
     plan = plan_placement(counts.sum(axis=0), num_physical, num_groups, num_nodes, cost.num_gpus, solver=solver)
     result = replay(counts, StaticController(), cost, plan)
@@ -257,8 +256,6 @@ def parse_synthetic(spec: str, where: str = "--synthetic") -> tuple[np.ndarray, 
     4 domains, shared 0.9, hot experts 9-22x; other keys override it). Returns the counts and the
     resolved parameters.
     """
-    from moe_place.traces.synthetic import DEEPSEEK_R1, domain_mixture_counts
-
     kind, _, rest = str(spec).partition(":")
     if kind not in SYNTHETIC_KINDS:
         raise InputError(where, f"'{SYNTHETIC_KINDS[0]}:key=value,...'", repr(spec))
