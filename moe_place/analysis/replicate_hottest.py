@@ -53,10 +53,11 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
 
     load: float64 `[layers, E]`. All layers advance together, one extra slot per layer per pass.
     GPU g holds expert e if e is in its block (`e // (E/G) == g`) or in its extra slots so far.
-    Each pass touches every `[layers, E]` element a few times only: the shares are updated where
-    they change (one expert per layer), the choice is one argmax of `share - EXCLUDED * ruled_out`,
-    and loads change only on the expert's holders (the same float operations as subtracting
-    `holders * lost` from every GPU, so the plans are exactly those of the plain formulation).
+    A pass reads each `[layers, E]` element a few times only: the shares are updated where they
+    change (one expert per layer); the choice is one argmax of `share - EXCLUDED * ruled_out`; the
+    loads change on the expert's holders only, found through a list per expert. These are the same
+    float operations on the same values as recomputing every share and subtracting
+    `holders * lost` from every GPU, so the plans are exactly those of that plain formulation.
     """
     layers, experts = load.shape
     block = experts // num_gpus
@@ -68,32 +69,37 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
     share = load / replicas  # the load per replica now, and with one more replica
     new_share = load / (replicas + 1)
     gpu_load = load.reshape(layers, num_gpus, block).sum(axis=2)
-    full = np.zeros((layers, num_gpus))  # inf where a GPU has no free slot left
-    free = np.full((layers, num_gpus), redundant_per_gpu)
     extra = np.full((layers, num_gpus, redundant_per_gpu), -1, dtype=np.int64)
     if redundant_per_gpu == 0:
         return extra
+    open_load = gpu_load.copy()  # gpu_load, and inf once a GPU has no free slot left
+    free = np.full(layers * num_gpus, redundant_per_gpu)
+    # GPUs holding an extra replica of an expert, as linked lists of slots (flat [row, gpu, slot])
+    first_holder = np.full(layers * experts, -1, dtype=np.int64)
+    next_holder = np.full(layers * num_gpus * redundant_per_gpu, -1, dtype=np.int64)
     after = np.empty((layers, experts))  # scratch: the GPU's load with one more replica of each expert
     over = np.empty((layers, experts), dtype=bool)
     score = np.empty((layers, experts))
     flat_share, flat_new, flat_replicas, flat_load = (a.reshape(-1) for a in (share, new_share, replicas, load))
-    flat_gpu_load, flat_full, flat_free = gpu_load.reshape(-1), full.reshape(-1), free.reshape(-1)
-    slots = extra.reshape(-1, redundant_per_gpu)  # [layers * G, redundant_per_gpu]
+    flat_gpu_load, flat_open, flat_score = gpu_load.reshape(-1), open_load.reshape(-1), score.reshape(-1)
+    slots = extra.reshape(-1)
     for _ in range(num_gpus * redundant_per_gpu):
         # 1. the least loaded GPU with a free slot
-        gpu = (gpu_load + full).argmin(axis=1)
+        gpu = open_load.argmin(axis=1)
         at_gpu = at_row_gpu + gpu
         # 2. the hottest expert it may hold that keeps it at or below the busiest GPU, else the coldest
         np.add(flat_gpu_load[at_gpu][:, None], new_share, out=after)
         np.greater(after, gpu_load.max(axis=1)[:, None], out=over)
         np.multiply(over, -EXCLUDED, out=score)
         score += share  # share where it fits (share - 0.0), about -EXCLUDED where it does not
-        score[rows[:, None], gpu[:, None] * block + own_block] = -EXCLUDED  # its own block
-        taken = slots[at_gpu]
-        layer_of, slot = np.nonzero(taken >= 0)
-        score[layer_of, taken[layer_of, slot]] = -EXCLUDED  # its extra slots so far
+        flat_score[(at_row_expert + gpu * block)[:, None] + own_block] = -EXCLUDED  # its own block
+        taken = extra.reshape(-1, redundant_per_gpu)[at_gpu]
+        if redundant_per_gpu > 1:  # with one extra slot per GPU, a GPU with a free one holds no extra yet
+            layer_of, slot = np.nonzero(taken >= 0)
+            score[layer_of, taken[layer_of, slot]] = -EXCLUDED  # its extra slots so far
         expert = score.argmax(axis=1)
-        stuck = np.flatnonzero(score.reshape(-1)[at_row_expert + expert] < 0)  # nothing fits
+        at = at_row_expert + expert
+        stuck = np.flatnonzero(flat_score[at] < 0)  # nothing fits
         if stuck.size:
             may = home[None, :] != gpu[stuck, None]
             held = taken[stuck]
@@ -101,19 +107,33 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
             may[layer_of, held[layer_of, slot]] = False
             expert[stuck] = np.where(may, new_share[stuck], np.inf).argmin(axis=1)
             assert may[np.arange(stuck.size), expert[stuck]].all()  # redundant_per_gpu <= E - E/G
+            at = at_row_expert + expert
         # 3. the expert's load is now split over one more replica: its holders give some away
-        at = at_row_expert + expert
         gained = flat_new[at]
         lost = flat_share[at] - gained
-        flat_gpu_load[at_row_gpu + home[expert]] -= lost
-        holder_row, holder_gpu, _ = np.nonzero(extra == expert[:, None, None])
-        flat_gpu_load[at_row_gpu[holder_row] + holder_gpu] -= lost[holder_row]
+        at_home = at_row_gpu + home[expert]
+        flat_gpu_load[at_home] -= lost
+        flat_open[at_home] -= lost
+        node = first_holder[at]
+        while True:
+            holding = np.flatnonzero(node >= 0)
+            if not holding.size:
+                break
+            at_holder = node[holding] // redundant_per_gpu
+            flat_gpu_load[at_holder] -= lost[holding]
+            flat_open[at_holder] -= lost[holding]
+            node[holding] = next_holder[node[holding]]
         flat_gpu_load[at_gpu] += gained
+        flat_open[at_gpu] += gained
         flat_replicas[at] += 1
         flat_share[at] = flat_load[at] / flat_replicas[at]
         flat_new[at] = flat_load[at] / (flat_replicas[at] + 1)
-        slots[at_gpu, redundant_per_gpu - flat_free[at_gpu]] = expert
-        flat_free[at_gpu] -= 1
-        flat_full[at_gpu[flat_free[at_gpu] == 0]] = np.inf
+        # 4. the slot is filled: the GPU joins the expert's holders
+        slot = at_gpu * redundant_per_gpu + redundant_per_gpu - free[at_gpu]
+        slots[slot] = expert
+        next_holder[slot] = first_holder[at]
+        first_holder[at] = slot
+        free[at_gpu] -= 1
+        flat_open[at_gpu[free[at_gpu] == 0]] = np.inf
     assert (extra >= 0).all()
     return extra
