@@ -105,7 +105,8 @@ class TokenSample:
 class SampleCollector:
     """Keeps the sampled tokens' ids from chunks of a token-level file read in any order.
 
-    num_tokens, row_shape `(layers, k)`, dtype: those of the file's `topk_ids`.
+    num_tokens, row_shape `(layers, k)`: those of the file's `topk_ids`; dtype: the sample's
+        (any integer dtype holding the ids, which `add` copies after they were validated).
     step_index: int `[num_tokens]` step index of each file token (None: one step); trace positions
         are step-major, so with steps out of file order a position maps to the file token
         `argsort(step_index, stable)[position]`.

@@ -71,7 +71,8 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers
             index, num_steps = step_index(step, tokens, path)
         counts = np.zeros((num_steps, num_layers, num_experts), dtype=np.int64)
         counter = DispatchCounter(num_layers, num_experts, k, f"{path}: topk_ids")
-        sample = SampleCollector(tokens, (num_layers, k), reader.dtype, index)
+        # validated ids fit the narrowest unsigned type below num_experts: 1 byte each up to 256 experts
+        sample = SampleCollector(tokens, (num_layers, k), np.min_scalar_type(num_experts - 1), index)
         if workers > 1 and reader.positional and tokens > chunk_tokens:
             _count_in_parallel(reader, counter, index, counts, chunk_tokens, workers, sample)
         else:
