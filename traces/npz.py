@@ -33,6 +33,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import tokenize
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -350,9 +351,10 @@ class IdsReader:
             if info.compress_type == zipfile.ZIP_STORED:
                 self._file = open(self.path, "rb")
                 self._file.seek(info.header_offset)
-                fields = _LOCAL_HEADER.unpack(self._file.read(_LOCAL_HEADER.size))
-                if fields[0] != b"PK\x03\x04":
+                head = self._file.read(_LOCAL_HEADER.size)
+                if len(head) < _LOCAL_HEADER.size or not head.startswith(b"PK\x03\x04"):
                     raise InputError(self.where, "a zip local file header", "damaged archive")
+                fields = _LOCAL_HEADER.unpack(head)
                 member_start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
                 self._data_end = member_start + info.compress_size
                 self._file.seek(member_start)
@@ -362,6 +364,11 @@ class IdsReader:
             if info.compress_type == zipfile.ZIP_STORED:
                 self._data_offset = self._file.tell()
                 self.positional = True
+        except (*READ_ERRORS, RuntimeError) as exc:  # zipfile's word for a damaged or encrypted member
+            self.__exit__(None, None, None)
+            if isinstance(exc, InputError):
+                raise
+            raise InputError(self.where, "a readable zip member", error_reason(exc)) from None
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -381,7 +388,7 @@ class IdsReader:
             if reader is None:
                 raise ValueError(f"npy format version {version}")
             shape, fortran_order, dtype = reader(self._file)
-        except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+        except (*READ_ERRORS, SyntaxError, tokenize.TokenError) as exc:  # numpy parses the header as Python
             raise InputError(self.where, "a readable .npy header", error_reason(exc)) from None
         if dtype.kind not in "iu" or len(shape) != 3:
             raise InputError(self.where, "an integer array [tokens, layers, k]", f"{dtype} shape {shape}")
