@@ -45,7 +45,6 @@ import numpy as np
 
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
-from moe_place.traces.count import resolve_workers, run_chunks
 from moe_place.traces.model import MAX_EXPERTS, Trace, TraceMeta, check_counts, located
 
 FORMAT_VERSION = 1
@@ -312,7 +311,7 @@ def error_reason(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------------- the topk_ids member
 IDS_MEMBER = "topk_ids.npy"
-READ_PIECE = 8 << 20  # bytes per read of a whole member: threads share the copy out of the page cache
+READ_PIECE = 16 << 20  # bytes per read of a compressed member read whole
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header, 30 bytes
 
 
@@ -399,36 +398,27 @@ class IdsReader:
         if self.fortran_order:
             raise InputError(self.where, "a C-ordered array (np.ascontiguousarray before saving)", "Fortran order")
 
-    def read_all(self, workers: int | None = None) -> np.ndarray:
+    def read_all(self) -> np.ndarray:
         """The whole member: int `[tokens, layers, k]`, in the order it was stored (C or Fortran).
 
-        A stored member is read by positional reads of READ_PIECE bytes on `workers` threads
-        (default `count.resolve_workers()`), with no zipfile layer: its CRC is not checked, as when
-        streaming, and a file cut short is still an error. A compressed one is read through
-        zipfile in pieces, sequentially.
+        A stored member is read with positional reads straight from the file, with no zipfile
+        layer: its CRC is not checked, as when streaming (a file cut short is still an error). A
+        compressed one is read through zipfile in pieces of READ_PIECE bytes.
         """
         stored = np.empty(self.shape[::-1] if self.fortran_order else self.shape, dtype=self.dtype)
         target = memoryview(stored.reshape(-1).view(np.uint8))
-        pieces = range(0, len(target), READ_PIECE)
-        got = [0] * len(pieces)
+        got = 0
         try:
             if self.positional:
-                def read(i: int) -> None:
-                    start = pieces[i]
-                    got[i] = self._pread(target[start:start + READ_PIECE], self._data_offset + start)
-
-                run_chunks(range(len(pieces)), resolve_workers(workers), read)
+                got = self._pread(target, self._data_offset)
             else:
-                for i, start in enumerate(pieces):
-                    piece = target[start:start + READ_PIECE]
-                    while got[i] < len(piece):
-                        n = self._file.readinto(piece[got[i]:])
-                        if not n:
-                            break
-                        got[i] += n
+                while got < len(target):
+                    n = self._file.readinto(target[got:got + READ_PIECE])
+                    if not n:
+                        break
+                    got += n
         except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
             raise InputError(self.where, "a readable array", error_reason(exc)) from None
-        got = sum(got)
         if got != stored.nbytes:
             row_bytes = max(1, stored.nbytes // max(1, self.shape[0]))
             raise InputError(self.where, f"{self.shape[0]} tokens of data",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.traces.count import key_dtype, resolve_workers, run_chunks
+from moe_place.traces.count import key_dtype
 from moe_place.traces.sample import TokenSample
 
 #: Pair keys per bincount call in `coactivation` (a few MB), so memory does not grow with the trace.
@@ -96,12 +96,13 @@ class TopPairs:
         return self.chosen_on == self.estimated_on == self.num_tokens
 
 
-def top_pairs(sample: TokenSample, loads: np.ndarray, workers: int | None = None) -> TopPairs:
+def top_pairs(sample: TokenSample, loads: np.ndarray) -> TopPairs:
     """The most frequent pair of each layer (see the module docstring for how it is chosen).
 
     sample: the trace's token sample (`Trace.token_sample()`), ids `[n, layers, k]`.
     loads: int64 `[layers, E]` dispatches per expert over the whole trace (tokens picking it).
-    workers: threads over layers (default `count.resolve_workers()`); the result does not depend on it.
+    One layer after the other: a layer is ~0.5 ms of small numpy calls, which a second thread
+    slows down (it waits for the GIL) more than it helps.
     """
     loads = np.asarray(loads)
     ids = sample.ids
@@ -142,7 +143,8 @@ def top_pairs(sample: TokenSample, loads: np.ndarray, workers: int | None = None
         experts[layer] = a, b
 
     if n and k > 1:
-        run_chunks(range(layers), resolve_workers(workers), layer_pair)
+        for layer in range(layers):
+            layer_pair(layer)
     estimated_on = n if sample.complete else n - chosen_on
     return TopPairs(experts, tokens, lift, stderr, total, chosen_on, estimated_on)
 

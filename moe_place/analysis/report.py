@@ -20,7 +20,6 @@ from moe_place.analysis.persistence import Persistence, persistence
 from moe_place.analysis.profile import LoadProfile, load_profile
 from moe_place.analysis.windows import window_loads
 from moe_place.errors import InputError
-from moe_place.traces.count import resolve_workers, run_chunks
 from moe_place.traces.model import Trace
 
 #: Version of the JSON written by `analysis_to_json`; bump when a key changes meaning.
@@ -82,20 +81,13 @@ def analyze_trace(trace: Trace, ep_sizes: Sequence[int] | None = None, top_n: in
     top_n = default_top_n(trace) if top_n is None else int(top_n)
     windows = window_loads(counts, window_steps)
     points = ep_sweep(total, sizes)
-    shifts: list[OutOfSample | None] = [None] * len(points)
-
-    def judge_next_window(pos: int) -> None:
-        shifts[pos] = out_of_sample(windows, points[pos].ep_size)
-
-    # one EP size per thread, the largest (most greedy passes) first; each writes only its own entry
-    sizes_to_judge = sorted((pos for pos, p in enumerate(points) if windows.shape[0] > 1 and p.ep_size > 1),
-                            key=lambda pos: -points[pos].ep_size)
-    run_chunks(sizes_to_judge, resolve_workers(), judge_next_window)
+    shifts = tuple(out_of_sample(windows, p.ep_size) if windows.shape[0] > 1 and p.ep_size > 1 else None
+                   for p in points)
     sample = trace.token_sample()
     pairs = None if sample is None else top_pairs(sample, total)
     return TraceAnalysis(trace=trace, window_steps=window_steps, profile=load_profile(total, top_n),
                          persistence=persistence(windows, top_n), active=active_experts(counts, trace.top_k),
-                         ep=points, out_of_sample=tuple(shifts), pairs=pairs)
+                         ep=points, out_of_sample=shifts, pairs=pairs)
 
 
 # ---------------------------------------------------------------------- JSON
