@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-json", metavar="PATH")
     args = parser.parse_args(argv)
     threads = resolve_workers(args.threads)
+    load_before = os.getloadavg()  # other jobs on the machine slow the long rows more than the baseline
 
     ids = make_ids(args.tokens, args.layers, args.experts, args.top_k, args.seed)
     step = np.arange(args.tokens, dtype=np.int64) * args.steps // args.tokens
@@ -210,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.tokens:,} tokens x {args.layers} layers x top-{args.top_k} ({args.experts} experts), "
           f"{args.steps} steps = {decisions:,} decisions; int16 ids; npz {file_bytes / 1e6:.1f} MB "
           f"({'over' if streamed else 'under'} the {DEFAULT_MAX_TOKEN_BYTES >> 20} MiB streaming threshold: "
-          f"{'streamed' if streamed else 'read whole'}); chunk {chunk} tokens; threads {threads} (baseline: 1)")
+          f"{'streamed' if streamed else 'read whole'}); chunk {chunk} tokens; threads {threads} (baseline: 1); "
+          f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(f"{'method':<11}{'seconds':>10}{'M decisions/s':>15}{'x baseline':>12}  what")
     for row in rows:
         print(f"{row['method']:<11}{row['seconds']:>10.4f}{row['decisions_per_s'] / 1e6:>15.1f}"
@@ -227,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps, "decisions": decisions, "chunk_tokens": chunk, "repeats": args.repeats,
             "threads": threads, "file_bytes": file_bytes, "ids_bytes": int(ids.nbytes), "streamed": streamed,
             "max_token_bytes": DEFAULT_MAX_TOKEN_BYTES, "analyze_peak_bytes": int(analyze_peak),
-            "stream_peak_bytes": int(stream_peak), "pair_sample": pair_sample, "results": rows})
+            "stream_peak_bytes": int(stream_peak), "pair_sample": pair_sample,
+            "load_average": {"before": load_before[0], "after": os.getloadavg()[0]}, "results": rows})
     return 0
 
 
