@@ -99,3 +99,52 @@ def test_gpu_loads_agree_with_per_slot_loads():
     placement = replicate_hottest(loads, 8, redundant_per_gpu=2)
     by_slot = placement.slot_loads(loads).reshape(6, 8, -1).sum(axis=-1)
     np.testing.assert_allclose(placement.gpu_loads(loads), by_slot)
+
+
+def _plain_greedy(load, num_gpus, redundant_per_gpu):
+    """The greedy of replicate_hottest written plainly: every pass recomputes every share, mask and
+    GPU load over the whole `[layers, E]` (the formulation the fast one must match exactly)."""
+    layers, experts = load.shape
+    block = experts // num_gpus
+    rows = np.arange(layers)
+    home = np.arange(experts) // block
+    replicas = np.ones((layers, experts))
+    gpu_load = load.reshape(layers, num_gpus, block).sum(axis=2)
+    free = np.full((layers, num_gpus), redundant_per_gpu)
+    extra = np.full((layers, num_gpus, redundant_per_gpu), -1, dtype=np.int64)
+    for _ in range(num_gpus * redundant_per_gpu):
+        share, new_share = load / replicas, load / (replicas + 1)
+        gpu = np.where(free > 0, gpu_load, np.inf).argmin(axis=1)
+        may = home[None, :] != gpu[:, None]
+        for layer in range(layers):
+            held = extra[layer, gpu[layer]]
+            may[layer, held[held >= 0]] = False
+        fits = may & (gpu_load[rows, gpu][:, None] + new_share <= gpu_load.max(axis=1)[:, None])
+        expert = np.where(fits.any(axis=1), np.where(fits, share, -np.inf).argmax(axis=1),
+                          np.where(may, new_share, np.inf).argmin(axis=1))
+        holders = (np.arange(num_gpus)[None, :] == home[expert][:, None]) | (extra == expert[:, None, None]).any(axis=2)
+        gained = new_share[rows, expert]
+        gpu_load -= holders * (share[rows, expert] - gained)[:, None]
+        gpu_load[rows, gpu] += gained
+        replicas[rows, expert] += 1
+        extra[rows, gpu, redundant_per_gpu - free[rows, gpu]] = expert
+        free[rows, gpu] -= 1
+    return extra
+
+
+@pytest.mark.parametrize("kind", ["few values", "counts", "floats", "heavy tail"])
+def test_greedy_equals_its_plain_formulation(kind):
+    rng = np.random.default_rng(len(kind))
+    for _ in range(40):
+        experts = int(rng.choice([4, 6, 8, 12, 16, 32, 64]))
+        gpus = int(rng.choice([g for g in range(2, experts + 1) if experts % g == 0]))
+        redundant = int(rng.integers(0, min(experts - experts // gpus, 3) + 1))
+        shape = (int(rng.integers(1, 30)), experts)
+        load = {"few values": lambda: rng.integers(0, 4, shape),  # ties and idle experts everywhere
+                "counts": lambda: rng.integers(0, 1000, shape),
+                "floats": lambda: rng.random(shape) * 10 ** rng.uniform(0, 6),
+                "heavy tail": lambda: np.floor(rng.pareto(1.2, shape) * 100)}[kind]().astype(np.float64)
+        placement = replicate_hottest(load, gpus, redundant)
+        block = experts // gpus
+        extra = placement.slots_by_gpu()[:, :, block:]
+        np.testing.assert_array_equal(extra, _plain_greedy(load, gpus, redundant))

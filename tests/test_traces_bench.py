@@ -18,14 +18,18 @@ def _bench():
 def test_bench_writes_table_and_json(tmp_path, capsys):
     bench = _bench()
     out = tmp_path / "b.json"
-    assert bench.main(["--tokens", "3000", "--layers", "3", "--experts", "32", "--top-k", "4", "--repeats", "1",
-                       "--threads", "2", "--chunk-tokens", "500", "--output-json", str(out)]) == 0
+    assert bench.main(["--tokens", "9000", "--layers", "3", "--experts", "32", "--top-k", "4", "--repeats", "1",
+                       "--threads", "2", "--chunk-tokens", "500", "--steps", "4", "--output-json", str(out)]) == 0
     report = json.loads(out.read_text())
     methods = [row["method"] for row in report["results"]]
-    assert methods == ["baseline", "base-int16", "chunked", "stream", "stream-1t", "memory", "sorted"]
-    assert report["threads"] == 2
-    assert report["decisions"] == 3000 * 3 * 4 and report["results"][0]["ratio_vs_baseline"] == 1.0
-    assert "x baseline" in capsys.readouterr().out
+    assert methods == ["analyze", "analyze-1t", "baseline", "base-int16", "chunked", "stream", "stream-1t",
+                       "memory", "sorted"]
+    assert report["threads"] == 2 and report["steps"] == 4 and not report["streamed"]
+    baseline = report["results"][2]
+    assert report["decisions"] == 9000 * 3 * 4 and baseline["ratio_vs_baseline"] == 1.0
+    assert report["pair_sample"] == {"chosen_on_tokens": 4096, "estimated_on_tokens": 4096}  # 9000 > 8192 tokens
+    text = capsys.readouterr().out
+    assert "x baseline" in text and "read whole" in text
 
 
 def test_bench_ids_are_distinct_per_token():

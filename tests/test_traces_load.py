@@ -76,9 +76,9 @@ def test_bad_input_is_one_named_input_error(tmp_path, case):
 
 
 # ---------------------------------------------------------------------- hypothesis
-def _check(path):
+def _check(path, **options):
     try:
-        trace = load_trace(path)
+        trace = load_trace(path, **options)
     except InputError as exc:
         assert "\n" not in str(exc)
         return
@@ -110,6 +110,7 @@ def test_random_npz_contents_load_or_raise_input_error(tmp_path, main, array, ex
     path = tmp_path / "h.npz"
     np.savez(path, **{main: array}, **extra)
     _check(path)
+    _check(path, max_token_bytes=0)  # token files streamed
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -127,7 +128,7 @@ def test_damaged_npz_bytes_load_or_raise_input_error(tmp_path, data):
     cut = data.draw(st.one_of(st.none(), st.integers(1, len(raw))))
     path = tmp_path / "d.npz"
     path.write_bytes(bytes(raw[:cut]))
-    _check(path)
+    _check(path, max_token_bytes=data.draw(st.sampled_from([None, 0])))  # read whole, or streamed
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

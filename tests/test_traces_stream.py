@@ -8,6 +8,7 @@ import pytest
 from moe_place.errors import InputError
 from moe_place.traces import load_trace
 from moe_place.traces.count import DispatchCounter
+from moe_place.traces.sample import SAMPLE_TOKENS
 from moe_place.traces.stream import stream_npy_counts, stream_npz_counts
 
 
@@ -104,9 +105,12 @@ def test_streaming_memory_is_bounded_by_the_chunk(tmp_path, workers):
     np.testing.assert_array_equal(trace.counts[0], expected)
     # per thread, in units of the chunk's int16 bytes: the chunk buffer (1), its keys (1), the key
     # offsets (1, shared), the k-1 = 7 compare flags per id (3.5) and np.bincount's internal int64
-    # copy of the keys (4); plus a [layers, experts] sums array
+    # copy of the keys (4); plus a [layers, experts] sums array. Once per trace, whatever its length:
+    # the token sample's int16 ids and three int64 arrays of its positions.
     chunk_bytes = 1024 * 8 * 8 * 2
-    assert peak < workers * 12 * chunk_bytes and peak < workers * nbytes / 10
+    sample_bytes = SAMPLE_TOKENS * (8 * 8 * 2 + 3 * 8)
+    assert trace.sample.ids.shape == (SAMPLE_TOKENS, 8, 8)
+    assert peak < workers * 12 * chunk_bytes + sample_bytes and peak - sample_bytes < workers * nbytes / 10
 
 
 def test_load_trace_streams_large_token_files(tmp_path):

@@ -20,8 +20,9 @@ Buffers are allocated once per chunk size and reused, so memory is bounded by th
 Parallelism: numpy releases the GIL inside ufuncs and `np.bincount`'s counting loop, so chunks are
 validated and counted on `workers` threads (`run_chunks`; default `min(2, os.cpu_count())`, the
 environment variable MOE_PLACE_THREADS overrides, 1 = sequential), the calling thread being one of
-them. Each thread has its own scratch (`DispatchCounter.clone`) and its own counts, summed at the
-end (integer sums: exact in any order); the error raised is that of the earliest bad chunk, so the
+them. Each thread has its own scratch (`DispatchCounter.clone`) and its own counts of the step it
+is in (`StepSums`), added to the shared counts when it moves to another step and at the end
+(integer sums: exact in any order); the error raised is that of the earliest bad chunk, so the
 counts and the errors are the same as sequentially.
 """
 
@@ -123,6 +124,30 @@ class PerThread(Generic[T]):
         return value
 
 
+class StepSums:
+    """One thread's counts `[layers, experts]` of step `step` not yet added to the shared
+    `counts` `[steps, layers, experts]`: added under `lock` when the thread moves to another step
+    (`of_step`) and by `flush` at the end, so threads rarely wait for each other."""
+
+    def __init__(self, counts: np.ndarray, lock: threading.Lock):
+        self.sums = np.zeros(counts.shape[1:], dtype=np.int64)
+        self.step = 0
+        self._counts = counts
+        self._lock = lock
+
+    def of_step(self, step: int) -> np.ndarray:
+        """The array to add step `step`'s counts to (another step's sums are flushed first)."""
+        if step != self.step:
+            self.flush()
+            self.step = step
+        return self.sums
+
+    def flush(self) -> None:
+        with self._lock:
+            self._counts[self.step] += self.sums
+        self.sums.fill(0)
+
+
 def chunk_tokens_for(num_layers: int, top_k: int, chunk_tokens: int | None = None) -> int:
     """Tokens per chunk: `chunk_tokens` if given, else about CHUNK_ELEMENTS ids."""
     if chunk_tokens is not None:
@@ -199,25 +224,49 @@ class DispatchCounter:
         workers: threads (default `resolve_workers()`); the counts and the error raised (that of the
         earliest bad chunk) do not depend on it.
         """
+        return self.count_steps([ids], chunk_tokens, workers)[0]
+
+    def count_steps(self, steps: Sequence[np.ndarray], chunk_tokens: int | None = None, workers: int | None = None,
+                    where: Callable[[int], str] | None = None) -> np.ndarray:
+        """int64 `[len(steps), layers, experts]` counts of in-memory arrays `[tokens, layers, k]`, one per
+        step, validated chunk by chunk; the chunks of every step share one pool of threads, so many
+        small steps are counted in parallel too.
+
+        workers: threads (default `resolve_workers()`); the counts and the error raised (that of the
+        earliest bad chunk, steps in order) do not depend on it.
+        where: names step s in errors (default: this counter's `where` for every step).
+        """
         workers = resolve_workers(workers)
-        out = np.zeros((self.num_layers, self.num_experts), dtype=np.int64)
+        out = np.zeros((len(steps), self.num_layers, self.num_experts), dtype=np.int64)
         chunk_tokens = chunk_tokens_for(self.num_layers, self.top_k, chunk_tokens)
-        starts = range(0, ids.shape[0], chunk_tokens)
-        if workers == 1 or len(starts) < 2:
-            for start in starts:
-                self.add(ids[start:start + chunk_tokens], out, start)
+        tasks = [(step, start) for step, ids in enumerate(steps) for start in range(0, ids.shape[0], chunk_tokens)]
+
+        def named(step: int, add: Callable[[], None]) -> None:
+            try:
+                add()
+            except InputError as exc:
+                if where is None:
+                    raise
+                raise InputError(where(step), exc.expected, exc.got) from None
+
+        if workers == 1 or len(tasks) < 2:
+            for step, start in tasks:
+                named(step, lambda: self.add(steps[step][start:start + chunk_tokens], out[step], start))
             return out
-        self._check_shape(ids)
+        for step, ids in enumerate(steps):
+            named(step, lambda: self._check_shape(ids))
         self.reserve(chunk_tokens)
-        scratch = PerThread(lambda: (self.clone(), np.zeros_like(out)))
+        lock = threading.Lock()
+        scratch = PerThread(lambda: (self.clone(), StepSums(out, lock)))
 
-        def process(start: int) -> None:
+        def process(task: int) -> None:
+            step, start = tasks[task]
             counter, sums = scratch.get()
-            counter.add(ids[start:start + chunk_tokens], sums, start)
+            named(step, lambda: counter.add(steps[step][start:start + chunk_tokens], sums.of_step(step), start))
 
-        run_chunks(starts, workers, process)
+        run_chunks(range(len(tasks)), workers, process)
         for _, sums in scratch.made:
-            out += sums
+            sums.flush()
         return out
 
     # ------------------------------------------------------------------ steps

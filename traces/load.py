@@ -24,13 +24,13 @@ from moe_place.traces.npz import READ_ERRORS, error_reason
 
 # Token-level npz traces whose `topk_ids` would take more than this are reduced to counts
 # while streaming (bounded memory) instead of being loaded whole: a 1M tokens x 61 layers x
-# top-8 int16 dump (976 MB) is streamed.
+# top-8 int16 dump (976 MB) is streamed. Both give the same analysis (`moe-place analyze`).
 DEFAULT_MAX_TOKEN_BYTES = 256 << 20
 SUPPORTED = ".npz (moe-place, vLLM window), .pt (SGLang dump, vLLM window), .csv, .json"
 
 
 def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers: bool = False,
-               max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> Trace:
+               max_token_bytes: int | None = None) -> Trace:
     """Read a trace file, choosing the reader by its contents and name.
 
     top_k: the router's top-k for formats that do not record it (count-only dumps); ignored
@@ -38,9 +38,12 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
     keep_dense_layers: SGLang dumps list every decoder layer; dense layers are all-zero rows and
         are dropped unless this is True.
     max_token_bytes: token-level npz traces larger than this are streamed into a count-level
-        trace (memory bounded by the chunk size) instead of being loaded whole.
+        trace (memory bounded by the chunk size, plus a token sample) instead of being loaded
+        whole; default `DEFAULT_MAX_TOKEN_BYTES`, read at each call.
     """
     resolve_workers()  # a bad $MOE_PLACE_THREADS is named as itself, not as a fault of the file
+    if max_token_bytes is None:
+        max_token_bytes = DEFAULT_MAX_TOKEN_BYTES
     path = Path(path)
     kind = detect_format(path)
     try:
@@ -97,7 +100,7 @@ def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max
 
         if vllm.is_vllm_npz(path):
             return vllm.read_vllm_window(path, top_k=top_k)
-        if stream.token_bytes(path) > max_token_bytes:
+        if npz.token_bytes(path) > max_token_bytes:
             return stream.stream_npz_counts(path)
         return npz.read_npz(path, top_k=top_k)
     if kind == "torch":

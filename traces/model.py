@@ -3,7 +3,8 @@
 Two granularities, as real tools produce them:
 - token level: for each step, int `[tokens, layers, k]` expert ids (the router's top-k);
 - count level: int64 `[steps, layers, experts]` dispatches per expert (what engines record).
-A token-level trace can always give counts; a count-level trace cannot give tokens back.
+A token-level trace can always give counts; a count-level trace cannot give tokens back, except
+the bounded random sample of them (`moe_place.traces.sample`) a streamed token file keeps.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Iterator
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.traces.count import find_repeat
+from moe_place.traces.count import DispatchCounter
+from moe_place.traces.sample import TokenSample
 
 
 MAX_EXPERTS = 1 << 16  # a sanity bound: counts are dense [layers, experts] arrays
@@ -57,13 +59,20 @@ class Trace:
     """A routing trace. Exactly one of `counts` and `topk_ids` is given.
 
     counts: int64 `[steps, layers, experts]`.
-    topk_ids: tuple of per-step int arrays `[tokens, layers, k]` (tokens may differ per step).
+    topk_ids: tuple of per-step int arrays `[tokens, layers, k]` (tokens may differ per step);
+        validated and counted in one pass on construction (`validated_step_counts`), so
+        `step_counts` is free.
+    sample: with `counts` reduced from token-level ids (a streamed file), the ids of a bounded
+        random sample of its tokens (`moe_place.traces.sample`); a token-level trace draws the
+        same sample from `topk_ids` (`token_sample`).
     """
 
     meta: TraceMeta
     counts: np.ndarray | None = None
     topk_ids: tuple[np.ndarray, ...] | None = None
+    sample: TokenSample | None = None
     _step_counts: list = field(default_factory=list, init=False, repr=False)
+    _sample: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if (self.counts is None) == (self.topk_ids is None):
@@ -78,11 +87,27 @@ class Trace:
             steps = tuple(self.topk_ids)
             if not steps:
                 raise InputError("topk_ids", "at least one step")
-            for i, ids in enumerate(steps):
-                check_topk_ids(ids, f"topk_ids[step {i}]", meta.num_experts, meta.top_k, meta.num_layers)
+            counts = validated_step_counts(steps, meta.num_experts, meta.top_k, meta.num_layers)
+            counts.setflags(write=False)
+            self._step_counts.append(counts)
             object.__setattr__(self, "topk_ids", steps)
         if meta.step_names and len(meta.step_names) != self.num_steps:
             raise InputError("step_names", f"{self.num_steps} names", len(meta.step_names))
+        if self.sample is not None:
+            self._check_sample(self.sample)
+
+    def _check_sample(self, sample: TokenSample) -> None:
+        if self.topk_ids is not None:
+            raise InputError("sample", "a sample only with counts (a token-level trace draws its own)")
+        if sample.ids.shape[1:] != (self.num_layers, self.top_k):
+            raise InputError("sample", f"ids [n, {self.num_layers} layers, k = {self.top_k}]",
+                             f"shape {sample.ids.shape}")
+        if sample.num_tokens != self.num_tokens:
+            raise InputError("sample", f"a sample of the trace's {self.num_tokens} tokens", sample.num_tokens)
+        ids = sample.ids
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.num_experts):
+            raise InputError("sample", f"expert ids in [0, {self.num_experts})",
+                             int(ids.min()) if int(ids.min()) < 0 else int(ids.max()))
 
     # ------------------------------------------------------------------ shape
     @property
@@ -121,11 +146,16 @@ class Trace:
         """int64 `[steps, layers, experts]`: dispatches per expert in each step."""
         if self.counts is not None:
             return self.counts
-        if not self._step_counts:
-            stacked = np.stack([count_dispatches(ids, self.num_experts) for ids in self.topk_ids])
-            stacked.setflags(write=False)
-            self._step_counts.append(stacked)
-        return self._step_counts[0]
+        return self._step_counts[0]  # counted when the ids were validated
+
+    def token_sample(self) -> TokenSample | None:
+        """The ids of a bounded random sample of the trace's tokens (`moe_place.traces.sample`):
+        drawn from `topk_ids`, or kept while streaming; None for a trace of counts only."""
+        if self.topk_ids is None:
+            return self.sample
+        if not self._sample:
+            self._sample.append(TokenSample.of_steps(self.topk_ids))
+        return self._sample[0]
 
     def total_counts(self) -> np.ndarray:
         """int64 `[layers, experts]`: dispatches per expert summed over every step."""
@@ -159,7 +189,8 @@ class Trace:
                 raise InputError("layers", f"layer positions in [0, {self.num_layers})", p)
         meta = TraceMeta(**{**self.meta.__dict__, "layer_ids": tuple(self.meta.layer_ids[p] for p in positions)})
         if self.counts is not None:
-            return Trace(meta, counts=self.counts[:, positions, :])
+            sample = None if self.sample is None else self.sample.select_layers(positions)
+            return Trace(meta, counts=self.counts[:, positions, :], sample=sample)
         return Trace(meta, topk_ids=tuple(ids[:, positions, :] for ids in self.topk_ids))
 
 
@@ -193,8 +224,34 @@ def check_counts(counts: np.ndarray, where: str, num_experts: int | None = None)
 
 
 def check_topk_ids(ids: np.ndarray, where: str, num_experts: int, top_k: int | None = None,
-                   num_layers: int | None = None) -> None:
-    """Validate token-level expert ids `[tokens, layers, k]`: integer, in range, no repeats per token."""
+                   num_layers: int | None = None, workers: int | None = None) -> np.ndarray:
+    """Validate token-level expert ids `[tokens, layers, k]` (integer, in range, no repeats per
+    token) and return their int64 `[layers, experts]` dispatch counts.
+
+    Validation and counting are one chunked pass (`count.DispatchCounter`, on `workers` threads,
+    default `count.resolve_workers()`); an error is that of the earliest bad chunk, as when the
+    file is streamed: its id out of range (the smallest if negative, else the largest) or its
+    first repeat.
+    """
+    _check_ids_shape(ids, where, top_k, num_layers)
+    if ids.size == 0:
+        return np.zeros((ids.shape[1], num_experts), dtype=np.int64)
+    return DispatchCounter(ids.shape[1], num_experts, ids.shape[2], where).count(ids, workers=workers)
+
+
+def validated_step_counts(steps: tuple[np.ndarray, ...], num_experts: int, top_k: int,
+                          num_layers: int) -> np.ndarray:
+    """int64 `[steps, layers, experts]`: `check_topk_ids` of every step (`topk_ids[step i]` in errors),
+    the chunks of all steps counted by one pool of threads."""
+    for i, ids in enumerate(steps):
+        _check_ids_shape(ids, f"topk_ids[step {i}]", top_k, num_layers)
+    if num_layers == 0 or not any(ids.size for ids in steps):
+        return np.zeros((len(steps), num_layers, num_experts), dtype=np.int64)
+    counter = DispatchCounter(num_layers, num_experts, top_k, "topk_ids")
+    return counter.count_steps(steps, where=lambda step: f"topk_ids[step {step}]")
+
+
+def _check_ids_shape(ids: np.ndarray, where: str, top_k: int | None, num_layers: int | None) -> None:
     if ids.dtype.kind not in "iu":
         raise InputError(where, "integer expert ids", f"dtype {ids.dtype}")
     if ids.ndim != 3:
@@ -203,15 +260,6 @@ def check_topk_ids(ids: np.ndarray, where: str, num_experts: int, top_k: int | N
         raise InputError(where, f"k = top_k = {top_k} ids per token", ids.shape[2])
     if num_layers is not None and ids.shape[1] != num_layers:
         raise InputError(where, f"{num_layers} layers", ids.shape[1])
-    if ids.size == 0:
-        return
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= num_experts:
-        raise InputError(where, f"expert ids in [0, {num_experts})", lo if lo < 0 else hi)
-    repeat = find_repeat(ids)
-    if repeat is not None:
-        raise InputError(where, "k distinct experts per token",
-                         f"a repeated expert at token {repeat[0]}, layer {repeat[1]}")
 
 
 def count_dispatches(ids: np.ndarray, num_experts: int) -> np.ndarray:

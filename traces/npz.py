@@ -24,12 +24,16 @@ tokens form one step. The writer stores tokens grouped by step with `step` = 0, 
 
 Files are written uncompressed by default so large token-level traces can be streamed
 (`moe_place.traces.stream`); `compress=True` uses deflate (still readable, streamed by
-decompressing chunk by chunk).
+decompressing chunk by chunk). `IdsReader` (at the end) reads the `topk_ids` member, whole or by
+chunks, for both readers.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import struct
+import tokenize
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -156,6 +160,8 @@ def read_npz(path: str | Path, top_k: int | None = None) -> Trace:
     """Read an npz trace fully into memory (see `moe_place.traces.stream` for large files).
 
     top_k: used when a count file does not record it (instead of guessing with `infer_top_k`).
+    `topk_ids` is read by `IdsReader.read_all` (one read of a stored member, not numpy's small
+    reads through zipfile); building the Trace validates and counts the ids in one pass.
     """
     path = Path(path)
     with open_npz(path) as npz:
@@ -163,8 +169,9 @@ def read_npz(path: str | Path, top_k: int | None = None) -> Trace:
         if "counts" in header.keys:
             counts = read_member(npz, path, "counts")
             return counts_trace(counts, header, path, top_k)
-        ids = read_member(npz, path, "topk_ids")
         step = read_member(npz, path, "step") if "step" in header.keys else None
+    with IdsReader(path) as reader:
+        ids = reader.read_all()
     return token_trace(ids, step, header, path)
 
 
@@ -312,3 +319,172 @@ def error_reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = type(exc).__name__
     return f"{name}: {text}"[:200] if text else name
+
+
+# ---------------------------------------------------------------------- the topk_ids member
+IDS_MEMBER = "topk_ids.npy"
+READ_PIECE = 16 << 20  # bytes per read of a compressed member read whole
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header, 30 bytes
+
+
+def token_bytes(path: str | Path) -> int:
+    """Uncompressed size in bytes of the `topk_ids` member of an npz (0 if it has none)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return zf.getinfo(IDS_MEMBER).file_size
+    except KeyError:
+        return 0
+
+
+
+
+class IdsReader:
+    """Reads the `topk_ids` member of an npz chunk by chunk (a context manager).
+
+    `positional`: the member is stored uncompressed, so `read_at` can read any chunk from any thread.
+    Reads stop at the member's end, so a member shorter than its `.npy` header says is a truncated file.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.where = f"{path}: topk_ids"
+        self.positional = False
+        self.fortran_order = False
+        self._zip = None
+        self._file = None
+        self._data_offset = 0  # stored member: file offsets of the first id byte and of the member's end
+        self._data_end = 0
+
+    def __enter__(self) -> "IdsReader":
+        try:
+            self._zip = zipfile.ZipFile(self.path)
+            info = self._zip.getinfo(IDS_MEMBER)
+            if info.compress_type == zipfile.ZIP_STORED:
+                self._file = open(self.path, "rb")
+                self._file.seek(info.header_offset)
+                head = self._file.read(_LOCAL_HEADER.size)
+                if len(head) < _LOCAL_HEADER.size or not head.startswith(b"PK\x03\x04"):
+                    raise InputError(self.where, "a zip local file header", "damaged archive")
+                fields = _LOCAL_HEADER.unpack(head)
+                member_start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+                self._data_end = member_start + info.compress_size
+                self._file.seek(member_start)
+            else:
+                self._file = self._zip.open(info)
+            self.shape, self.dtype, self.fortran_order = self._read_npy_header()
+            if info.compress_type == zipfile.ZIP_STORED:
+                self._data_offset = self._file.tell()
+                self.positional = True
+        except (*READ_ERRORS, RuntimeError) as exc:  # zipfile's word for a damaged or encrypted member
+            self.__exit__(None, None, None)
+            if isinstance(exc, InputError):
+                raise
+            raise InputError(self.where, "a readable zip member", error_reason(exc)) from None
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._zip is not None:
+            self._zip.close()
+
+    def _read_npy_header(self) -> tuple[tuple[int, int, int], np.dtype, bool]:
+        fmt = np.lib.format
+        try:
+            version = fmt.read_magic(self._file)
+            reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
+            if reader is None:
+                raise ValueError(f"npy format version {version}")
+            shape, fortran_order, dtype = reader(self._file)
+        except (*READ_ERRORS, SyntaxError, tokenize.TokenError) as exc:  # numpy parses the header as Python
+            raise InputError(self.where, "a readable .npy header", error_reason(exc)) from None
+        if dtype.kind not in "iu" or len(shape) != 3:
+            raise InputError(self.where, "an integer array [tokens, layers, k]", f"{dtype} shape {shape}")
+        return shape, dtype, bool(fortran_order)
+
+    def require_c_order(self) -> None:
+        """Chunks of tokens are contiguous only in a C-ordered array: InputError otherwise."""
+        if self.fortran_order:
+            raise InputError(self.where, "a C-ordered array (np.ascontiguousarray before saving)", "Fortran order")
+
+    def read_all(self) -> np.ndarray:
+        """The whole member: int `[tokens, layers, k]`, in the order it was stored (C or Fortran).
+
+        A stored member is read with positional reads straight from the file, with no zipfile
+        layer: its CRC is not checked, as when streaming (a file cut short is still an error). A
+        compressed one is read through zipfile in pieces of READ_PIECE bytes.
+        """
+        stored = np.empty(self.shape[::-1] if self.fortran_order else self.shape, dtype=self.dtype)
+        target = memoryview(stored.reshape(-1).view(np.uint8))
+        got = 0
+        try:
+            if self.positional:
+                got = self._pread(target, self._data_offset)
+            else:
+                while got < len(target):
+                    n = self._file.readinto(target[got:got + READ_PIECE])
+                    if not n:
+                        break
+                    got += n
+        except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
+            raise InputError(self.where, "a readable array", error_reason(exc)) from None
+        if got != stored.nbytes:
+            row_bytes = max(1, stored.nbytes // max(1, self.shape[0]))
+            raise InputError(self.where, f"{self.shape[0]} tokens of data",
+                             f"a truncated file (ends in token {got // row_bytes})")
+        return stored.T if self.fortran_order else stored
+
+    def chunks(self, chunk_tokens: int) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (first token, ids `[n, layers, k]`) for consecutive chunks; the buffer is reused."""
+        tokens, num_layers, k = self.shape
+        start_pos = self._file.tell()
+        buffer = np.empty((min(chunk_tokens, tokens), num_layers, k), dtype=self.dtype)
+        for start in range(0, tokens, chunk_tokens):
+            n = min(chunk_tokens, tokens - start)
+            view = buffer[:n]
+            target = memoryview(view.reshape(-1).view(np.uint8))
+            if self.positional:  # not past the member's end
+                target = target[:max(0, min(view.nbytes, self._data_end - self._file.tell()))]
+            try:
+                got = self._file.readinto(target)
+            except (OSError, EOFError, zipfile.BadZipFile, ValueError) as exc:
+                raise InputError(self.where, "a readable array", error_reason(exc)) from None
+            self._check_complete(got, view, start)
+            yield start, view
+        self._file.seek(start_pos)  # ready for another pass
+
+    def read_at(self, start: int, ids: np.ndarray) -> None:
+        """Fill `ids` `[n, layers, k]` with tokens start..start+n-1 by positional reads (thread-safe;
+        the file position is not used). Only for a `positional` (stored) member."""
+        assert self.positional, "read_at needs an uncompressed member"
+        offset = self._data_offset + start * (ids.nbytes // max(1, ids.shape[0]))
+        try:
+            got = self._pread(memoryview(ids.reshape(-1).view(np.uint8)), offset)
+        except OSError as exc:
+            raise InputError(self.where, "a readable array", error_reason(exc)) from None
+        self._check_complete(got, ids, start)
+
+    def _pread(self, target: memoryview, offset: int) -> int:
+        """Fill `target` from file offset `offset` by positional reads, not past the member's end;
+        return the bytes read."""
+        wanted = max(0, min(len(target), self._data_end - offset))
+        fd = self._file.fileno()
+        got = 0
+        while got < wanted:
+            if hasattr(os, "preadv"):
+                n = os.preadv(fd, [target[got:wanted]], offset + got)
+            else:
+                data = os.pread(fd, wanted - got, offset + got)
+                n = len(data)
+                target[got:got + n] = data
+            if n == 0:
+                break
+            got += n
+        return got
+
+    def _check_complete(self, got: int | None, ids: np.ndarray, start: int) -> None:
+        if got != ids.nbytes:
+            raise InputError(self.where, f"{self.shape[0]} tokens of data", f"a truncated file (ends in token {start})")

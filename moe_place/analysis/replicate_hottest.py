@@ -19,6 +19,10 @@ from moe_place.analysis.profile import check_expert_load
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
+#: Subtracted from the share of an expert a GPU may not take (or that would not fit): below any
+#: real share (loads are finite and >= 0), so one argmax picks among the allowed experts.
+EXCLUDED = 1e300
+
 
 def replicate_hottest(expert_load: np.ndarray, num_gpus: int, redundant_per_gpu: int = 1) -> Placement:
     """Placement of `[layers, E]` loads on `num_gpus` GPUs with `redundant_per_gpu` extra slots each."""
@@ -49,36 +53,87 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
 
     load: float64 `[layers, E]`. All layers advance together, one extra slot per layer per pass.
     GPU g holds expert e if e is in its block (`e // (E/G) == g`) or in its extra slots so far.
+    A pass reads each `[layers, E]` element a few times only: the shares are updated where they
+    change (one expert per layer); the choice is one argmax of `share - EXCLUDED * ruled_out`; the
+    loads change on the expert's holders only, found through a list per expert. These are the same
+    float operations on the same values as recomputing every share and subtracting
+    `holders * lost` from every GPU, so the plans are exactly those of that plain formulation.
     """
     layers, experts = load.shape
     block = experts // num_gpus
     rows = np.arange(layers)
+    at_row_expert, at_row_gpu = rows * experts, rows * num_gpus  # flat index of [row, 0]
     home = np.arange(experts) // block
+    own_block = np.arange(block)
     replicas = np.ones((layers, experts))
+    share = load / replicas  # the load per replica now, and with one more replica
+    new_share = load / (replicas + 1)
     gpu_load = load.reshape(layers, num_gpus, block).sum(axis=2)
-    free = np.full((layers, num_gpus), redundant_per_gpu)
     extra = np.full((layers, num_gpus, redundant_per_gpu), -1, dtype=np.int64)
+    if redundant_per_gpu == 0:
+        return extra
+    open_load = gpu_load.copy()  # gpu_load, and inf once a GPU has no free slot left
+    free = np.full(layers * num_gpus, redundant_per_gpu)
+    # GPUs holding an extra replica of an expert, as linked lists of slots (flat [row, gpu, slot])
+    first_holder = np.full(layers * experts, -1, dtype=np.int64)
+    next_holder = np.full(layers * num_gpus * redundant_per_gpu, -1, dtype=np.int64)
+    after = np.empty((layers, experts))  # scratch: the GPU's load with one more replica of each expert
+    over = np.empty((layers, experts), dtype=bool)
+    score = np.empty((layers, experts))
+    flat_share, flat_new, flat_replicas, flat_load = (a.reshape(-1) for a in (share, new_share, replicas, load))
+    flat_gpu_load, flat_open, flat_score = gpu_load.reshape(-1), open_load.reshape(-1), score.reshape(-1)
+    slots = extra.reshape(-1)
     for _ in range(num_gpus * redundant_per_gpu):
-        share = load / replicas
-        new_share = load / (replicas + 1)
         # 1. the least loaded GPU with a free slot
-        gpu = np.where(free > 0, gpu_load, np.inf).argmin(axis=1)
+        gpu = open_load.argmin(axis=1)
+        at_gpu = at_row_gpu + gpu
         # 2. the hottest expert it may hold that keeps it at or below the busiest GPU, else the coldest
-        may = home[None, :] != gpu[:, None]
-        taken = extra[rows, gpu, :]
-        layer_of, slot = np.nonzero(taken >= 0)
-        may[layer_of, taken[layer_of, slot]] = False
-        fits = may & (gpu_load[rows, gpu][:, None] + new_share <= gpu_load.max(axis=1)[:, None])
-        expert = np.where(fits.any(axis=1), np.where(fits, share, -np.inf).argmax(axis=1),
-                          np.where(may, new_share, np.inf).argmin(axis=1))
-        assert may[rows, expert].all()  # redundant_per_gpu <= E - E/G leaves an expert to take
+        np.add(flat_gpu_load[at_gpu][:, None], new_share, out=after)
+        np.greater(after, gpu_load.max(axis=1)[:, None], out=over)
+        np.multiply(over, -EXCLUDED, out=score)
+        score += share  # share where it fits (share - 0.0), about -EXCLUDED where it does not
+        flat_score[(at_row_expert + gpu * block)[:, None] + own_block] = -EXCLUDED  # its own block
+        taken = extra.reshape(-1, redundant_per_gpu)[at_gpu]
+        if redundant_per_gpu > 1:  # with one extra slot per GPU, a GPU with a free one holds no extra yet
+            layer_of, slot = np.nonzero(taken >= 0)
+            score[layer_of, taken[layer_of, slot]] = -EXCLUDED  # its extra slots so far
+        expert = score.argmax(axis=1)
+        at = at_row_expert + expert
+        stuck = np.flatnonzero(flat_score[at] < 0)  # nothing fits
+        if stuck.size:
+            may = home[None, :] != gpu[stuck, None]
+            held = taken[stuck]
+            layer_of, slot = np.nonzero(held >= 0)
+            may[layer_of, held[layer_of, slot]] = False
+            expert[stuck] = np.where(may, new_share[stuck], np.inf).argmin(axis=1)
+            assert may[np.arange(stuck.size), expert[stuck]].all()  # redundant_per_gpu <= E - E/G
+            at = at_row_expert + expert
         # 3. the expert's load is now split over one more replica: its holders give some away
-        holders = (np.arange(num_gpus)[None, :] == home[expert][:, None]) | (extra == expert[:, None, None]).any(axis=2)
-        gained = new_share[rows, expert]
-        gpu_load -= holders * (share[rows, expert] - gained)[:, None]
-        gpu_load[rows, gpu] += gained
-        replicas[rows, expert] += 1
-        extra[rows, gpu, redundant_per_gpu - free[rows, gpu]] = expert
-        free[rows, gpu] -= 1
+        gained = flat_new[at]
+        lost = flat_share[at] - gained
+        at_home = at_row_gpu + home[expert]
+        flat_gpu_load[at_home] -= lost
+        flat_open[at_home] -= lost
+        node = first_holder[at]
+        while True:
+            holding = np.flatnonzero(node >= 0)
+            if not holding.size:
+                break
+            at_holder = node[holding] // redundant_per_gpu
+            flat_gpu_load[at_holder] -= lost[holding]
+            flat_open[at_holder] -= lost[holding]
+            node[holding] = next_holder[node[holding]]
+        flat_gpu_load[at_gpu] += gained
+        flat_open[at_gpu] += gained
+        flat_replicas[at] += 1
+        flat_share[at] = flat_load[at] / flat_replicas[at]
+        flat_new[at] = flat_load[at] / (flat_replicas[at] + 1)
+        # 4. the slot is filled: the GPU joins the expert's holders
+        slot = at_gpu * redundant_per_gpu + redundant_per_gpu - free[at_gpu]
+        slots[slot] = expert
+        next_holder[slot] = first_holder[at]
+        first_holder[at] = slot
+        free[at_gpu] -= 1
+        flat_open[at_gpu[free[at_gpu] == 0]] = np.inf
     assert (extra >= 0).all()
     return extra

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.analysis.active import ActiveExperts, active_experts
-from moe_place.analysis.coactivation import coactivation
+from moe_place.analysis.coactivation import TopPairs, top_pairs
 from moe_place.analysis.ep_sweep import EpPoint, default_ep_sizes, ep_sweep
 from moe_place.analysis.out_of_sample import OutOfSample, out_of_sample
 from moe_place.analysis.persistence import Persistence, persistence
@@ -40,7 +40,8 @@ class TraceAnalysis:
     ep: the EP sweep of the summed loads (contiguous placement).
     out_of_sample: per EP size, the replicate-hottest plan made on one window judged on the
         next (`None` for every size when the trace has fewer than two windows).
-    coactivation: int64 `[layers, E, E]` tokens picking both experts (token-level traces only).
+    pairs: per layer, the pair of experts most often picked by the same token and its lift
+        (traces with a token sample: token-level, or streamed from a token-level file).
     """
 
     trace: Trace
@@ -50,7 +51,7 @@ class TraceAnalysis:
     active: ActiveExperts
     ep: tuple[EpPoint, ...]
     out_of_sample: tuple[OutOfSample | None, ...]
-    coactivation: np.ndarray | None = None
+    pairs: TopPairs | None = None
 
     def __post_init__(self) -> None:
         if len(self.out_of_sample) != len(self.ep):
@@ -82,26 +83,27 @@ def analyze_trace(trace: Trace, ep_sizes: Sequence[int] | None = None, top_n: in
     points = ep_sweep(total, sizes)
     shifts = tuple(out_of_sample(windows, p.ep_size) if windows.shape[0] > 1 and p.ep_size > 1 else None
                    for p in points)
-    pairs = None
-    if trace.is_token_level:
-        pairs = sum(coactivation(ids, trace.num_experts) for ids in trace.topk_ids)
+    sample = trace.token_sample()
+    pairs = None if sample is None else top_pairs(sample, total)
     return TraceAnalysis(trace=trace, window_steps=window_steps, profile=load_profile(total, top_n),
                          persistence=persistence(windows, top_n), active=active_experts(counts, trace.top_k),
-                         ep=points, out_of_sample=shifts, coactivation=pairs)
+                         ep=points, out_of_sample=shifts, pairs=pairs)
 
 
 # ---------------------------------------------------------------------- JSON
-def _top_pair(pairs: np.ndarray, num_tokens: int) -> dict | None:
-    """The pair of distinct experts most often picked by the same token, and its lift.
-
-    lift = tokens * C[a, b] / (load[a] * load[b]): 1 when a and b are picked independently.
-    """
-    off = np.where(np.eye(pairs.shape[0], dtype=bool), -1, pairs)
-    a, b = np.unravel_index(int(np.argmax(off)), off.shape)
-    if off[a, b] <= 0:
+def _top_pair(pairs: TopPairs, pos: int) -> dict | None:
+    """Layer `pos`'s most frequent pair of experts, its tokens (rounded when estimated) and lift."""
+    a, b = (int(e) for e in pairs.experts[pos])
+    if a < 0:
         return None
-    lift = num_tokens * pairs[a, b] / (pairs[a, a] * pairs[b, b])
-    return {"experts": [int(a), int(b)], "tokens": int(pairs[a, b]), "lift": _num(lift)}
+    return {"experts": [a, b], "tokens": int(round(float(pairs.tokens[pos]))), "lift": _num(pairs.lift[pos]),
+            "lift_stderr": _num(pairs.lift_stderr[pos])}
+
+
+def _pair_sample(pairs: TopPairs | None) -> dict | None:
+    if pairs is None or pairs.exact:
+        return None
+    return {"chosen_on_tokens": pairs.chosen_on, "estimated_on_tokens": pairs.estimated_on}
 
 
 def _num(x: float) -> float | None:
@@ -110,23 +112,28 @@ def _num(x: float) -> float | None:
 
 
 def _nums(values: np.ndarray) -> list:
-    return [_num(v) for v in np.asarray(values, dtype=np.float64).ravel()]
+    """`_num` of every value (a list of Python floats first: far fewer numpy scalar calls)."""
+    return [None if math.isnan(x) else round(x, 6) for x in np.asarray(values, dtype=np.float64).ravel().tolist()]
 
 
 def analysis_to_json(analysis: TraceAnalysis) -> dict:
     """The JSON contract of `moe-place analyze --format json` (floats rounded to 6 digits, NaN -> null).
 
     Top level: `format_version`, `model`, `source`, `num_layers`, `num_experts`, `top_k`,
-    `tokens` (whole trace), `steps`, `step_names`, `window_steps`, `windows`, `top_n`, `layers`, `ep`.
+    `tokens` (whole trace), `steps`, `step_names`, `window_steps`, `windows`, `top_n`,
+    `pair_sample` (null when `top_pair` counts every token, else {`chosen_on_tokens`,
+    `estimated_on_tokens`}: the random sample it was chosen on and estimated on,
+    `moe_place.analysis.coactivation`), `layers`, `ep`.
 
     `layers[i]` (one per analyzed layer, in trace order):
       `layer` the model's layer id; `expert_load` ints, dispatches per expert summed over every
       step; `max_over_mean`, `cv`, `zero_load_experts`, `top_n_share` of those loads;
       `hot_experts` the `top_n` hottest ids, hottest first; `persistence` {`mean_run_windows`,
       `median_run_windows`, `max_run_windows`, `mean_hot_overlap`}; `active_experts` per step
-      and `expected_active_experts` per step (E[U] for that step's tokens); `top_pair` (token-level
-      traces, else null) {`experts` [a, b], `tokens` picking both, `lift` = tokens*C[a,b]/(load a *
-      load b), 1 if independent}.
+      and `expected_active_experts` per step (E[U] for that step's tokens); `top_pair` (traces
+      with tokens: token-level, or streamed from a token-level file; else null) {`experts` [a, b],
+      `tokens` picking both (estimated for the whole trace when sampled), `lift` = tokens * C[a,b] /
+      (load a * load b), 1 if independent, `lift_stderr` its standard error (0 when exact)}.
 
     `ep[j]` (one per EP size, ascending; contiguous placement of the summed loads):
       `ep_size`, `placement` ("contiguous"), `experts_per_gpu`; per layer lists
@@ -156,7 +163,7 @@ def analysis_to_json(analysis: TraceAnalysis) -> dict:
             },
             "active_experts": [int(v) for v in act.observed[:, pos]],
             "expected_active_experts": _nums(act.expected[:, pos]),
-            "top_pair": None if analysis.coactivation is None else _top_pair(analysis.coactivation[pos], trace.num_tokens),
+            "top_pair": None if analysis.pairs is None else _top_pair(analysis.pairs, pos),
         })
     ep = []
     for point, shift in zip(analysis.ep, analysis.out_of_sample):
@@ -200,6 +207,7 @@ def analysis_to_json(analysis: TraceAnalysis) -> dict:
         "window_steps": analysis.window_steps,
         "windows": pers.num_windows,
         "top_n": prof.top_n,
+        "pair_sample": _pair_sample(analysis.pairs),
         "layers": layers,
         "ep": ep,
     }

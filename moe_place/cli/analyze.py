@@ -88,6 +88,7 @@ def format_table(report: dict) -> str:
               f"hot run: mean windows an expert stays top-{n}",
               "pair lift: how much more often than independent picks one token takes the layer's most "
               "frequent expert pair"]
+    lines += _pair_sample_note(report)
     lines += ["", "EP sweep: busiest/mean GPU rows, mean and worst over layers",
               "  summed loads, contiguous placement | per window, mean over layers and transitions:",
               "  contiguous, and +1 replica/GPU of the hottest experts planned on the same or the previous window"]
@@ -103,6 +104,17 @@ def format_table(report: dict) -> str:
             f"{_fmt(e['worst_gpu_max_over_mean']):>6} {e['worst_layer']:>7} {_fmt(e['vllm_balancedness'], '.3f'):>8} "
             f"{_fmt(_mean(e['sglang_balancedness']), '.3f'):>10} | {window[0]:>6} {window[1]:>6} {window[2]:>8}")
     return "\n".join(lines) + "\n"
+
+
+def _pair_sample_note(report: dict) -> list[str]:
+    """The line saying that pair lifts were estimated on a token sample, and their standard errors."""
+    sample = report.get("pair_sample")
+    errors = [layer["top_pair"]["lift_stderr"] for layer in report["layers"] if layer["top_pair"]]
+    if sample is None or not errors:
+        return []
+    return [f"  estimated on a random sample: pair chosen on {sample['chosen_on_tokens']:,} tokens, its lift "
+            f"counted on {sample['estimated_on_tokens']:,} others (of {report['tokens']:,}); standard error "
+            f"{min(errors):.2f} to {max(errors):.2f} by layer"]
 
 
 def _plural(count: int, word: str) -> str:
