@@ -49,3 +49,25 @@ def test_window_loads_sum_consecutive_steps_and_drop_a_partial_window():
         window_loads(counts, 6)
     with pytest.raises(InputError):
         window_loads(counts, 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_per_layer_run_statistics_match_a_loop_over_each_experts_windows(seed):
+    rng = np.random.default_rng(seed)
+    windows, layers, experts, top_n = int(rng.integers(1, 9)), int(rng.integers(1, 6)), 12, int(rng.integers(1, 5))
+    loads = rng.integers(0, 4, size=(windows, layers, experts))  # small values: many ties
+    pers = persistence(loads, top_n)
+    for layer in range(layers):
+        runs = []
+        for expert in range(experts):
+            hot = [expert in np.argsort(-loads[w, layer], kind="stable")[:top_n] for w in range(windows)]
+            length = 0
+            for flag in hot + [False]:
+                if flag:
+                    length += 1
+                elif length:
+                    runs.append(length)
+                    length = 0
+        assert pers.mean_run[layer] == pytest.approx(sum(runs) / len(runs))
+        assert pers.median_run[layer] == pytest.approx(float(np.median(runs)))
+        assert pers.max_run[layer] == max(runs)

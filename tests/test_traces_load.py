@@ -161,3 +161,53 @@ def test_pt_file_without_torch_is_a_clear_input_error(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="torch installed") as err:
         load_trace(path)
     assert str(path) in str(err.value)
+
+
+def _npz_with_ids_shifted(path, ids, shift):
+    """An npz whose `topk_ids.npy` member is stored `shift` bytes further into the file than usual
+    (an extra field in its local header), so its ids may be misaligned for their dtype."""
+    import zipfile
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, ids)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        info = zipfile.ZipInfo("topk_ids.npy")
+        if shift:
+            info.extra = (0xCAFE).to_bytes(2, "little") + (shift - 4).to_bytes(2, "little") + b"\0" * (shift - 4)
+        zf.writestr(info, buffer.getvalue())
+
+
+@pytest.mark.parametrize("shift", [0, 5, 8])
+def test_a_stored_member_is_mapped_when_aligned_and_read_otherwise_with_the_same_trace(tmp_path, shift):
+    from moe_place.traces.npz import IdsReader
+
+    rng = np.random.default_rng(shift)
+    ids = np.stack([rng.permutation(16)[:4] for _ in range(300)]).reshape(100, 3, 4).astype(np.int16)
+    path = tmp_path / "t.npz"
+    _npz_with_ids_shifted(path, ids, shift)
+    with IdsReader(path) as reader:
+        mapped = reader.map_all()
+        read = reader.read_all()
+    if shift % 2:
+        assert mapped is None  # int16 ids an odd number of bytes into the file: read, not mapped
+        assert read.flags.writeable
+    else:
+        assert mapped is not None and not mapped.flags.writeable
+        np.testing.assert_array_equal(mapped, ids)
+    np.testing.assert_array_equal(read, ids)
+    trace = load_trace(path)
+    expected = np.stack([np.bincount(ids[:, layer].ravel(), minlength=16) for layer in range(3)])
+    np.testing.assert_array_equal(trace.total_counts(), expected)
+
+
+def test_a_stored_member_shorter_than_its_header_is_not_mapped_and_names_the_truncation(tmp_path):
+    import zipfile
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<i2", "fortran_order": False, "shape": (60, 2, 1)})
+    buffer.write(np.zeros((50, 2, 1), dtype="<i2").tobytes())  # 50 of the 60 tokens the header promises
+    path = tmp_path / "t.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("topk_ids.npy", buffer.getvalue())
+    with pytest.raises(InputError, match="topk_ids.*truncated file"):
+        load_trace(path)

@@ -89,6 +89,8 @@ class TokenSample:
         positions = sample_positions(num_tokens)
         if positions.size == num_tokens:
             return cls(np.concatenate(steps, axis=0) if len(steps) > 1 else steps[0], num_tokens)
+        if len(steps) == 1:
+            return cls(np.take(steps[0], positions, axis=0), num_tokens)
         first = steps[0]
         out = np.empty((positions.size, *first.shape[1:]), dtype=np.result_type(*steps))
         order = np.argsort(positions, kind="stable")
@@ -98,7 +100,7 @@ class TokenSample:
         for step, ids in enumerate(steps):
             lo, hi = bounds[step], bounds[step + 1]
             if lo < hi:
-                out[order[lo:hi]] = ids[ordered[lo:hi] - starts[step]]
+                out[order[lo:hi]] = np.take(ids, ordered[lo:hi] - starts[step], axis=0)
         return cls(out, num_tokens)
 
 

@@ -50,13 +50,12 @@ def coactivation(topk_ids: np.ndarray, num_experts: int) -> np.ndarray:
     if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
         raise InputError("topk_ids", f"expert ids in [0, {num_experts})")
     tokens, layers, k = ids.shape
-    first, second = np.triu_indices(k, 1)
     out = np.zeros((layers, num_experts, num_experts), dtype=np.int64)
-    chunk = max(1, CHUNK_PAIRS // max(first.size, 1))  # bounded memory: chunk * k(k-1)/2 keys at a time
+    chunk = max(1, CHUNK_PAIRS // max(k * (k - 1) // 2, 1))  # bounded memory: chunk * k(k-1)/2 keys at a time
     for start in range(0, tokens, chunk):
         for layer in range(layers):
             cols = _columns(ids[start:start + chunk, layer, :], num_experts)
-            ordered = np.bincount(_pair_keys(cols, first, second, num_experts).ravel(),
+            ordered = np.bincount(_pair_keys(cols, num_experts).ravel(),
                                   minlength=num_experts * num_experts).reshape(num_experts, num_experts)
             out[layer] += ordered + ordered.T
             out[layer][np.diag_indices(num_experts)] += np.bincount(cols.ravel(), minlength=num_experts)
@@ -101,8 +100,9 @@ def top_pairs(sample: TokenSample, loads: np.ndarray) -> TopPairs:
 
     sample: the trace's token sample (`Trace.token_sample()`), ids `[n, layers, k]`.
     loads: int64 `[layers, E]` dispatches per expert over the whole trace (tokens picking it).
-    One layer after the other: a layer is ~0.5 ms of small numpy calls, which a second thread
-    slows down (it waits for the GIL) more than it helps.
+    One layer after the other (a layer is ~0.25 ms of small numpy calls, which a second thread
+    slows down more than it helps: it waits for the GIL), after one transpose of the whole sample
+    to `[layers, k, tokens]` (each top-k position of a layer contiguous).
     """
     loads = np.asarray(loads)
     ids = sample.ids
@@ -115,15 +115,14 @@ def top_pairs(sample: TokenSample, loads: np.ndarray) -> TopPairs:
     tokens = np.zeros(layers)
     lift = np.full(layers, np.nan)
     stderr = np.zeros(layers)
-    first, second = np.triu_indices(k, 1)
     total = sample.num_tokens
-
-    by_layer = np.ascontiguousarray(ids.transpose(1, 0, 2))  # [layers, n, k]: two small transposes
-    # are several times faster than gathering each layer's strided [n, k] from [n, layers, k]
+    by_layer = np.empty((layers, k, n), dtype=key_dtype(num_experts * num_experts))
+    by_layer[...] = ids.transpose(1, 2, 0)
+    keys = np.empty((k * (k - 1) // 2, chosen_on), dtype=by_layer.dtype)
 
     def layer_pair(layer: int) -> None:
-        cols = _columns(by_layer[layer], num_experts)  # [k, n]
-        pair = _most_frequent_pair(cols[:, :chosen_on], first, second, num_experts)
+        cols = by_layer[layer]  # [k, n]
+        pair = _most_frequent_pair(_pair_keys(cols[:, :chosen_on], num_experts, keys), num_experts)
         if pair is None:
             return
         a, b, count = pair
@@ -165,16 +164,25 @@ def _columns(picked: np.ndarray, num_experts: int) -> np.ndarray:
     return cols
 
 
-def _pair_keys(cols: np.ndarray, first: np.ndarray, second: np.ndarray, num_experts: int) -> np.ndarray:
-    """`[k(k-1)/2, tokens]` keys `id_i * E + id_j` of the position pairs i < j (`first`, `second`)."""
-    return cols[first] * cols.dtype.type(num_experts) + cols[second]
+def _pair_keys(cols: np.ndarray, num_experts: int, out: np.ndarray | None = None) -> np.ndarray:
+    """`[k(k-1)/2, tokens]` keys `id_i * E + id_j` of the position pairs i < j (rows ordered by i,
+    then j) of one layer's ids `cols` `[k, tokens]`, in cols' dtype; written into `out` if given.
+    Position i's row, times E, is broadcast against the rows after it: k - 1 contiguous adds."""
+    k, tokens = cols.shape
+    if out is None:
+        out = np.empty((k * (k - 1) // 2, tokens), dtype=cols.dtype)
+    scale = cols.dtype.type(num_experts)
+    row = 0
+    for i in range(k - 1):
+        np.add((cols[i] * scale)[None], cols[i + 1:], out=out[row:row + k - 1 - i])
+        row += k - 1 - i
+    return out
 
 
-def _most_frequent_pair(cols: np.ndarray, first: np.ndarray, second: np.ndarray,
-                        num_experts: int) -> tuple[int, int, int] | None:
-    """(a, b, tokens picking both) of the most frequent pair a < b of one layer's ids `[k, tokens]`
+def _most_frequent_pair(pair_keys: np.ndarray, num_experts: int) -> tuple[int, int, int] | None:
+    """(a, b, tokens picking both) of the most frequent pair a < b among one layer's `_pair_keys`
     (the smallest pair among ties), or None if no token picks two experts."""
-    keys = _pair_keys(cols, first, second, num_experts).ravel()
+    keys = pair_keys.ravel()
     if num_experts <= MAX_DENSE_EXPERTS:
         ordered = np.bincount(keys, minlength=num_experts * num_experts).reshape(num_experts, num_experts)
         both = ordered + ordered.T

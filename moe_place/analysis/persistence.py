@@ -32,14 +32,21 @@ def hot_sets(window_load: np.ndarray, top_n: int) -> np.ndarray:
 
 def run_lengths(hot: np.ndarray) -> np.ndarray:
     """int64 `[runs]`: lengths of the maximal runs of True along axis -2 of `hot [..., windows, E]`."""
+    return _runs(hot)[1]
+
+
+def _runs(hot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, length) int64 `[runs]` of every maximal run of True along axis -2 of `hot [..., windows, E]`;
+    rows number the flattened leading axes and experts, and runs come row by row (rows ascending)."""
     hot = np.asarray(hot, dtype=bool)
-    flat = np.moveaxis(hot, -2, -1).reshape(-1, hot.shape[-2]).astype(np.int8)
-    padded = np.pad(flat, ((0, 0), (1, 1)))
-    edges = np.diff(padded, axis=1)
-    starts = np.nonzero(edges == 1)
-    ends = np.nonzero(edges == -1)
+    windows = hot.shape[-2]
+    flat = np.zeros((hot.size // max(1, windows), windows + 2), dtype=np.int8)
+    flat[:, 1:-1] = np.moveaxis(hot, -2, -1).reshape(-1, windows)
+    edges = np.diff(flat, axis=1)
+    start_rows, starts = np.nonzero(edges == 1)
+    _, ends = np.nonzero(edges == -1)
     # nonzero walks row by row, left to right, so the i-th start pairs with the i-th end
-    return (ends[1] - starts[1]).astype(np.int64)
+    return start_rows.astype(np.int64), (ends - starts).astype(np.int64)
 
 
 def hot_overlap(hot: np.ndarray) -> np.ndarray:
@@ -82,10 +89,14 @@ def persistence(window_load: np.ndarray, top_n: int) -> Persistence:
         raise InputError("window_load", "a 3-D array [windows, layers, experts]", f"shape {loads.shape}")
     windows, layers, _ = loads.shape
     hot = hot_sets(np.moveaxis(loads, 0, 1), top_n)  # [layers, windows, E]
-    mean_run, median_run, max_run = (np.empty(layers) for _ in range(3))
-    for layer in range(layers):
-        runs = run_lengths(hot[layer])
-        mean_run[layer], median_run[layer], max_run[layer] = runs.mean(), np.median(runs), runs.max()
+    rows, lengths = _runs(hot)
+    layer_of = rows // loads.shape[2]  # runs come layer by layer; every layer has one (top_n >= 1)
+    per_layer = np.bincount(layer_of, minlength=layers)
+    first = np.concatenate([[0], np.cumsum(per_layer)[:-1]])
+    mean_run = np.bincount(layer_of, weights=lengths, minlength=layers) / per_layer
+    max_run = np.maximum.reduceat(lengths, first).astype(np.float64)
+    ordered = lengths[np.lexsort((lengths, layer_of))]  # each layer's lengths, ascending
+    median_run = (ordered[first + (per_layer - 1) // 2] + ordered[first + per_layer // 2]) / 2
     overlap = hot_overlap(hot)
     mean_overlap = overlap.mean(axis=-1) if windows > 1 else np.full(layers, np.nan)
     return Persistence(int(top_n), windows, mean_run, median_run, max_run, mean_overlap)
