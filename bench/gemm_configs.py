@@ -10,7 +10,6 @@ num_warps, num_stages, GROUP_M) settings, to tell how much of the gap to cuBLAS 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch

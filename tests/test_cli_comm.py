@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moe_place.cli.main import main
-from moe_place.cli.options import infer_model_name
+from moe_place.cost.models import infer_model_name
 from moe_place.planfile import read_plan
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve

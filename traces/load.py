@@ -17,6 +17,7 @@ from pathlib import Path
 
 from moe_place.errors import InputError
 from moe_place.io import input_problem
+from moe_place.traces import npz, sglang, stream, text, vllm
 from moe_place.traces.bundled import is_bundled, load_bundled
 from moe_place.traces.count import resolve_workers
 from moe_place.traces.model import Trace, located
@@ -96,19 +97,13 @@ def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max
     if kind == "bundled":
         return load_bundled(path)
     if kind == "npz":
-        from moe_place.traces import npz, stream, vllm
-
         if vllm.is_vllm_npz(path):
             return vllm.read_vllm_window(path, top_k=top_k)
         if npz.token_bytes(path) > max_token_bytes:
             return stream.stream_npz_counts(path)
         return npz.read_npz(path, top_k=top_k)
     if kind == "torch":
-        from moe_place.traces import sglang
-
         return sglang.read_torch_dump(path, top_k=top_k, keep_dense_layers=keep_dense_layers)
-    from moe_place.traces import text
-
     if kind == "csv":
         return text.read_csv(path, top_k=top_k)
     return text.read_json(path, top_k=top_k)

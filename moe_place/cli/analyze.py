@@ -6,6 +6,8 @@ import argparse
 import json
 
 from moe_place.cli.output import emit, wrote
+from moe_place.errors import InputError
+from moe_place.io import write_atomic
 from moe_place.cli.options import (add_trace_options, int_list, layer_selection, output_file, positive_int,
                                    trace_load_options)
 
@@ -31,9 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.analysis.ep_sweep import check_ep_sizes
+    from moe_place.analysis.plot import render_png
     from moe_place.analysis.report import analysis_to_json, analyze_trace
-    from moe_place.errors import InputError
-    from moe_place.io import write_atomic
     from moe_place.traces.load import load_trace
 
     trace = load_trace(args.trace, **trace_load_options(args))
@@ -48,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
     report = analysis_to_json(analysis)
     text = json.dumps(report, indent=1, allow_nan=False) + "\n" if args.format == "json" else format_table(report)
     if args.plot:
-        from moe_place.analysis.plot import render_png
-
         write_atomic(args.plot, render_png(analysis))
         wrote("plot", args.plot)
     emit(text, args.output, args.format)

@@ -7,9 +7,14 @@ install): the benchmarks are not part of the installed library.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
+from pathlib import Path
 
+import moe_place
 from moe_place.cli.options import int_list, output_file, positive_int
 from moe_place.cost.hardware import BUILTIN_PARTS
+from moe_place.errors import InputError
 from moe_place.kernels.report import SECTIONS as MICROBENCH_SECTIONS
 
 HELP = "Kernel microbenchmarks (padding, grouped vs dense GEMM, skew, payback, dispatch): predicted vs measured."
@@ -32,13 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    import moe_place
-    from moe_place.errors import InputError
-
     script = Path(moe_place.__file__).resolve().parents[1] / "bench" / "microbench.py"
     if not script.exists():
         raise InputError("moe-place bench", "a source checkout with bench/microbench.py (pip install -e .)",

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from moe_place.cli.options import output_file
 from moe_place.cli.plan import SOLVER_CHOICES, add_problem_arguments
+from moe_place.errors import InputError
+from moe_place.io import write_atomic, write_json_atomic
+from moe_place.plotting import new_figure, png_bytes
 
 HELP = "plan one trace with several solvers and compare busiest-GPU load, bound, gap and time per layer"
 
@@ -28,11 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from moe_place.cli.plan import build_problem, report_rows
-    from moe_place.errors import InputError
-    from moe_place.io import write_atomic, write_json_atomic
+    from moe_place.cli.shared import build_problem, report_rows
     from moe_place.solvers import solve, solver_names
 
     for name in args.solvers:
@@ -107,8 +107,6 @@ def _losses_to_eplb(results: dict, solutions: dict) -> list[str]:
 
 
 def _plot_png(layer_ids, results: dict, best_bound: list[float]) -> bytes:
-    from moe_place.plotting import new_figure, png_bytes
-
     fig = new_figure((8, 3.5))
     ax = fig.subplots()
     for name, result in results.items():

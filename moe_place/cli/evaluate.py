@@ -6,11 +6,12 @@ import argparse
 import sys
 
 from moe_place.cli.options import add_time_model_arguments, add_trace_options, fraction, positive_int, trace_load_options
+from moe_place.cli.plan import print_report
+from moe_place.errors import InputError
 
 HELP = ("per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace, and the predicted "
         "layer time (dispatch + compute + combine, RDMA/NVLink bytes, nodes per token)")
-TIME_KEYS = ("distinct_nodes_per_token", "rdma_bytes", "nvlink_bytes", "dispatch_s", "compute_s", "combine_s",
-             "layer_time_s")
+
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,42 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_trace_options(parser)
 
 
-def time_figures(placement, trace, model) -> tuple[list[dict], dict]:
-    """(per-layer dicts with TIME_KEYS and the NIC/node bytes, top-level sums and notes) of a plan on a
-    trace whose layers are the plan's. Count-level traces get the compute time only."""
-    import numpy as np
-
-    from moe_place.cost.comm import SlotTable, compute_only_s, layer_cost
-
-    layers, top = [], {"time_model": model.describe()}
-    if trace.is_token_level:
-        for i in range(placement.num_layers):
-            table = SlotTable(placement.phy2log[i], placement.num_gpus, placement.num_nodes,
-                              placement.num_logical_experts)
-            cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, i)
-            layers.append(cost.to_dict())
-        top["layer_time_s"] = float(sum(x["layer_time_s"] for x in layers))
-        top["rdma_bytes"] = float(sum(x["rdma_bytes"] for x in layers))
-        top["nvlink_bytes"] = float(sum(x["nvlink_bytes"] for x in layers))
-    else:
-        steps = trace.step_counts()
-        for i in range(placement.num_layers):
-            compute = compute_only_s(model, steps[:, i, :].astype(np.float64), placement.phy2log[i],
-                                     placement.num_gpus)
-            layers.append({**{key: None for key in TIME_KEYS}, "compute_s": compute})
-        top.update({"layer_time_s": None, "rdma_bytes": None, "nvlink_bytes": None,
-                    "compute_s": float(sum(x["compute_s"] for x in layers)),
-                    "note": "count-level trace: only the compute time (replicas split each expert's rows evenly); "
-                            "dispatch, combine and traffic need token-level expert ids"})
-    return layers, top
-
-
 def run(args: argparse.Namespace) -> int:
-    from moe_place.cli.options import time_model_from_args
-    from moe_place.cli.plan import print_report
-    from moe_place.errors import InputError
-    from moe_place.solvers.evaluate import evaluate_placement
+    from moe_place.cli.shared import time_figures, time_model_from_args
     from moe_place.planfile import read_plan
+    from moe_place.solvers.evaluate import evaluate_placement
     from moe_place.traces.load import load_trace
 
     plan = read_plan(args.plan)

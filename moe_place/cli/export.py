@@ -13,8 +13,12 @@ Every file is written atomically.
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 from moe_place.cli.options import layer_selection, output_file, positive_int
+from moe_place.errors import InputError
 
 HELP = "write a plan as the file an engine loads (SGLang --init-expert-location, vLLM policy, EPLB tensors)"
 ENGINES = ("sglang", "vllm", "eplb")
@@ -34,12 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    import sys
-    from pathlib import Path
-
     from moe_place.engines.export import export_plan
-    from moe_place.errors import InputError
     from moe_place.planfile import read_plan
 
     plan = read_plan(args.plan)

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import sys
 
+from moe_place import __version__
 from moe_place.errors import MoePlaceError
 
 COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
@@ -54,8 +55,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _version() -> str:
-    from moe_place import __version__
-
     return f"moe-place {__version__}"
 
 

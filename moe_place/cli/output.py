@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from moe_place.io import write_atomic
+
 
 def emit(text: str, output: str | None, label: str) -> None:
     """Write `text` to the file `output` (atomically), or to stdout when `output` is None."""
     if output:
-        from moe_place.io import write_atomic
-
         write_atomic(output, text)
         print(f"wrote {label} {output}", file=sys.stderr)
     else:

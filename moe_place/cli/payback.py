@@ -15,6 +15,8 @@ from moe_place.cli.output import emit, wrote
 from moe_place.cli.options import int_list, output_file, positive_float, positive_int
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS
+from moe_place.errors import InputError
+from moe_place.io import write_atomic
 
 HELP = "replica payback: copy time over the real path, saving per batch, N_min, net-gain curve (--plot)"
 
@@ -71,19 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=output_file, metavar="FILE", help="write the table/JSON to FILE (default: stdout)")
 
 
-def _scenario(args: argparse.Namespace):
-    from moe_place.cost.scenario import load_scenario, scenario_from_table
-    from moe_place.errors import InputError
-
+def _command_line_scenario(args: argparse.Namespace) -> dict | None:
+    """The scenario table the move options describe, or None when a SCENARIO file gives it
+    (InputError for move options given with one, or missing without one)."""
     given = [flag for flag, value in MOVE_FLAGS(args) if value is not None]
     if args.scenario is not None:
         if given:  # the scenario's [payback] section sets the move: a flag would be silently ignored
             raise InputError(given[0], "no move options with a SCENARIO file (its [payback] section sets them)",
                              f"{given[0]} and {args.scenario}")
-        scenario = load_scenario(args.scenario)
-        if "payback" not in scenario.data:
-            raise InputError(f"{args.scenario}: [payback]", "a payback section", "nothing")
-        return scenario
+        return None
     missing = [flag for flag, value in (("--topology", args.topology), ("--saving-ms", args.saving_ms),
                                         ("--case", args.case)) if value is None]
     if missing:
@@ -93,18 +91,22 @@ def _scenario(args: argparse.Namespace):
                "max_batches": args.max_batches or 64}
     if args.free_mib is not None:
         section["free_mib"] = args.free_mib
-    data = {"name": "command line", "model": {"preset": args.model or "Qwen3-235B-A22B"},
+    return {"name": "command line", "model": {"preset": args.model or "Qwen3-235B-A22B"},
             "topology": {"spec": args.topology}, "payback": section}
-    return scenario_from_table(data, "command line")
 
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.cost.plot import render_payback_png
     from moe_place.cost.report import format_report
-    from moe_place.cost.scenario import payback_report
-    from moe_place.io import write_atomic
+    from moe_place.cost.scenario import load_scenario, payback_report, scenario_from_table
 
-    scenario = _scenario(args)
+    table = _command_line_scenario(args)
+    if table is None:
+        scenario = load_scenario(args.scenario)
+        if "payback" not in scenario.data:
+            raise InputError(f"{args.scenario}: [payback]", "a payback section", "nothing")
+    else:
+        scenario = scenario_from_table(table, "command line")
     result = payback_report(scenario)
     batches = list(range(result["max_batches"] + 1))
     curves = {case["name"]: [n * result["saving_per_batch_s"] - case["copy_time_s"] for n in batches]

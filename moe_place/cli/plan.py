@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from moe_place.cli.options import (add_time_model_arguments, add_trace_options, layer_selection, non_negative_float,
-                                   non_negative_int, output_file, positive_float, positive_int, trace_load_options)
+                                   non_negative_int, output_file, positive_float, positive_int)
+from moe_place.errors import InputError
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
 # the registry's names (`moe_place.solvers.solver_names()`, checked by tests) without importing the solvers
@@ -67,84 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def build_problem(args: argparse.Namespace, current_plan=None):
-    """(PlacementProblem, trace, options dict) from the shared options; InputError on bad values.
-
-    current_plan: the plan file in use now (`--current`), restricted here to the planned layers.
-    """
-    import numpy as np
-
-    from moe_place.errors import InputError
-    from moe_place.problem import PlacementProblem
-    from moe_place.traces.load import load_trace
-
-    if args.expert_bytes is not None and args.expert_memory_budget is None:  # option checks before the trace is read
-        raise InputError("--expert-bytes", "--expert-memory-budget as well (it is used only for the budget)",
-                         "no budget")
-    if args.expert_memory_budget is not None and args.expert_bytes is None:
-        raise InputError("--expert-memory-budget", "--expert-bytes B as well (bytes of one expert)")
-    if args.nodes and args.gpus % args.nodes:
-        raise InputError("--nodes", f"a divisor of --gpus {args.gpus}", args.nodes)
-    trace = load_trace(args.trace, **trace_load_options(args))
-    if args.layers is not None:
-        trace = trace.select_layer_ids(args.layers)
-    current = None if current_plan is None else _current_for(current_plan, trace.meta.layer_ids, args.current)
-    loads = trace.window_counts(None).astype(np.float64)  # summed over steps (bench/bench_windows.py: why)
-    experts, gpus = trace.num_experts, args.gpus
-    if args.expert_memory_budget is not None:
-        slots = args.expert_memory_budget // (args.expert_bytes * trace.num_layers)
-        if slots * gpus < experts:
-            raise InputError("--expert-memory-budget",
-                             f"room for one copy of each of the {experts} experts in each of the {trace.num_layers} "
-                             f"layers: at least {-(-experts // gpus) * args.expert_bytes * trace.num_layers} bytes "
-                             f"per GPU", args.expert_memory_budget)
-        physical = min(slots, experts) * gpus
-    else:
-        physical = experts + (args.redundant or 0)
-        if physical % gpus:
-            raise InputError("--redundant", f"R with E + R divisible by --gpus {gpus} (E = {experts}); "
-                             f"e.g. {(-experts) % gpus}", args.redundant or 0)
-        if physical > experts * gpus:
-            raise InputError("--redundant", f"at most {experts * gpus - experts} (one replica per GPU per expert)",
-                             args.redundant)
-    if args.groups is not None and experts % args.groups:
-        raise InputError("--groups", f"a divisor of the {experts} experts", args.groups)
-    options = {"gpus": gpus, "nodes": args.nodes, "groups": args.groups, "num_physical": physical,
-               "redundant": physical - experts, "split": args.split, "layers": args.layers,
-               "time_limit_s": args.time_limit,
-               "allow_colocated": args.allow_colocated}
-    extra = {}
-    if current is not None:
-        extra = {"current": current, "max_moved_slots": getattr(args, "max_moved_slots", None),
-                 "move_cost_weight": getattr(args, "move_cost", 0.0)}
-    problem = PlacementProblem(loads, gpus, physical, num_nodes=args.nodes, num_groups=args.groups,
-                               split=args.split, expert_bytes=args.expert_bytes, layer_ids=tuple(trace.meta.layer_ids),
-                               seed=args.seed, allow_colocated=args.allow_colocated, **extra)
-    return problem, trace, options
-
-
-def report_rows(problem, solution, split: str) -> list[dict]:
-    """Per-layer report rows of a solution, evaluated under `split`.
-
-    The solvers' bounds (CP-SAT's included) are for the even split they optimise; other splits
-    get the bounds that hold for any split (moe_place.solvers.bounds).
-    """
-    from moe_place.solvers.evaluate import layer_figures
-
-    rows = []
-    for i, layer in enumerate(solution.layers):
-        figures = layer_figures(layer.phy2log, problem.layer_loads(i), problem.num_gpus, split,
-                                problem.window_objective, problem.quantile, problem.layer_id(i),
-                                lower_bound=layer.lower_bound if split == "even" else None)
-        rows.append({**figures.to_dict(), "status": layer.status})
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
-    from moe_place.errors import InputError
+    from moe_place.cli.plan_time import plan_for_time
+    from moe_place.cli.shared import build_problem, report_rows
     from moe_place.placement import Placement
     from moe_place.planfile import BudgetLayers, PlanFile, file_sha256, read_plan, write_plan
     from moe_place.solvers import solve, solver_names
+    from moe_place.solvers.budget import allocate_budget
 
     if args.solver != "auto" and args.solver not in solver_names():
         raise InputError("--solver", f"one of auto, {', '.join(solver_names())}", args.solver)
@@ -157,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     objective = args.objective or ("time" if trace.is_token_level and args.nodes > 1 else "balance")
     options["objective"] = objective
     if objective == "time":
-        return _run_time(args, problem, trace, options)
+        return plan_for_time(args, problem, trace, options)
     current = problem.current
     solution = solve(problem, args.solver, args.time_limit, args.jobs, progress=not args.no_progress)
     for note in solution.notes:
@@ -169,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
     budget_layers = None
     if args.expert_memory_budget is not None:
-        from moe_place.solvers.budget import allocate_budget
-
         budget = allocate_budget(problem.planning_loads(), problem.num_gpus, args.expert_bytes,
                                  args.expert_memory_budget)
         report["budget"] = {k: v for k, v in budget.to_dict().items() if k != "phy2log"}  # the plans: `budget`
@@ -192,80 +121,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_time(args: argparse.Namespace, problem, trace, options: dict) -> int:
-    """`--objective time`: plan for the predicted layer time (moe_place.solvers.comm) and write the plan."""
-    from moe_place.cli.options import time_model_from_args
-    from moe_place.cost.comm import SlotTable, layer_cost
-    from moe_place.errors import InputError
-    from moe_place.planfile import PlanFile, file_sha256, write_plan
-    from moe_place.solvers.comm import plan_time
-    from moe_place.solvers.evaluate import layer_figures
-
-    why = "(the default for a token-level trace on several nodes; --objective balance plans without it)"
-    if not trace.is_token_level:
-        raise InputError("--objective time", "a token-level trace (per-token expert ids): the traffic needs them; "
-                         "this trace holds counts only")
-    if args.current is not None:
-        raise InputError("--objective time", f"no --current plan: migration-aware re-plans balance load only {why}")
-    if args.expert_memory_budget is not None:
-        raise InputError("--objective time", f"--redundant R, not --expert-memory-budget {why}")
-    if args.solver not in ("auto", "fast"):
-        raise InputError("--solver", f"auto or fast with --objective time (its balance-only reference plan is fast's) "
-                         f"{why}", args.solver)
-    model = time_model_from_args(args, problem.num_gpus, problem.num_nodes, trace.meta.model, required=True,
-                                 seed=args.seed)
-    steps = list(trace.topk_ids)
-    result = plan_time(problem, steps, model, args.time_limit, progress=not args.no_progress)
-    for note in result.notes:
-        print(f"plan: note: {note}", file=sys.stderr)
-    rows = []
-    for i, layer in enumerate(result.layers):
-        figures = layer_figures(layer.phy2log, problem.layer_loads(i), problem.num_gpus, args.split,
-                                problem.window_objective, problem.quantile, problem.layer_id(i))
-        table = SlotTable(result.balance.phy2log[i], problem.num_gpus, problem.num_nodes, problem.num_experts)
-        balance_s = layer_cost(model, [s[:, i, :] for s in steps], table, i).layer_time_s
-        rows.append({**figures.to_dict(), "status": "heuristic", "choice": layer.choice,
-                     "predicted_time_s": layer.predicted_s, "balance_predicted_time_s": balance_s,
-                     "time_lower_bound_s": layer.lower_bound_s, "held_out_s": layer.held_out_s,
-                     "balance_held_out_s": layer.balance_held_out_s, "replicas": layer.replica_status})
-    predicted = sum(r["predicted_time_s"] for r in rows)
-    report = {"objective": "time", "solver": "time", "status": "heuristic", "wall_s": round(result.wall_s, 6),
-              "split": args.split, "layers": rows,
-              "time": {"model": model.describe(), "strength": result.strength, "cv_held_out_s": result.cv,
-                       "layers_grouped": sum(r["choice"] == "grouped" for r in rows),
-                       "predicted_layer_time_s": predicted,
-                       "balance_predicted_layer_time_s": sum(r["balance_predicted_time_s"] for r in rows),
-                       "lower_bound_s": sum(r["time_lower_bound_s"] for r in rows),
-                       "notes": list(result.notes)}}
-    options.update({"topology": model.topology.describe(), "dispatch": model.dispatch,
-                    "replica_choice": model.replica_choice, "token_home": model.token_home,
-                    "model": model.model.name, "weights": model.weights, "block_m": model.block_m})
-    inputs = {"trace": str(args.trace), "trace_sha256": file_sha256(args.trace),
-              "options": {**options, "solver": args.solver, "current": None, "max_moved_slots": None,
-                          "move_cost": args.move_cost},
-              "seed": args.seed}
-    write_plan(args.out, PlanFile(result.placement, problem.layer_ids, report, inputs))
-    print(f"wrote plan {args.out}", file=sys.stderr)
-    print_report(report, args.format, header=f"plan {args.trace}: {problem.num_layers} layers, {problem.num_experts} "
-                 f"experts, P = {problem.num_physical} on {problem.num_gpus} GPUs / {problem.num_nodes} nodes, "
-                 f"objective time ({model.dispatch}, replica choice {model.replica_choice})")
-    return 0
-
-
-def _current_for(plan, layer_ids, path: str):
-    """The current plan's placement restricted to the planned layers `layer_ids` (same order)."""
-    from moe_place.errors import InputError
-    from moe_place.placement import Placement
-
-    rows = {layer_id: i for i, layer_id in enumerate(plan.layer_ids)}
-    missing = [layer for layer in layer_ids if layer not in rows]
-    if missing:
-        raise InputError(f"{path}: layer_ids", "every planned layer", f"no layer {missing[0]}")
-    p = plan.placement
-    return Placement(p.phy2log[[rows[layer] for layer in layer_ids]], p.num_logical_experts, p.num_gpus, p.num_nodes,
-                     allow_colocated=p.allow_colocated)
-
-
 def _slot_summary(slots: tuple[int, ...]) -> str:
     counts = {value: slots.count(value) for value in sorted(set(slots))}
     return ", ".join(f"{n} layers at {value}" for value, n in counts.items())
@@ -273,8 +128,6 @@ def _slot_summary(slots: tuple[int, ...]) -> str:
 
 def print_report(report: dict, fmt: str, header: str = "") -> None:
     """Report to stdout as JSON or as a per-layer table with a summary line."""
-    import json
-
     if fmt == "json":
         sys.stdout.write(json.dumps(report, indent=1) + "\n")
         return

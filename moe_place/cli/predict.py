@@ -8,6 +8,7 @@ import sys
 
 from moe_place.cli.options import output_file
 from moe_place.cli.output import emit
+from moe_place.errors import InputError
 
 HELP = "predict expert compute, dispatch/combine, pipeline, payback and offload bounds for a scenario file"
 
@@ -23,7 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from moe_place.cost.report import format_report
     from moe_place.cost.scenario import SCHEMA, load_scenario, predict
-    from moe_place.errors import InputError
 
     if args.schema:
         sys.stdout.write(SCHEMA)

@@ -4,11 +4,16 @@ through an online controller and the cost model (expert-layer time + migration t
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_int, output_file, positive_float,
                                    positive_int, trace_load_options)
 from moe_place.cost.hardware import BUILTIN_PARTS
-from moe_place.cost.models import PRESETS
+from moe_place.cost.models import PRESETS, infer_model_name
+from moe_place.errors import InputError
+from moe_place.io import write_atomic, write_json_atomic
+from moe_place.progress import ProgressBar
 
 HELP = "replay a multi-step trace through a re-planning controller and the cost model"
 
@@ -70,16 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     import numpy as np
 
-    from moe_place.errors import InputError
-    from moe_place.io import write_json_atomic
     from moe_place.online.controller import make_controller
     from moe_place.online.costing import cluster_cost
+    from moe_place.online.plot import render_replay_png
     from moe_place.online.replay import initial_placement, parse_synthetic, replay
-    from moe_place.progress import ProgressBar
+    from moe_place.online.window import Predictor
+    from moe_place.traces.load import load_trace
 
     if (args.trace is None) == (args.synthetic is None):
         raise InputError("replay", "a TRACE file or --synthetic SPEC (exactly one)")
@@ -87,8 +90,6 @@ def run(args: argparse.Namespace) -> int:
         counts, source = parse_synthetic(args.synthetic)
         model_hint = ""
     else:
-        from moe_place.traces.load import load_trace
-
         trace = load_trace(args.trace, **trace_load_options(args))
         counts, source, model_hint = np.asarray(trace.step_counts()), str(args.trace), trace.meta.model
     if args.layers is not None:
@@ -106,14 +107,13 @@ def run(args: argparse.Namespace) -> int:
     physical = experts + redundant
     if physical % args.gpus:
         raise InputError("--redundant", f"a count making {experts} + R slots divisible by --gpus {args.gpus}", redundant)
-    cost = cluster_cost(args.gpus, args.nodes, args.hardware, _model_name(args.model, model_hint),
+    model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"  # the default: the bundled traces' model
+    cost = cluster_cost(args.gpus, args.nodes, args.hardware, model,
                         nic_gbit_per_s=args.nic_gbit, copy_schedule=args.copy_schedule, migration=args.migration)
     options: dict = {}
     if args.controller == "periodic-eplb":
         options = dict(window_size=args.window, step_interval=args.step_interval)
     elif args.controller == "ours":
-        from moe_place.online.window import Predictor
-
         options = dict(check_every=args.check_every, predictor=Predictor(args.predictor, horizon=args.horizon),
                        hysteresis=args.hysteresis, min_relative_saving=args.min_saving,
                        max_moved_slots=args.max_moved_slots,
@@ -132,11 +132,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json_atomic(args.out, doc)
     if args.plot:
-        from pathlib import Path
-
-        from moe_place.io import write_atomic
-        from moe_place.online.plot import render_replay_png
-
         title = f"{args.synthetic or Path(args.trace).name}, {args.gpus} GPUs"
         write_atomic(args.plot, render_replay_png([(title, {args.controller: result})]))
     if args.format == "json":
@@ -152,19 +147,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"total time            {doc['total_time_s'] * 1e3:.3f} ms")
     print(f"mean balancedness     {doc['mean_balancedness']:.4f}")
     return 0
-
-
-def _model_name(explicit: str | None, hint: str) -> str:
-    """The expert-shape preset: `--model`, else one named in the trace's model string, else Qwen3-30B-A3B."""
-    if explicit:
-        return explicit
-    from moe_place.cost.models import ALIASES, PRESETS
-
-    low = hint.lower()
-    for preset in PRESETS:
-        if preset.lower() in low:
-            return preset
-    for alias, preset in ALIASES.items():
-        if alias in low:
-            return preset
-    return "Qwen3-30B-A3B"

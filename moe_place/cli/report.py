@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from moe_place.cli.options import output_dir
+from moe_place.io import write_atomic
 
 HELP = "Markdown report and PNG plots from microbenchmark result JSONs (predicted vs measured)."
 
@@ -19,7 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from moe_place.io import write_atomic
     from moe_place.kernels.report import load_result, render_report
 
     results = [(Path(p), load_result(p)) for p in args.results]

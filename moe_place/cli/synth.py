@@ -8,6 +8,7 @@ other command reads: `moe-place synth 'drift:steps=2000,seed=1' --out drift.npz`
 from __future__ import annotations
 
 import argparse
+import sys
 
 from moe_place.cli.options import output_file
 
@@ -22,8 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from moe_place.online.replay import parse_synthetic
     from moe_place.traces.model import Trace, TraceMeta
     from moe_place.traces.npz import save_npz

@@ -109,6 +109,19 @@ def get_model(name: str) -> ExpertShape:
     raise InputError("model preset", f"one of {', '.join(PRESETS)}", repr(name))
 
 
+def infer_model_name(trace_model: str) -> str | None:
+    """The preset a trace's model name names (e.g. 'Qwen/Qwen3-30B-A3B-Instruct-2507' ->
+    'Qwen3-30B-A3B', 'deepseek-ai/DeepSeek-R1' -> 'DeepSeek-V3'), or None."""
+    key = _key(trace_model)
+    for name in PRESETS:
+        if name.lower() in key:
+            return name
+    for alias, name in ALIASES.items():
+        if alias in key:
+            return name
+    return None
+
+
 def model_from_table(table: dict, where: str = "model") -> ExpertShape:
     """A preset (`preset = "..."`) with optional overrides, or a full custom shape.
 

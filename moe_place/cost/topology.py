@@ -402,8 +402,8 @@ def with_link_overrides(topology: Topology, links: list, where: str = "topology"
             raise InputError(here, "a table with from, to and gb_per_s (or gbit_per_s)", repr(link))
         u, v = str(link["from"]), str(link["to"])
         if not graph.has_edge(u, v):
-            raise InputError(here, f"an existing link direction (nodes like gpu0, nvswitch0, nic0, leaf0, spine, "
-                                   f"host0)", f"{u}->{v}")
+            raise InputError(here, "an existing link direction (nodes like gpu0, nvswitch0, nic0, leaf0, spine, "
+                                   "host0)", f"{u}->{v}")
         if "gbit_per_s" in link:
             capacity = gbit_per_s(get_number(link, "gbit_per_s", here))
         else:

@@ -1,0 +1,155 @@
+"""What several subcommands do with the library: build the placement problem from the shared
+options, evaluate plans, and build the layer-time model from the options.
+
+This module imports the library (numpy, the solvers' evaluation, the cost model) at its top, so
+the subcommands import it inside `run()`, keeping `--help` fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from moe_place.cli.options import trace_load_options
+from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, default_topology, layer_cost
+from moe_place.cost.models import PRESETS, get_model, infer_model_name
+from moe_place.cost.topology import parse_topology_spec
+from moe_place.errors import InputError
+from moe_place.placement import Placement
+from moe_place.problem import PlacementProblem
+from moe_place.solvers.evaluate import layer_figures
+from moe_place.traces.load import load_trace
+
+TIME_KEYS = ("distinct_nodes_per_token", "rdma_bytes", "nvlink_bytes", "dispatch_s", "compute_s", "combine_s",
+             "layer_time_s")
+
+
+def build_problem(args: argparse.Namespace, current_plan=None):
+    """(PlacementProblem, trace, options dict) from the shared options; InputError on bad values.
+
+    current_plan: the plan file in use now (`--current`), restricted here to the planned layers.
+    """
+    if args.expert_bytes is not None and args.expert_memory_budget is None:  # option checks before the trace is read
+        raise InputError("--expert-bytes", "--expert-memory-budget as well (it is used only for the budget)",
+                         "no budget")
+    if args.expert_memory_budget is not None and args.expert_bytes is None:
+        raise InputError("--expert-memory-budget", "--expert-bytes B as well (bytes of one expert)")
+    if args.nodes and args.gpus % args.nodes:
+        raise InputError("--nodes", f"a divisor of --gpus {args.gpus}", args.nodes)
+    trace = load_trace(args.trace, **trace_load_options(args))
+    if args.layers is not None:
+        trace = trace.select_layer_ids(args.layers)
+    current = None if current_plan is None else current_for(current_plan, trace.meta.layer_ids, args.current)
+    loads = trace.window_counts(None).astype(np.float64)  # summed over steps (bench/bench_windows.py: why)
+    experts, gpus = trace.num_experts, args.gpus
+    if args.expert_memory_budget is not None:
+        slots = args.expert_memory_budget // (args.expert_bytes * trace.num_layers)
+        if slots * gpus < experts:
+            raise InputError("--expert-memory-budget",
+                             f"room for one copy of each of the {experts} experts in each of the {trace.num_layers} "
+                             f"layers: at least {-(-experts // gpus) * args.expert_bytes * trace.num_layers} bytes "
+                             f"per GPU", args.expert_memory_budget)
+        physical = min(slots, experts) * gpus
+    else:
+        physical = experts + (args.redundant or 0)
+        if physical % gpus:
+            raise InputError("--redundant", f"R with E + R divisible by --gpus {gpus} (E = {experts}); "
+                             f"e.g. {(-experts) % gpus}", args.redundant or 0)
+        if physical > experts * gpus:
+            raise InputError("--redundant", f"at most {experts * gpus - experts} (one replica per GPU per expert)",
+                             args.redundant)
+    if args.groups is not None and experts % args.groups:
+        raise InputError("--groups", f"a divisor of the {experts} experts", args.groups)
+    options = {"gpus": gpus, "nodes": args.nodes, "groups": args.groups, "num_physical": physical,
+               "redundant": physical - experts, "split": args.split, "layers": args.layers,
+               "time_limit_s": args.time_limit,
+               "allow_colocated": args.allow_colocated}
+    extra = {}
+    if current is not None:
+        extra = {"current": current, "max_moved_slots": getattr(args, "max_moved_slots", None),
+                 "move_cost_weight": getattr(args, "move_cost", 0.0)}
+    problem = PlacementProblem(loads, gpus, physical, num_nodes=args.nodes, num_groups=args.groups,
+                               split=args.split, expert_bytes=args.expert_bytes, layer_ids=tuple(trace.meta.layer_ids),
+                               seed=args.seed, allow_colocated=args.allow_colocated, **extra)
+    return problem, trace, options
+
+
+def report_rows(problem, solution, split: str) -> list[dict]:
+    """Per-layer report rows of a solution, evaluated under `split`.
+
+    The solvers' bounds (CP-SAT's included) are for the even split they optimise; other splits
+    get the bounds that hold for any split (moe_place.solvers.bounds).
+    """
+    rows = []
+    for i, layer in enumerate(solution.layers):
+        figures = layer_figures(layer.phy2log, problem.layer_loads(i), problem.num_gpus, split,
+                                problem.window_objective, problem.quantile, problem.layer_id(i),
+                                lower_bound=layer.lower_bound if split == "even" else None)
+        rows.append({**figures.to_dict(), "status": layer.status})
+    return rows
+
+
+def current_for(plan, layer_ids, path: str):
+    """The current plan's placement restricted to the planned layers `layer_ids` (same order)."""
+    rows = {layer_id: i for i, layer_id in enumerate(plan.layer_ids)}
+    missing = [layer for layer in layer_ids if layer not in rows]
+    if missing:
+        raise InputError(f"{path}: layer_ids", "every planned layer", f"no layer {missing[0]}")
+    p = plan.placement
+    return Placement(p.phy2log[[rows[layer] for layer in layer_ids]], p.num_logical_experts, p.num_gpus, p.num_nodes,
+                     allow_colocated=p.allow_colocated)
+
+
+def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int, trace_model: str,
+                         required: bool, seed: int = 0):
+    """The `CommModel` the options describe for a plan of `num_gpus` GPUs on `num_nodes` nodes.
+
+    Returns None when no expert shape is known (no --model and a trace model name that names no
+    preset) and `required` is False; InputError naming --model when it is True.
+    """
+    name = args.model or infer_model_name(trace_model)
+    if name is None:
+        if required:
+            raise InputError("--model", f"an expert shape preset ({', '.join(PRESETS)}) for row bytes and FLOPs; "
+                             f"the trace's model {trace_model!r} names none", "nothing")
+        return None
+    model = get_model(name)
+    if args.topology is not None:
+        topology = parse_topology_spec(args.topology)
+        if (topology.num_servers, topology.num_gpus) != (num_nodes, num_gpus):
+            raise InputError("--topology", f"{num_nodes} node(s) x {num_gpus // num_nodes} GPUs (the plan's "
+                             f"{num_gpus} GPUs on {num_nodes} node(s))",
+                             f"{topology.num_servers} x {topology.gpus_per_server}")
+    else:
+        topology = default_topology(num_gpus, num_nodes)
+    if args.weights == "tiles" and args.block_m is None:
+        raise InputError("--block-m", "a tile height with --weights tiles", "nothing")
+    return CommModel(topology, model, dispatch=args.dispatch, replica_choice=args.replica_choice,
+                     token_home=args.token_home, weights=args.weights, block_m=args.block_m, seed=seed)
+
+
+def time_figures(placement, trace, model) -> tuple[list[dict], dict]:
+    """(per-layer dicts with TIME_KEYS and the NIC/node bytes, top-level sums and notes) of a plan on a
+    trace whose layers are the plan's. Count-level traces get the compute time only."""
+    layers, top = [], {"time_model": model.describe()}
+    if trace.is_token_level:
+        for i in range(placement.num_layers):
+            table = SlotTable(placement.phy2log[i], placement.num_gpus, placement.num_nodes,
+                              placement.num_logical_experts)
+            cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, i)
+            layers.append(cost.to_dict())
+        top["layer_time_s"] = float(sum(x["layer_time_s"] for x in layers))
+        top["rdma_bytes"] = float(sum(x["rdma_bytes"] for x in layers))
+        top["nvlink_bytes"] = float(sum(x["nvlink_bytes"] for x in layers))
+    else:
+        steps = trace.step_counts()
+        for i in range(placement.num_layers):
+            compute = compute_only_s(model, steps[:, i, :].astype(np.float64), placement.phy2log[i],
+                                     placement.num_gpus)
+            layers.append({**{key: None for key in TIME_KEYS}, "compute_s": compute})
+        top.update({"layer_time_s": None, "rdma_bytes": None, "nvlink_bytes": None,
+                    "compute_s": float(sum(x["compute_s"] for x in layers)),
+                    "note": "count-level trace: only the compute time (replicas split each expert's rows evenly); "
+                            "dispatch, combine and traffic need token-level expert ids"})
+    return layers, top
