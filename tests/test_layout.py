@@ -93,3 +93,98 @@ def test_readme_test_command_is_what_ci_runs():
     test_lines = [c for c in commands if "pytest" in c and "\n" not in c]
     assert test_lines, "README has no one-line test command"
     assert test_lines[0] in ci, "README's test command and .ci/run disagree"
+
+
+def _module_names() -> set[str]:
+    names = {name for name, _ in _modules()}
+    for package in ("moe_place", "moe_place.kernels", "moe_place.solvers", "moe_place.traces", "moe_place.analysis",
+                    "moe_place.cli", "moe_place.cost", "moe_place.engines", "moe_place.online"):
+        names.add(package)  # a package is its __init__
+    return {name[: -len(".__init__")] if name.endswith(".__init__") else name for name in names}
+
+
+def _import_targets(node: ast.AST, known: set[str]) -> list[str]:
+    """The package's modules an import statement loads: `from p import m` is the submodule p.m when
+    there is one, else p (the package's __init__)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name in known]
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in known:
+        subs = [f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in known]
+        return subs if len(subs) == len(node.names) else subs + [node.module]
+    return []
+
+
+def _import_graph(function_level: bool):
+    import networkx as nx
+
+    known = _module_names()
+    graph = nx.DiGraph()
+    for name, path in _modules():
+        source = name[: -len(".__init__")] if name.endswith(".__init__") else name
+        graph.add_node(source)
+        tree = ast.parse(path.read_text())
+        nodes = ast.walk(tree) if function_level else tree.body
+        for node in nodes:
+            for target in _import_targets(node, known):
+                if target != source and not (source + ".").startswith(target + "."):  # a package's own parents run first
+                    graph.add_edge(source, target)
+    return graph
+
+
+@pytest.mark.parametrize("function_level", [False, True], ids=["module level", "with imports inside functions"])
+def test_no_import_circle_between_modules_even_within_a_layer(function_level):
+    import networkx as nx
+
+    cycles = list(nx.simple_cycles(_import_graph(function_level)))
+    assert not cycles, f"import circles: {cycles[:5]}"
+
+
+def test_the_circle_check_sees_a_circle():
+    import networkx as nx
+
+    graph = _import_graph(False)
+    graph.add_edge("moe_place.errors", "moe_place.traces.model")  # the model imports errors: now a circle
+    assert list(nx.simple_cycles(graph))
+
+
+# Imports of the package's own modules inside functions: only in the CLI's run() (one block at its
+# top, so that --help does not load the library) and where a comment says why it must be late.
+LATE_IMPORTS_ALLOWED = {
+    "moe_place.kernels.aot": "importing the kernels with TRITON_INTERPRET set would bind the interpreter's triton",
+}
+
+
+def _function_level_own_imports(tree: ast.Module):
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = function.body[1:] if function.body and isinstance(function.body[0], ast.Expr) and \
+            isinstance(getattr(function.body[0], "value", None), ast.Constant) else function.body
+        leading = set()
+        for statement in body:
+            if not isinstance(statement, (ast.Import, ast.ImportFrom)):
+                break
+            leading.add(id(statement))
+        for node in ast.walk(function):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("moe_place") or \
+                    isinstance(node, ast.Import) and any(a.name.startswith("moe_place") for a in node.names):
+                yield function.name, node, id(node) in leading
+
+
+def test_own_modules_are_imported_at_the_top_except_in_cli_run_blocks():
+    bad = []
+    for name, path in _modules():
+        for function, node, leading in _function_level_own_imports(ast.parse(path.read_text())):
+            if name.startswith("moe_place.cli.") and function == "run" and leading:
+                continue
+            if name in LATE_IMPORTS_ALLOWED:
+                continue
+            bad.append(f"{name}:{node.lineno} in {function}()")
+    assert not bad, f"imports of moe_place inside functions: {bad}"
+
+
+def test_the_late_import_check_tells_a_leading_block_from_a_scattered_import():
+    source = ("def run(args):\n    '''doc'''\n    from moe_place.errors import InputError\n    x = 1\n"
+              "    from moe_place.io import write_atomic\n")
+    found = [(node.lineno, leading) for _, node, leading in _function_level_own_imports(ast.parse(source))]
+    assert found == [(3, True), (5, False)]

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from moe_place.cli.options import add_time_model_arguments, add_trace_options, fraction, positive_int, trace_load_options
-from moe_place.cli.plan import print_report
+from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
 HELP = ("per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace, and the predicted "

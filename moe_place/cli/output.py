@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from moe_place.io import write_atomic
@@ -19,3 +20,34 @@ def emit(text: str, output: str | None, label: str) -> None:
 def wrote(what: str, path: str) -> None:
     """Tell the user (on stderr) that a file was written."""
     print(f"wrote {what} {path}", file=sys.stderr)
+
+
+def print_report(report: dict, fmt: str, header: str = "") -> None:
+    """Report to stdout as JSON or as a per-layer table with a summary line."""
+    if fmt == "json":
+        sys.stdout.write(json.dumps(report, indent=1) + "\n")
+        return
+    lines = [header] if header else []
+    lines.append(f"{'layer':>6} {'max_gpu_load':>14} {'mean_gpu_load':>14} {'balanced':>9} {'lower_bound':>14} "
+                 f"{'gap':>8}  status")
+    for row in report["layers"]:
+        lines.append(f"{row['layer']:>6} {row['max_gpu_load']:>14.2f} {row['mean_gpu_load']:>14.2f} "
+                     f"{row['balancedness']:>9.4f} {row['lower_bound']:>14.2f} {row['gap']:>8.2%}  "
+                     f"{row.get('status', '')}")
+    gaps = [row["gap"] for row in report["layers"]]
+    balance = [row["balancedness"] for row in report["layers"]]
+    summary = f"mean gap {sum(gaps) / len(gaps):.2%}, worst gap {max(gaps):.2%}, mean balancedness " \
+              f"{sum(balance) / len(balance):.4f}"
+    if "status" in report:
+        summary += f", status {report['status']}, {report.get('wall_s', 0):.2f} s"
+    lines.append(summary)
+    if "time" in report:
+        t = report["time"]
+        cv = t["cv_held_out_s"]
+        lines.append(f"predicted layer time on the training tokens (summed over layers and steps) "
+                     f"{t['predicted_layer_time_s'] * 1e3:.4f} ms, balance-only plan {t['balance_predicted_layer_time_s'] * 1e3:.4f} ms, lower bound "
+                     f"{t['lower_bound_s'] * 1e3:.4f} ms; grouping strength {t['strength']} "
+                     f"({t['layers_grouped']} of {len(report['layers'])} layers grouped)")
+        if cv:
+            lines.append("held-out time by strength (ms): " + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in cv.items()))
+    sys.stdout.write("\n".join(lines) + "\n")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from moe_place.cli.options import (add_time_model_arguments, add_trace_options, layer_selection, non_negative_float,
                                    non_negative_int, output_file, positive_float, positive_int)
+from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
@@ -124,34 +124,3 @@ def run(args: argparse.Namespace) -> int:
 def _slot_summary(slots: tuple[int, ...]) -> str:
     counts = {value: slots.count(value) for value in sorted(set(slots))}
     return ", ".join(f"{n} layers at {value}" for value, n in counts.items())
-
-
-def print_report(report: dict, fmt: str, header: str = "") -> None:
-    """Report to stdout as JSON or as a per-layer table with a summary line."""
-    if fmt == "json":
-        sys.stdout.write(json.dumps(report, indent=1) + "\n")
-        return
-    lines = [header] if header else []
-    lines.append(f"{'layer':>6} {'max_gpu_load':>14} {'mean_gpu_load':>14} {'balanced':>9} {'lower_bound':>14} "
-                 f"{'gap':>8}  status")
-    for row in report["layers"]:
-        lines.append(f"{row['layer']:>6} {row['max_gpu_load']:>14.2f} {row['mean_gpu_load']:>14.2f} "
-                     f"{row['balancedness']:>9.4f} {row['lower_bound']:>14.2f} {row['gap']:>8.2%}  "
-                     f"{row.get('status', '')}")
-    gaps = [row["gap"] for row in report["layers"]]
-    balance = [row["balancedness"] for row in report["layers"]]
-    summary = f"mean gap {sum(gaps) / len(gaps):.2%}, worst gap {max(gaps):.2%}, mean balancedness " \
-              f"{sum(balance) / len(balance):.4f}"
-    if "status" in report:
-        summary += f", status {report['status']}, {report.get('wall_s', 0):.2f} s"
-    lines.append(summary)
-    if "time" in report:
-        t = report["time"]
-        cv = t["cv_held_out_s"]
-        lines.append(f"predicted layer time on the training tokens (summed over layers and steps) "
-                     f"{t['predicted_layer_time_s'] * 1e3:.4f} ms, balance-only plan {t['balance_predicted_layer_time_s'] * 1e3:.4f} ms, lower bound "
-                     f"{t['lower_bound_s'] * 1e3:.4f} ms; grouping strength {t['strength']} "
-                     f"({t['layers_grouped']} of {len(report['layers'])} layers grouped)")
-        if cv:
-            lines.append("held-out time by strength (ms): " + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in cv.items()))
-    sys.stdout.write("\n".join(lines) + "\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.plan import print_report
+from moe_place.cli.output import print_report
 from moe_place.cli.shared import time_model_from_args
 from moe_place.cost.comm import SlotTable, layer_cost
 from moe_place.errors import InputError
