@@ -141,6 +141,7 @@ def test_cut_capacity_from_graph_matches_networkx_min_cut():
     flow = nx.DiGraph(topo.graph)
     cut_value, (reachable, _) = nx.minimum_cut(flow, "leaf0", "leaf1")
     assert cut_value == 120e9
+    assert topo.cut_capacity_bytes_per_s(frozenset(reachable)) == cut_value  # the cut networkx found
     assert topo.cut_capacity_bytes_per_s(topo.server_nodes(0)) == 120e9
     # a GPU sending to GPUs of the other server is limited by its NIC, whatever the other GPUs do
     assert topo.max_flow_bytes_per_s([0], [4, 5, 6, 7]) == 50e9

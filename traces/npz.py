@@ -49,8 +49,6 @@ from moe_place.io import write_atomic
 from moe_place.traces.model import MAX_EXPERTS, Trace, TraceMeta, check_counts, located
 
 FORMAT_VERSION = 1
-ARRAY_KEYS = ("counts", "topk_ids")
-META_KEYS = ("format_version", "num_experts", "top_k", "model", "source", "layer_ids", "step_names", "step")
 # What a damaged file can raise inside numpy/zipfile; each becomes one InputError.
 READ_ERRORS = (ValueError, OSError, EOFError, KeyError, IndexError, TypeError, zipfile.BadZipFile,
                zlib.error, NotImplementedError, OverflowError, MemoryError, UnicodeDecodeError)

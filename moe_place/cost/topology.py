@@ -52,7 +52,6 @@ class Topology:
     _routes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _flows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _incidence: list = field(default_factory=list, init=False, repr=False, compare=False)
-    _cuts: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         graph = self.graph
@@ -69,10 +68,6 @@ class Topology:
     @property
     def num_gpus(self) -> int:
         return self.num_servers * self.gpus_per_server
-
-    def server_of(self, g: int) -> int:
-        self.check_gpu(g)
-        return g // self.gpus_per_server
 
     def check_gpu(self, g: int, where: str = "GPU") -> int:
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or not 0 <= g < self.num_gpus:
@@ -158,16 +153,6 @@ class Topology:
         """Sum of the capacities of the edges leaving the node set `nodes`."""
         inside = set(nodes)
         return float(sum(d["capacity"] for u, v, d in self.graph.edges(data=True) if u in inside and v not in inside))
-
-    def server_cut_capacities(self) -> tuple[np.ndarray, np.ndarray]:
-        """(out, in), float64 `[servers]` bytes/s: capacity of the edges leaving each server's nodes,
-        and of the edges leaving everything else (into the server); the cuts of formula 3."""
-        if not self._cuts:
-            all_nodes = frozenset(self.graph.nodes)
-            out = [self.cut_capacity_bytes_per_s(self.server_nodes(s)) for s in range(self.num_servers)]
-            into = [self.cut_capacity_bytes_per_s(all_nodes - self.server_nodes(s)) for s in range(self.num_servers)]
-            self._cuts.append((np.array(out, dtype=np.float64), np.array(into, dtype=np.float64)))
-        return self._cuts[0]
 
     def max_flow_bytes_per_s(self, sources: list[int], sinks: list[int]) -> float:
         """Max flow from GPU set `sources` to GPU set `sinks`, no GPU forwarding for others.

@@ -155,11 +155,6 @@ def message_rate_crossover_bytes(nic_bytes_per_s: float, messages_per_s: float) 
     return nic_bytes_per_s / messages_per_s
 
 
-def nic_send_time_s(message_bytes: float, num_messages: float, nic_bytes_per_s: float, messages_per_s: float) -> float:
-    """Time to issue `num_messages` messages of `message_bytes`: the larger of bytes/B and count/R."""
-    return max(num_messages * message_bytes / nic_bytes_per_s, num_messages / messages_per_s)
-
-
 def nic_regime(message_bytes: float, nic_bytes_per_s: float, messages_per_s: float) -> str:
     """`bandwidth` when messages are larger than the crossover, else `message-rate`."""
     crossover = message_rate_crossover_bytes(nic_bytes_per_s, messages_per_s)
