@@ -130,7 +130,7 @@ def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None,
                          num_replicas)
     groups, nodes = effective_topology(num_experts, num_groups, num_nodes, num_gpus)
     if current is not None and current.num_nodes != nodes:
-        current = Placement(current.phy2log, current.num_logical_experts, current.num_gpus, nodes,
+        current = Placement(current.phy2log, current.num_experts, current.num_gpus, nodes,
                             allow_colocated=current.allow_colocated)
     name, limit = solver_settings(solver, time_limit_s)
     problem = PlacementProblem(loads=loads, num_gpus=num_gpus, num_physical=num_replicas, num_nodes=nodes,

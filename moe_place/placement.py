@@ -22,13 +22,15 @@ class Placement:
     """Where each layer's physical experts (slots) live.
 
     phy2log: int64 `[layers, P]`, logical expert of each slot; slot `p` is on GPU `p // (P/G)`.
-    num_logical_experts: `E`; every id in `0..E-1` must appear in every layer.
+    num_experts: `E`; every id in `0..E-1` must appear in every layer. (The plan file and the
+        engines call it `num_logical_experts`, and P `num_physical_experts`: those names stay at
+        that boundary, `moe_place.planfile` and `moe_place.engines`.)
     num_gpus: `G`, the EP size; `P % G == 0`.
     num_nodes: `N`; `G % N == 0`, GPU `g` is on node `g // (G/N)`.
     """
 
     phy2log: np.ndarray
-    num_logical_experts: int
+    num_experts: int
     num_gpus: int
     num_nodes: int = 1
     allow_colocated: bool = False
@@ -42,15 +44,15 @@ class Placement:
             raise InputError("phy2log", "integer expert ids", f"dtype {phy2log.dtype}")
         phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
         num_layers, num_physical = phy2log.shape
-        experts, gpus, nodes = self.num_logical_experts, self.num_gpus, self.num_nodes
+        experts, gpus, nodes = self.num_experts, self.num_gpus, self.num_nodes
         if experts < 1:
-            raise InputError("num_logical_experts", "at least 1", experts)
+            raise InputError("num_experts", "at least 1", experts)
         if gpus < 1 or num_physical % gpus:
             raise InputError("num_gpus", f"a divisor of the {num_physical} physical experts", gpus)
         if nodes < 1 or gpus % nodes:
             raise InputError("num_nodes", f"a divisor of num_gpus={gpus}", nodes)
         if num_physical < experts:
-            raise InputError("phy2log", f"at least num_logical_experts={experts} slots per layer", num_physical)
+            raise InputError("phy2log", f"at least num_experts={experts} slots per layer", num_physical)
         if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= experts):
             bad = phy2log[(phy2log < 0) | (phy2log >= experts)][0]
             raise InputError("phy2log", f"logical expert ids in [0, {experts})", int(bad))
@@ -84,12 +86,12 @@ class Placement:
         return self.phy2log.shape[0]
 
     @property
-    def num_physical_experts(self) -> int:
+    def num_physical(self) -> int:
         return self.phy2log.shape[1]
 
     @property
     def slots_per_gpu(self) -> int:
-        return self.num_physical_experts // self.num_gpus
+        return self.num_physical // self.num_gpus
 
     @property
     def gpus_per_node(self) -> int:
@@ -97,7 +99,7 @@ class Placement:
 
     def gpu_of_slot(self) -> np.ndarray:
         """int64 `[P]`: the GPU of each slot."""
-        return np.arange(self.num_physical_experts) // self.slots_per_gpu
+        return np.arange(self.num_physical) // self.slots_per_gpu
 
     def slots_by_gpu(self) -> np.ndarray:
         """int64 `[layers, G, S]`: the logical expert in each slot of each GPU."""
@@ -120,22 +122,22 @@ class Placement:
 
     def _check_loads(self, expert_load: np.ndarray) -> np.ndarray:
         loads = np.asarray(expert_load, dtype=np.float64)
-        if loads.shape != (self.num_layers, self.num_logical_experts):
-            raise InputError("expert_load", f"shape [{self.num_layers}, {self.num_logical_experts}]", loads.shape)
+        if loads.shape != (self.num_layers, self.num_experts):
+            raise InputError("expert_load", f"shape [{self.num_layers}, {self.num_experts}]", loads.shape)
         return loads
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def contiguous(cls, num_layers: int, num_logical_experts: int, num_gpus: int, num_nodes: int = 1,
+    def contiguous(cls, num_layers: int, num_experts: int, num_gpus: int, num_nodes: int = 1,
                    num_redundant: int = 0) -> "Placement":
         """Experts in equal contiguous blocks per GPU (slot `p` holds expert `p % E`).
 
         With `num_redundant = 0` this is the engines' default (SGLang's `trivial`): GPU `g` holds
         experts `g*E/G .. (g+1)*E/G - 1`. Redundant slots wrap around to experts 0, 1, ...
         """
-        num_physical = num_logical_experts + num_redundant
-        row = np.arange(num_physical, dtype=np.int64) % num_logical_experts
-        return cls(np.tile(row, (num_layers, 1)), num_logical_experts, num_gpus, num_nodes)
+        num_physical = num_experts + num_redundant
+        row = np.arange(num_physical, dtype=np.int64) % num_experts
+        return cls(np.tile(row, (num_layers, 1)), num_experts, num_gpus, num_nodes)
 
     # ------------------------------------------------------------------ comparison
     def moved_slots(self, old: "Placement") -> np.ndarray:
@@ -145,8 +147,8 @@ class Placement:
         return self.phy2log != old.phy2log
 
     def same_as(self, other: "Placement") -> bool:
-        return (self.num_gpus, self.num_nodes, self.num_logical_experts) == (
-            other.num_gpus, other.num_nodes, other.num_logical_experts) and np.array_equal(self.phy2log, other.phy2log)
+        return (self.num_gpus, self.num_nodes, self.num_experts) == (
+            other.num_gpus, other.num_nodes, other.num_experts) and np.array_equal(self.phy2log, other.phy2log)
 
 
 def colocated_gpus(phy2log: np.ndarray, num_gpus: int) -> np.ndarray:

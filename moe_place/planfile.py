@@ -115,10 +115,10 @@ class PlanFile:
         if self.budget is not None:
             layers = self.budget.layers
             if len(layers) != self.placement.num_layers or any(
-                    (b.num_gpus, b.num_logical_experts) != (self.placement.num_gpus, self.placement.num_logical_experts)
+                    (b.num_gpus, b.num_experts) != (self.placement.num_gpus, self.placement.num_experts)
                     for b in layers):
                 raise InputError("budget", f"one plan per layer for {self.placement.num_gpus} GPUs and "
-                                 f"{self.placement.num_logical_experts} experts", f"{len(layers)} plans")
+                                 f"{self.placement.num_experts} experts", f"{len(layers)} plans")
 
     def without_report(self) -> "PlanFile":
         """The same plan with no report (what an engine export holds)."""
@@ -130,8 +130,8 @@ class PlanFile:
             "format_version": FORMAT_VERSION,
             "kind": KIND,
             "num_layers": p.num_layers,
-            "num_logical_experts": p.num_logical_experts,
-            "num_physical_experts": p.num_physical_experts,
+            "num_logical_experts": p.num_experts,
+            "num_physical_experts": p.num_physical,
             "num_gpus": p.num_gpus,
             "num_nodes": p.num_nodes,
             "allow_colocated": bool(p.allow_colocated),
@@ -253,7 +253,7 @@ def _parse_budget(section: Any, placement: Placement, where: str) -> BudgetLayer
         here = f"{where}.phy2log[{layer}]"
         arr = _int_array([row] if isinstance(row, list) else row, here, (1, placement.num_gpus * count))
         try:
-            plans.append(Placement(arr, placement.num_logical_experts, placement.num_gpus, placement.num_nodes,
+            plans.append(Placement(arr, placement.num_experts, placement.num_gpus, placement.num_nodes,
                                    allow_colocated=placement.allow_colocated))
         except InputError as exc:
             raise InputError(here, exc.expected, exc.got) from None

@@ -107,11 +107,11 @@ class PlacementProblem:
             raise InputError("layer_ids", f"{self.num_layers} ids", len(self.layer_ids))
         if self.current is not None:
             cur = self.current
-            if (cur.num_layers, cur.num_physical_experts, cur.num_logical_experts, cur.num_gpus) != (
+            if (cur.num_layers, cur.num_physical, cur.num_experts, cur.num_gpus) != (
                     self.num_layers, self.num_physical, experts, self.num_gpus):
                 raise InputError("current placement", f"{self.num_layers} layers x {self.num_physical} slots, "
                                  f"{experts} experts, {self.num_gpus} GPUs",
-                                 f"{cur.num_layers} x {cur.num_physical_experts}, {cur.num_logical_experts}, "
+                                 f"{cur.num_layers} x {cur.num_physical}, {cur.num_experts}, "
                                  f"{cur.num_gpus}")
         if self.max_moved_slots is not None and self.max_moved_slots < 0:
             raise InputError("max_moved_slots", "an integer >= 0", self.max_moved_slots)

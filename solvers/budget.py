@@ -46,7 +46,7 @@ class BudgetPlan:
     """
 
     num_gpus: int
-    num_logical_experts: int
+    num_experts: int
     expert_bytes: int
     gpu_budget_bytes: int
     slots_per_gpu: tuple[int, ...]
@@ -87,7 +87,7 @@ class BudgetPlan:
 
     def to_dict(self) -> dict:
         return {
-            "num_gpus": self.num_gpus, "num_logical_experts": self.num_logical_experts,
+            "num_gpus": self.num_gpus, "num_logical_experts": self.num_experts,
             "expert_bytes": self.expert_bytes, "gpu_budget_bytes": self.gpu_budget_bytes,
             "used_bytes": self.used_bytes, "slots_per_gpu": list(self.slots_per_gpu),
             "num_physical": [self.num_gpus * s for s in self.slots_per_gpu],
@@ -198,7 +198,7 @@ def allocate_budget(loads: np.ndarray, num_gpus: int, expert_bytes: int, gpu_bud
     even = min(most, budget_slots // layers)
     even_cost = [float(c[min(even - least, len(c) - 1)]) for c in cost]  # past a layer's last price: the same
     return BudgetPlan(
-        num_gpus=num_gpus, num_logical_experts=experts, expert_bytes=int(expert_bytes),
+        num_gpus=num_gpus, num_experts=experts, expert_bytes=int(expert_bytes),
         gpu_budget_bytes=int(gpu_budget_bytes),
         slots_per_gpu=tuple(least + k for k in choice),
         phy2log=tuple(rows[layer][k] for layer, k in enumerate(choice)),

@@ -134,8 +134,8 @@ def evaluate_placement(placement: Placement, loads: np.ndarray, split: str = "ev
     loads = np.asarray(loads, dtype=np.float64)
     if loads.ndim == 2:
         loads = loads[None]
-    if loads.ndim != 3 or loads.shape[1:] != (placement.num_layers, placement.num_logical_experts):
-        raise InputError("loads", f"[windows, {placement.num_layers} layers, {placement.num_logical_experts} experts]",
+    if loads.ndim != 3 or loads.shape[1:] != (placement.num_layers, placement.num_experts):
+        raise InputError("loads", f"[windows, {placement.num_layers} layers, {placement.num_experts} experts]",
                          f"shape {loads.shape}")
     ids = layer_ids or tuple(range(placement.num_layers))
     return [layer_figures(placement.phy2log[i], loads[:, i, :], placement.num_gpus, split, objective, quantile,

@@ -65,7 +65,7 @@ def test_plan_is_a_valid_placement():
     loads = np.array([30.0, 1, 7, 7, 0, 12, 3, 9])
     value, phy2log = brute_force_layer(loads, 4, 3)
     placement = Placement(phy2log[None], 8, 4)  # validates: every expert present, no duplicate per GPU
-    assert placement.num_physical_experts == 12
+    assert placement.num_physical == 12
     assert value >= loads.sum() / 4 - 1e-9
 
 

@@ -45,7 +45,7 @@ def test_plan_time_records_the_objective_and_evaluate_reports_the_layer_time(tok
     assert options["objective"] == "time" and options["dispatch"] == "deepep"
     assert options["replica_choice"] == "sglang-static" and options["model"] == "Qwen3-30B-A3B"
     assert plan.report["time"]["lower_bound_s"] <= plan.report["time"]["predicted_layer_time_s"]
-    assert plan.placement.num_physical_experts == 24 and not plan.placement.allow_colocated
+    assert plan.placement.num_physical == 24 and not plan.placement.allow_colocated
     ev = run_json(capsys, ["evaluate", str(out), str(path), "--format", "json"])
     for row in ev["layers"]:
         for key in ("distinct_nodes_per_token", "rdma_bytes", "nvlink_bytes", "dispatch_s", "compute_s", "combine_s",

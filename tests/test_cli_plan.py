@@ -44,7 +44,7 @@ def test_plan_writes_a_valid_plan_with_the_contract_keys(tiny_trace, tmp_path, c
     assert plan["inputs"]["trace_sha256"] == file_sha256(tiny_trace)
     assert plan["inputs"]["options"]["num_physical"] == 16
     loaded = read_plan(out)
-    assert loaded.placement.num_physical_experts == 16 and loaded.layer_ids == (0,)
+    assert loaded.placement.num_physical == 16 and loaded.layer_ids == (0,)
     assert np.array_equal(loaded.placement.phy2log, np.array(plan["phy2log"]))
 
 

@@ -30,14 +30,14 @@ def test_plan_rows_land_on_their_model_layers_and_dense_layers_get_the_trivial_r
     plan = _plan(layers=3)
     loc = init_expert_location(plan, layer_ids=(3, 4, 5), dense_layer_ids=(0, 1, 2))
     m = loc.physical_to_logical_map
-    assert m.shape == (6, plan.num_physical_experts)
+    assert m.shape == (6, plan.num_physical)
     np.testing.assert_array_equal(m[3:], plan.phy2log)
-    trivial = np.arange(plan.num_physical_experts) % plan.num_logical_experts
+    trivial = np.arange(plan.num_physical) % plan.num_experts
     for layer in (0, 1, 2):
         np.testing.assert_array_equal(m[layer], trivial)
     assert loc.unplanned_moe_layers == ()
     # every row is a valid map: each logical expert at least once, slots divisible by the EP size
-    assert all(set(row) == set(range(plan.num_logical_experts)) for row in m.tolist())
+    assert all(set(row) == set(range(plan.num_experts)) for row in m.tolist())
     assert m.shape[1] % plan.num_gpus == 0
 
 
@@ -52,7 +52,7 @@ def test_moe_only_plan_rows_are_assigned_to_moe_layers_in_order():
 def test_layers_missing_from_the_plan_are_reported():
     plan = _plan(layers=2)
     loc = init_expert_location(plan, layer_ids=(0, 7), num_model_layers=10)
-    assert loc.physical_to_logical_map.shape == (10, plan.num_physical_experts)
+    assert loc.physical_to_logical_map.shape == (10, plan.num_physical)
     assert loc.unplanned_moe_layers == (1, 2, 3, 4, 5, 6, 8, 9)
     with pytest.raises(InputError, match="num_model_layers"):
         init_expert_location(plan, layer_ids=(0, 7), num_model_layers=5)

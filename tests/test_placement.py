@@ -11,8 +11,8 @@ from moe_place.placement import Placement
 
 def test_vllm_glossary_example_shapes():
     # 256 logical + 32 redundant = 288 physical experts on 32 GPUs: 9 slots each.
-    p = Placement.contiguous(num_layers=2, num_logical_experts=256, num_gpus=32, num_nodes=4, num_redundant=32)
-    assert p.num_physical_experts == 288 and p.slots_per_gpu == 9 and p.gpus_per_node == 8
+    p = Placement.contiguous(num_layers=2, num_experts=256, num_gpus=32, num_nodes=4, num_redundant=32)
+    assert p.num_physical == 288 and p.slots_per_gpu == 9 and p.gpus_per_node == 8
     assert p.logcnt.shape == (2, 256) and p.logcnt.sum(axis=1).tolist() == [288, 288]
     assert p.logcnt[0, :32].tolist() == [2] * 32 and p.logcnt[0, 32:].max() == 1
     assert p.log2phy.shape == (2, 256, 2)
@@ -21,7 +21,7 @@ def test_vllm_glossary_example_shapes():
 
 def test_log2phy_inverts_phy2log():
     phy2log = np.array([[0, 1, 2, 0, 3, 1], [3, 2, 1, 0, 2, 3]])
-    p = Placement(phy2log, num_logical_experts=4, num_gpus=3)
+    p = Placement(phy2log, num_experts=4, num_gpus=3)
     for layer in range(2):
         for expert in range(4):
             slots = [s for s in p.log2phy[layer, expert] if s >= 0]
@@ -31,7 +31,7 @@ def test_log2phy_inverts_phy2log():
 
 def test_gpu_loads_even_split_by_hand():
     # GPU0 holds experts 0,1; GPU1 holds 0,2. Expert 0 (load 10) is split 5/5.
-    p = Placement(np.array([[0, 1, 0, 2]]), num_logical_experts=3, num_gpus=2)
+    p = Placement(np.array([[0, 1, 0, 2]]), num_experts=3, num_gpus=2)
     loads = np.array([[10.0, 3.0, 4.0]])
     assert p.gpu_loads(loads).tolist() == [[8.0, 9.0]]
     assert p.slot_loads(loads).tolist() == [[5.0, 3.0, 5.0, 4.0]]

@@ -32,7 +32,7 @@ def token_sources(num_tokens: int, num_sources: int, layout: str = "blocks") -> 
 def expert_to_gpu_share(placement: Placement, layer: int) -> np.ndarray:
     """float64 `[E, G]`: share of expert `e`'s dispatches that GPU `g` computes (even split)."""
     gpu_of_slot = placement.gpu_of_slot()
-    share = np.zeros((placement.num_logical_experts, placement.num_gpus))
+    share = np.zeros((placement.num_experts, placement.num_gpus))
     np.add.at(share, (placement.phy2log[layer], gpu_of_slot), 1.0)
     return share / placement.logcnt[layer][:, None]
 
@@ -53,7 +53,7 @@ def dispatch_matrix(topk_ids: np.ndarray, source: np.ndarray, placement: Placeme
         raise InputError("source", f"one source GPU per token ({ids.shape[0]})", f"shape {source.shape}")
     if not 0 <= layer < placement.num_layers:
         raise InputError("layer", f"a layer in [0, {placement.num_layers})", layer)
-    experts = placement.num_logical_experts
+    experts = placement.num_experts
     if ids.size and (ids.min() < 0 or ids.max() >= experts):
         raise InputError("topk_ids", f"expert ids in [0, {experts})")
     sources = int(num_sources if num_sources is not None else (source.max() + 1 if source.size else 1))

@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     plan = read_plan(args.plan)
     trace = load_trace(args.trace, **trace_load_options(args))
     placement = plan.placement
-    if trace.num_experts != placement.num_logical_experts:
-        raise InputError(f"{args.trace}: num_experts", f"{placement.num_logical_experts} (the plan's)",
+    if trace.num_experts != placement.num_experts:
+        raise InputError(f"{args.trace}: num_experts", f"{placement.num_experts} (the plan's)",
                          trace.num_experts)
     trace = trace.select_layer_ids(list(plan.layer_ids), where=f"{args.trace}: layers (the plan's layer ids)")
     if args.quantile is not None and args.window_objective != "quantile":

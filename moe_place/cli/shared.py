@@ -97,7 +97,7 @@ def current_for(plan, layer_ids, path: str):
     if missing:
         raise InputError(f"{path}: layer_ids", "every planned layer", f"no layer {missing[0]}")
     p = plan.placement
-    return Placement(p.phy2log[[rows[layer] for layer in layer_ids]], p.num_logical_experts, p.num_gpus, p.num_nodes,
+    return Placement(p.phy2log[[rows[layer] for layer in layer_ids]], p.num_experts, p.num_gpus, p.num_nodes,
                      allow_colocated=p.allow_colocated)
 
 
@@ -136,7 +136,7 @@ def time_figures(placement, trace, model) -> tuple[list[dict], dict]:
     if trace.is_token_level:
         for i in range(placement.num_layers):
             table = SlotTable(placement.phy2log[i], placement.num_gpus, placement.num_nodes,
-                              placement.num_logical_experts)
+                              placement.num_experts)
             cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, i)
             layers.append(cost.to_dict())
         top["layer_time_s"] = float(sum(x["layer_time_s"] for x in layers))

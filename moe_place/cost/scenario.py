@@ -194,9 +194,9 @@ def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
         raise InputError(f"{here}.layer", f"a layer in [0, {min(trace.num_layers, placement.num_layers)})", layer)
     if not 0 <= step < trace.num_steps:
         raise InputError(f"{here}.step", f"a step in [0, {trace.num_steps})", step)
-    if trace.num_experts != placement.num_logical_experts:
+    if trace.num_experts != placement.num_experts:
         raise InputError(f"{plan_path}: num_logical_experts", f"the trace's {trace.num_experts} experts",
-                         placement.num_logical_experts)
+                         placement.num_experts)
     sources = _gpu_list(table, "sources", here, topo, default=list(range(placement.num_gpus)))
     style = str(table.get("traffic", "per-dispatch"))
     if style not in ("per-dispatch",) + comm.DISPATCH_STYLES:
@@ -231,7 +231,7 @@ def _comm_workload(trace, placement, table: dict, here: str, topo: Topology, sou
     ids = trace.topk_ids[step][:, layer, :]
     homes = np.asarray(sources)[token_sources(ids.shape[0], len(sources), str(table.get("token_layout", "blocks")))]
     slot_table = comm.SlotTable(placement.phy2log[layer], placement.num_gpus, placement.num_nodes,
-                                placement.num_logical_experts)
+                                placement.num_experts)
     try:
         slots = comm.choose_replicas(ids, homes, slot_table, rule)
     except InputError as exc:
@@ -248,7 +248,7 @@ def _comm_workload(trace, placement, table: dict, here: str, topo: Topology, sou
 
 
 def _layer_counts(trace, step: int, layer: int, placement) -> np.ndarray:
-    load = np.zeros((placement.num_layers, placement.num_logical_experts))
+    load = np.zeros((placement.num_layers, placement.num_experts))
     load[layer] = trace.step_counts()[step, layer]
     return load
 

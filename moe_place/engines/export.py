@@ -39,8 +39,8 @@ def export_plan(plan: PlanFile, engine: str, out: Path, *, num_model_layers: int
         raise InputError(f"--out {out}", f"a file name ending in {' or '.join(SUFFIXES[engine])} for {engine}",
                          out.suffix or "no suffix")
     summary = {"engine": engine, "out": str(out), "num_gpus": placement.num_gpus,
-               "num_logical_experts": placement.num_logical_experts,
-               "num_physical_experts": placement.num_physical_experts, "warnings": []}
+               "num_logical_experts": placement.num_experts,
+               "num_physical_experts": placement.num_physical, "warnings": []}
     if plan.budget is not None:
         summary["warnings"].append(
             f"the budget plan's per-layer slot counts ({min(plan.budget.slots_per_gpu)}-"
@@ -53,7 +53,7 @@ def export_plan(plan: PlanFile, engine: str, out: Path, *, num_model_layers: int
         summary["num_model_layers"] = int(location.physical_to_logical_map.shape[0])
         summary["planned_layers"] = len(location.planned_layers)
         summary["trivial_layers"] = len(location.trivial_layers)
-        summary["ep_num_redundant_experts"] = placement.num_physical_experts - placement.num_logical_experts
+        summary["ep_num_redundant_experts"] = placement.num_physical - placement.num_experts
         if location.unplanned_moe_layers:
             summary["warnings"].append(
                 f"{len(location.unplanned_moe_layers)} model layers are not in the plan and get the trivial "
@@ -65,7 +65,7 @@ def export_plan(plan: PlanFile, engine: str, out: Path, *, num_model_layers: int
         summary["num_layers"] = placement.num_layers
         summary["launch"] = (f"{STATIC_PLAN_ENV}={out} with moe_place.engines.vllm installed; "
                              f"--eplb-config '{{\"num_redundant_experts\": "
-                             f"{placement.num_physical_experts - placement.num_logical_experts}}}'")
+                             f"{placement.num_physical - placement.num_experts}}}'")
     else:
         write_eplb_tensors(out, placement)
         summary["num_layers"] = placement.num_layers

@@ -107,7 +107,7 @@ def init_expert_location(placement: Placement, layer_ids: tuple[int, ...] = (), 
     clash = sorted(set(ids) & set(dense))
     if clash:
         raise InputError("dense layer ids", "layers the plan does not cover", f"layer {clash[0]} is in the plan")
-    experts, physical = placement.num_logical_experts, placement.num_physical_experts
+    experts, physical = placement.num_experts, placement.num_physical
     full = np.tile(np.arange(physical, dtype=np.int64) % experts, (total, 1))
     full[list(ids)] = placement.phy2log
     trivial = tuple(layer for layer in range(total) if layer not in set(ids))

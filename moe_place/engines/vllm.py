@@ -175,7 +175,7 @@ class _PolicyCore:
         better = np.flatnonzero(busiest_fresh * (1 + cls.fresh_margin) < busiest_aware)
         if better.size:
             rows[better] = keep_unchanged_slots(fresh.phy2log[better], current.phy2log[better], current.slots_per_gpu)
-        return Placement(rows, current.num_logical_experts, num_ranks, aware.num_nodes,
+        return Placement(rows, current.num_experts, num_ranks, aware.num_nodes,
                          allow_colocated=aware.allow_colocated or fresh.allow_colocated)
 
 
@@ -200,7 +200,7 @@ class MoePlaceEplbPolicy(_PolicyCore):
         """
         placement = cls.decide(weight_to_numpy(weight), num_replicas, num_groups, num_nodes, num_ranks,
                                old_global_expert_indices, cls._sessions)
-        phy2log, log2phy, logcnt = placement_tensors(placement, log2phy_width=num_replicas - placement.num_logical_experts + 1)
+        phy2log, log2phy, logcnt = placement_tensors(placement, log2phy_width=num_replicas - placement.num_experts + 1)
         if return_style(cls.returns) == "phy2log":
             return phy2log
         return phy2log, log2phy, logcnt
@@ -392,10 +392,10 @@ def static_placement(path: str | Path, num_layers: int, num_experts: int, num_re
                      num_ranks: int) -> Placement:
     """The placement of a plan file (`moe_place.planfile`), checked against vLLM's model and EP size."""
     placement = read_plan(path).placement
-    if placement.phy2log.shape != (num_layers, num_replicas) or placement.num_logical_experts != num_experts:
+    if placement.phy2log.shape != (num_layers, num_replicas) or placement.num_experts != num_experts:
         raise InputError(str(path), f"a placement of {num_layers} layers x {num_replicas} slots, {num_experts} experts",
-                         f"{placement.num_layers} x {placement.num_physical_experts}, "
-                         f"{placement.num_logical_experts} experts")
+                         f"{placement.num_layers} x {placement.num_physical}, "
+                         f"{placement.num_experts} experts")
     if placement.num_gpus != num_ranks:
         raise InputError(str(path), f"a placement for {num_ranks} EP ranks", f"one for {placement.num_gpus}")
     return placement

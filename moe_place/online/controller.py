@@ -104,9 +104,9 @@ class PeriodicEplbController:
         if self._progress < self.step_interval:
             return None
         self._progress = 0
-        phy2log = eplb_rebalance(self._window.total(), current.num_physical_experts, self.num_groups,
+        phy2log = eplb_rebalance(self._window.total(), current.num_physical, self.num_groups,
                                  current.num_nodes, current.num_gpus)
-        new = Placement(np.asarray(phy2log), current.num_logical_experts, current.num_gpus, current.num_nodes,
+        new = Placement(np.asarray(phy2log), current.num_experts, current.num_gpus, current.num_nodes,
                         allow_colocated=True)
         return Decision(new, tuple(range(current.num_layers)))
 
@@ -183,7 +183,7 @@ class PaybackController:
         current_s = self.cost.layer_times_s(current, expected_load)
         # a moved slot must lower the busiest GPU by more than this share of the mean GPU load
         move_cost = self.move_cost_share * float(expected_load.sum(axis=-1).mean()) / current.num_gpus
-        candidates = [plan_placement(predicted, current.num_physical_experts, self.num_groups, current.num_nodes,
+        candidates = [plan_placement(predicted, current.num_physical, self.num_groups, current.num_nodes,
                                      current.num_gpus, solver=self.solver, current=current, max_moved_slots=budget,
                                      move_cost_weight=move_cost)
                       for budget in self.move_budgets if budget > 0]
@@ -198,7 +198,7 @@ class PaybackController:
         rows = np.array(current.phy2log)
         for layer, which in chosen.items():
             rows[layer] = candidates[which].phy2log[layer]
-        new = Placement(rows, current.num_logical_experts, current.num_gpus, current.num_nodes,
+        new = Placement(rows, current.num_experts, current.num_gpus, current.num_nodes,
                         allow_colocated=current.allow_colocated)
         layers = sorted(chosen)
         copies = self.cost.copies(current, new, np.array(layers))
@@ -293,8 +293,8 @@ class EngineRebalancer:
                 raise InputError("window_steps", "an integer >= 1 steps", window_steps)
             # the predictor and tracker look at the last `horizon` steps: that many of the mean
             loads = np.broadcast_to(loads / steps, (min(steps, self.controller.predictor.horizon),) + loads.shape)
-        if loads.ndim != 3 or loads.shape[1:] != (current.num_layers, current.num_logical_experts):
-            raise InputError("load window", f"[samples, {current.num_layers}, {current.num_logical_experts}]",
+        if loads.ndim != 3 or loads.shape[1:] != (current.num_layers, current.num_experts):
+            raise InputError("load window", f"[samples, {current.num_layers}, {current.num_experts}]",
                              list(loads.shape))
         self._step += self.step_interval
         first = self._step - len(loads) + 1

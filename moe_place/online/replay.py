@@ -131,9 +131,9 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     """
     counts = check_counts_3d(counts)
     steps, layers, experts = counts.shape
-    if (initial.num_layers, initial.num_logical_experts) != (layers, experts):
+    if (initial.num_layers, initial.num_experts) != (layers, experts):
         raise InputError("initial placement", f"{layers} layers x {experts} experts",
-                         f"{initial.num_layers} x {initial.num_logical_experts}")
+                         f"{initial.num_layers} x {initial.num_experts}")
     if initial.num_gpus != cost.num_gpus:
         raise InputError("initial placement", f"{cost.num_gpus} GPUs (the cluster)", initial.num_gpus)
     switch = MapSwitch(initial, drain_steps=drain_steps)
@@ -196,7 +196,7 @@ def free_replan_reference(counts: np.ndarray, cost: ReplayCost, initial: Placeme
     def plans():
         yield initial, range(0, min(every, steps))
         for start in range(every, steps, every):
-            plan = plan_placement(counts[start - every:start].mean(axis=0), initial.num_physical_experts, num_groups,
+            plan = plan_placement(counts[start - every:start].mean(axis=0), initial.num_physical, num_groups,
                                   initial.num_nodes, initial.num_gpus, solver=solver)
             yield plan, range(start, min(start + every, steps))
 

@@ -59,8 +59,8 @@ class MapSwitch:
         old = self.active
         if not isinstance(new, Placement):
             raise InputError("new map", "a Placement", type(new).__name__)
-        if (new.num_layers, new.num_physical_experts, new.num_logical_experts, new.num_gpus) != (
-                old.num_layers, old.num_physical_experts, old.num_logical_experts, old.num_gpus):
+        if (new.num_layers, new.num_physical, new.num_experts, new.num_gpus) != (
+                old.num_layers, old.num_physical, old.num_experts, old.num_gpus):
             raise InputError("new map", f"the shape of the map in use {old.phy2log.shape}", new.phy2log.shape)
         self.pending = new
         if copy_steps < 0:
