@@ -122,20 +122,17 @@ def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None,
     loads = np.asarray(loads, dtype=np.float64)
     if loads.ndim == 2:
         loads = loads[None]
-    num_experts = loads.shape[-1]
-    if num_gpus < 1:
-        raise InputError("num_gpus", "an integer >= 1", num_gpus)
-    if num_replicas < num_experts or num_replicas % num_gpus:
-        raise InputError("num_replicas", f"a multiple of num_gpus={num_gpus} that is at least {num_experts}",
-                         num_replicas)
-    groups, nodes = effective_topology(num_experts, num_groups, num_nodes, num_gpus)
+    groups, nodes = effective_topology(loads.shape[-1], num_groups, num_nodes, num_gpus)
     if current is not None and current.num_nodes != nodes:
         current = Placement(current.phy2log, current.num_experts, current.num_gpus, nodes,
                             allow_colocated=current.allow_colocated)
     name, limit = solver_settings(solver, time_limit_s)
-    problem = PlacementProblem(loads=loads, num_gpus=num_gpus, num_physical=num_replicas, num_nodes=nodes,
-                               num_groups=groups, current=current, max_moved_slots=max_moved_slots,
-                               move_cost_weight=move_cost_weight, seed=seed)
+    try:  # PlacementProblem validates; its size names become the engines' here
+        problem = PlacementProblem(loads=loads, num_gpus=num_gpus, num_physical=num_replicas, num_nodes=nodes,
+                                   num_groups=groups, current=current, max_moved_slots=max_moved_slots,
+                                   move_cost_weight=move_cost_weight, seed=seed)
+    except InputError as exc:
+        raise InputError({"num_physical": "num_replicas"}.get(exc.where, exc.where), exc.expected, exc.got) from None
     solution = solve(problem, solver=name, time_limit_s=limit)
     for note in solution.notes:  # e.g. a time limit that returned the anytime plan
         logging.getLogger("moe_place").info("rebalance_experts: %s", note)

@@ -89,7 +89,7 @@ _REL_TOL = 1e-9                # "optimal" when the true objective is within thi
 # ---------------------------------------------------------------------- inputs and states
 @dataclass(frozen=True)
 class LayerInstance:
-    """One layer's CP-SAT input.
+    """One layer's CP-SAT input, taken from a validated `PlacementProblem` (`LayerInstance.of`).
 
     loads: float64 `[windows, E]`, non-negative. num_gpus: `G`. slots_per_gpu: `S`.
     objective: "max" | "mean" | "quantile" (how windows combine; quantile is planned as max).
@@ -106,24 +106,11 @@ class LayerInstance:
     move_cost_weight: float = 0.0
     max_moved_slots: int | None = None
 
-    def __post_init__(self) -> None:
-        loads = np.atleast_2d(np.asarray(self.loads, dtype=np.float64))
-        if loads.ndim != 2 or 0 in loads.shape or not np.isfinite(loads).all() or (loads < 0).any():
-            raise InputError("loads", "finite values >= 0 of shape [windows, experts]", f"shape {loads.shape}")
-        object.__setattr__(self, "loads", loads)
-        if self.num_gpus < 1 or self.slots_per_gpu < 1:
-            raise InputError("num_gpus, slots_per_gpu", "integers >= 1", (self.num_gpus, self.slots_per_gpu))
-        experts, physical = loads.shape[1], self.num_physical
-        if not experts <= physical <= experts * self.num_gpus:
-            raise InfeasibleError(f"{physical} slots on {self.num_gpus} GPUs cannot hold {experts} experts "
-                                  f"at least once each and at most once per GPU")
-        if self.objective not in ("max", "mean", "quantile"):
-            raise InputError("objective", "max, mean or quantile", self.objective)
-        if self.current is not None:
-            current = np.asarray(self.current, dtype=np.int64)
-            if current.shape != (physical,):
-                raise InputError("current", f"a phy2log row of {physical} slots", f"shape {current.shape}")
-            object.__setattr__(self, "current", current)
+    @classmethod
+    def of(cls, problem: PlacementProblem, layer: int) -> "LayerInstance":
+        """Layer `layer` of `problem` (which validated every size, load and option)."""
+        return cls(problem.layer_loads(layer), problem.num_gpus, problem.slots_per_gpu, problem.window_objective,
+                   problem.quantile, problem.current_row(layer), problem.move_cost_weight, problem.max_moved_slots)
 
     @property
     def num_experts(self) -> int:
@@ -591,9 +578,7 @@ class CpSatSolver:
         """CP-SAT for `time_limit_s` deterministic seconds (None: DEFAULT_TIME_LIMIT_S), from `start`
         (or `fast`'s plan) and the current plan in migration mode, whichever costs less; `deadline`
         caps the wall clock (then `detail["cut"]`)."""
-        instance = LayerInstance(problem.layer_loads(layer), problem.num_gpus, problem.slots_per_gpu,
-                                 problem.window_objective, problem.quantile, problem.current_row(layer),
-                                 problem.move_cost_weight, problem.max_moved_slots)
+        instance = LayerInstance.of(problem, layer)
         first = start.phy2log if start is not None else FastSolver().solve_layer(problem, layer, None).phy2log
         candidates = [np.asarray(first, dtype=np.int64)]
         if instance.current is not None:  # the current plan moves nothing: always within a cap

@@ -191,7 +191,9 @@ def check_eplb_arguments(num_experts: int, num_replicas: int, num_groups: int, n
     groups split the experts and the nodes split the GPUs; both policies need `num_replicas` a
     multiple of `num_gpus` and at least one slot per expert. `num_groups` 0 (what engines pass for
     models without expert groups, where the original divides by zero) selects the global policy.
-    Raises `ParameterError` naming the argument.
+    Raises `ParameterError` naming the argument. These are EPLB's own preconditions, not a
+    `PlacementProblem`: EPLB accepts more slots than one per expert and GPU (it co-locates
+    replicas), which a placement problem rules out.
     """
     if num_gpus < 1:
         raise ParameterError("num_gpus", "an integer >= 1", num_gpus)

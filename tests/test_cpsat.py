@@ -17,8 +17,18 @@ from moe_place.solvers.fast import fast_layer
 PUBLIC = np.array([600, 560, 120, 120, 20, 10, 10, 10], dtype=float)
 
 
+def _instance(loads, gpus, slots, objective="max", quantile=0.9, current=None, **options):
+    """The CP-SAT input of one layer with `loads` `[E]` or `[windows, E]`, through PlacementProblem."""
+    loads = np.atleast_2d(np.asarray(loads, dtype=float))[:, None, :]
+    if current is not None:
+        current = Placement(np.asarray(current)[None], loads.shape[2], gpus)
+    problem = PlacementProblem(loads, gpus, gpus * slots, window_objective=objective, quantile=quantile,
+                               current=current, **options)
+    return LayerInstance.of(problem, 0)
+
+
 def _solve(loads, gpus, slots, hint=None, limit=10.0, **kwargs):
-    instance = LayerInstance(loads, gpus, slots, **kwargs)
+    instance = _instance(loads, gpus, slots, **kwargs)
     flat = instance.loads.sum(axis=0)
     if hint is None:
         hint = fast_layer(flat, gpus, gpus * slots)
@@ -204,7 +214,7 @@ def test_hint_meeting_the_bound_is_returned_without_search():
 def test_wall_clock_stop_is_reported():
     rng = np.random.default_rng(3)
     loads = rng.gamma(0.7, 100.0, 24).round()
-    instance = LayerInstance(loads, 8, 4)
+    instance = _instance(loads, 8, 4)
     poor = Placement.contiguous(1, 24, 8, num_redundant=8).phy2log[0]
     sol = cpsat_layer(instance, poor, windows_lower_bound(loads[None], 8, 32), time_limit_s=1000.0, wall_limit_s=0.5)
     assert sol.detail["wall_limit_hit"] and sol.detail["deterministic_time"] < 1000.0
