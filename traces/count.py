@@ -70,6 +70,11 @@ def run_chunks(starts: Sequence[int], workers: int, process: Callable[[int], Non
     the SMALLEST failing start is raised - the one a sequential loop would raise, whatever the
     timing: every smaller start was handed out before it and has finished. `process` must write
     only per-thread state (`PerThread`) or take a lock.
+
+    Hand-written rather than `ThreadPoolExecutor.map` (which also keeps order and the earliest
+    error): with the executor the calling thread only waits, and wakes for every finished chunk,
+    competing with the workers for the GIL - measured slower on 2 cores (100 MB in memory:
+    114 ms vs 97 ms; a 276 MB file streamed: 377 ms vs 313 ms).
     """
     lock = threading.Lock()
     cursor = {"next": 0, "stop": len(starts)}  # hand out starts[next] while next < stop
