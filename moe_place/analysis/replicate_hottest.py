@@ -90,8 +90,8 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
         # 2. the hottest expert it may hold that keeps it at or below the busiest GPU, else the coldest
         np.add(flat_gpu_load[at_gpu][:, None], new_share, out=after)
         np.greater(after, gpu_load.max(axis=1)[:, None], out=over)
-        np.multiply(over, -EXCLUDED, out=score)
-        score += share  # share where it fits (share - 0.0), about -EXCLUDED where it does not
+        np.copyto(score, share)
+        np.copyto(score, -EXCLUDED, where=over)  # = share - EXCLUDED * over: share + -1e300 is -1e300
         flat_score[(at_row_expert + gpu * block)[:, None] + own_block] = -EXCLUDED  # its own block
         taken = extra.reshape(-1, redundant_per_gpu)[at_gpu]
         if redundant_per_gpu > 1:  # with one extra slot per GPU, a GPU with a free one holds no extra yet
