@@ -27,7 +27,7 @@ def test_bench_writes_table_and_json(tmp_path, capsys):
     assert report["threads"] == 2 and report["steps"] == 4 and not report["streamed"]
     baseline = report["results"][2]
     assert report["decisions"] == 9000 * 3 * 4 and baseline["ratio_vs_baseline"] == 1.0
-    assert report["pair_sample"] == {"chosen_on_tokens": 4096, "estimated_on_tokens": 4096}  # 9000 > 8192 tokens
+    assert report["pair_sample"] == {"chosen_on_tokens": 2048, "estimated_on_tokens": 6144}  # 9000 > 8192 tokens
     text = capsys.readouterr().out
     assert "x baseline" in text and "read whole" in text
 
