@@ -41,7 +41,7 @@ class GpuBalance:
     """How evenly a placement spreads each layer's rows over its GPUs.
 
     gpu_load: float64 `[layers, G]` rows (dispatches) each GPU computes.
-    max_over_mean: `[layers]` busiest GPU over the mean GPU (the seed's s_expert; 1 = balanced).
+    max_over_mean: `[layers]` busiest GPU over the mean GPU (s_expert, docs/MODEL.md; 1 = balanced).
     balancedness: `[layers]` mean over busiest GPU (1 / max_over_mean).
     sglang_balancedness: `[layers]` SGLang's `(mean + 1e-5) / (max + 1e-5)`.
     vllm_balancedness: vLLM's model-wide figure, see `vllm_balancedness()`.
