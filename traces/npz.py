@@ -294,12 +294,12 @@ def _int_scalar(npz, path: Path, key: str, minimum: int | None = None) -> int:
     arr = read_member(npz, path, key)
     if arr.ndim != 0 and arr.size != 1:
         raise InputError(f"{path}: {key}", "one integer", f"an array of shape {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "f" and np.isfinite(arr).all() and float(arr.reshape(())) == int(arr.reshape(())):
-            arr = arr.astype(np.int64)
-        else:
-            raise InputError(f"{path}: {key}", "an integer", f"{arr.dtype} {arr.reshape(-1)[:1].tolist()}")
-    value = int(arr.reshape(()))
+    if arr.dtype.kind in "iu":
+        value = int(arr.reshape(()))
+    elif arr.dtype.kind == "f" and np.isfinite(arr).all() and float(arr.reshape(())).is_integer():
+        value = int(float(arr.reshape(())))  # a whole float (1.0, or 1e300: the caller's bounds reject it)
+    else:
+        raise InputError(f"{path}: {key}", "an integer", f"{arr.dtype} {arr.reshape(-1)[:1].tolist()}")
     if minimum is not None and value < minimum:
         raise InputError(f"{path}: {key}", f"an integer >= {minimum}", value)
     return value
