@@ -85,17 +85,25 @@ def save_npz(trace: Trace, path: str | Path, compress: bool = False) -> None:
 # ---------------------------------------------------------------------- read
 @contextmanager
 def open_npz(path: Path) -> Iterator[np.lib.npyio.NpzFile]:
-    """`np.load` an npz without pickles; any damage becomes one InputError naming the file."""
+    """`np.load` an npz without pickles; any damage becomes one InputError naming the file.
+
+    The file is opened here and always closed here: `np.load(path)` leaves its own file open when
+    the archive turns out to be damaged."""
     try:
-        npz = np.load(path, allow_pickle=False)
-    except READ_ERRORS as exc:
+        handle = open(path, "rb")
+    except OSError as exc:
         raise InputError(str(path), "a readable .npz file", error_reason(exc)) from None
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise InputError(str(path), "an .npz archive", "a single .npy array")
-    try:
-        yield npz
-    finally:
-        npz.close()
+    with handle:
+        try:
+            npz = np.load(handle, allow_pickle=False)
+        except READ_ERRORS as exc:
+            raise InputError(str(path), "a readable .npz file", error_reason(exc)) from None
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise InputError(str(path), "an .npz archive", "a single .npy array")
+        try:
+            yield npz
+        finally:
+            npz.close()
 
 
 def read_member(npz, path: Path, key: str) -> np.ndarray:
