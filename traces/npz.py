@@ -167,8 +167,9 @@ def read_npz(path: str | Path, top_k: int | None = None) -> Trace:
     """Read an npz trace fully into memory (see `moe_place.traces.stream` for large files).
 
     top_k: used when a count file does not record it (instead of guessing with `infer_top_k`).
-    `topk_ids` is read by `IdsReader.read_all` (one read of a stored member, not numpy's small
-    reads through zipfile); building the Trace validates and counts the ids in one pass.
+    `topk_ids` is read by `IdsReader.read_all`: a stored (uncompressed) member is mapped from the
+    file, so the Trace's id arrays are read-only (copy them to change them); building the Trace
+    validates and counts the ids in one pass.
     """
     path = Path(path)
     with open_npz(path) as npz:
