@@ -70,6 +70,18 @@ def _ms(seconds) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.4f}"
 
 
+#: Columns of a row's predictions against its measured time: formula 5, the L2 model at the
+#: measured rates, the L2 model at the catalog rates (`_prediction_cells`).
+PREDICTION_HEADERS = ["formula 5 ms", "ratio", "L2 ms", "ratio L2", "catalog L2 ms", "ratio"]
+
+
+def _prediction_cells(r: dict) -> list[str]:
+    """The `PREDICTION_HEADERS` cells of a padding or GEMM row."""
+    return [f"{r['predicted_s'] * 1e3:.4f}", _ratio_cell(r["ratio"]), _ms(r.get("predicted_l2_s")),
+            _ratio_cell(r.get("ratio_l2")), _ms(r.get("predicted_l2_catalog_s")),
+            _ratio_cell(_div(r["measured_s"], r.get("predicted_l2_catalog_s")))]
+
+
 def _div(a, b):
     return a / b if a is not None and b else None
 
@@ -104,24 +116,19 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
                      f"BLOCK_K={p['block_k']})")
         parts.append(_table(
             ["BLOCK_M", "rows/expert", "padded rows (kernel)", "padded rows (model)", "padding x", "useful TFLOP/s",
-             "executed TFLOP/s", "measured ms", "eager ms", "formula 5 ms", "ratio", "L2 ms", "ratio L2",
-             "catalog L2 ms", "ratio"],
+             "executed TFLOP/s", "measured ms", "eager ms", *PREDICTION_HEADERS],
             [[r["block_m"], r["rows_per_expert"], r["padded_rows_kernel"], r["padded_rows_predicted"],
               f"{r['padding_ratio']:.2f}", f"{r['useful_tflops']:.2f}", f"{r['executed_tflops']:.2f}",
-              f"{r['measured_s'] * 1e3:.4f}", _ms(r.get("measured_eager_s")), f"{r['predicted_s'] * 1e3:.4f}",
-              _ratio_cell(r["ratio"]), _ms(r.get("predicted_l2_s")), _ratio_cell(r.get("ratio_l2")),
-              _ms(r.get("predicted_l2_catalog_s")), _ratio_cell(_div(r["measured_s"], r.get("predicted_l2_catalog_s")))]
+              f"{r['measured_s'] * 1e3:.4f}", _ms(r.get("measured_eager_s")), *_prediction_cells(r)]
              for r in p["rows"]]))
     if "gemm" in sec:
         g = sec["gemm"]
         parts.append(f"### Grouped GEMM vs dense torch.matmul, BF16 (h={g['hidden']}, I={g['intermediate']})")
         parts.append(_table(
             ["rows/expert", "BLOCK_M", "grouped TFLOP/s", "dense TFLOP/s", "grouped / dense", "measured ms",
-             "formula 5 ms", "ratio", "L2 ms", "ratio L2", "catalog L2 ms", "ratio", "FP8 grouped TFLOP/s"],
+             *PREDICTION_HEADERS, "FP8 grouped TFLOP/s"],
             [[r["rows_per_expert"], r["block_m"], f"{r['grouped_tflops']:.2f}", f"{r['dense_tflops']:.2f}",
-              f"{r['grouped_over_dense']:.2f}", f"{r['measured_s'] * 1e3:.4f}", f"{r['predicted_s'] * 1e3:.4f}",
-              _ratio_cell(r["ratio"]), _ms(r.get("predicted_l2_s")), _ratio_cell(r.get("ratio_l2")),
-              _ms(r.get("predicted_l2_catalog_s")), _ratio_cell(_div(r["measured_s"], r.get("predicted_l2_catalog_s"))),
+              f"{r['grouped_over_dense']:.2f}", f"{r['measured_s'] * 1e3:.4f}", *_prediction_cells(r),
               f"{r['fp8_grouped_tflops']:.2f}" if "fp8_grouped_tflops" in r else "-"]
              for r in g["rows"]]))
         parts.append("Target: grouped / dense >= 0.70 at >= 512 rows per expert.")
