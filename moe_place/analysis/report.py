@@ -107,13 +107,13 @@ def _pair_sample(pairs: TopPairs | None) -> dict | None:
 
 
 def _num(x: float) -> float | None:
+    """`x` rounded to 6 digits as `_nums` rounds (one rule for every float of the JSON), NaN -> None."""
     x = float(x)
-    return None if math.isnan(x) else round(x, 6)
+    return None if math.isnan(x) else float(np.round(x, 6))
 
 
 def _nums(values: np.ndarray) -> list:
-    """`_num` of every value of a 1-D array, rounded in one numpy call (`np.round`: the same digits
-    as `round` but for the rare value whose last digit sits on a tie)."""
+    """`_num` of every value of a 1-D array, rounded in one numpy call."""
     rounded = np.round(np.asarray(values, dtype=np.float64).ravel(), 6)
     out = rounded.tolist()
     for i in np.flatnonzero(np.isnan(rounded)).tolist():
