@@ -74,12 +74,12 @@ VLLM_DEFAULT_CADENCE = dict(step_interval=3000, window=1000)  # vLLM 0.33 EPLBCo
 SGLANG_DEFAULT_CADENCE = dict(step_interval=1000, window=1000)  # --eplb-rebalance-num-iterations, buffer = it
 
 
-def _bench_replay():
-    """bench/bench_replay.py as a module (its SCENARIOS are the drifting traces)."""
+def bench_replay_scenarios() -> dict:
+    """The drifting traces and clusters of bench/bench_replay.py (its `SCENARIOS`)."""
     spec = importlib.util.spec_from_file_location("bench_replay_for_engines", BENCH / "bench_replay.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    return module.SCENARIOS
 
 
 # ---------------------------------------------------------------------- sizes and workloads
@@ -773,9 +773,10 @@ def judge_workload(label: str, default_rows: list[dict], ours_rows: list[dict], 
         targets.append(Target(f"{label}: fewer {what} moved than the default over the run", ours < default,
                               f"{ours:,} vs {default:,}"))
     noise = [r["slots_changed"] for r in ours_rows[1:stationary_calls]]
+    before = [round(r["busiest_over_mean"], 3) for r in ours_rows[:stationary_calls - 1]]
     targets.append(Target(f"{label}: no slot moved on sampling noise alone (stationary calls 2..{stationary_calls})",
-                          bool(noise) and not any(noise), f"slots per call {noise} (default: "
-                          f"{[r['slots_changed'] for r in default_rows[1:stationary_calls]]})"))
+                          bool(noise) and not any(noise), f"slots per call {noise}, busiest/mean of the map each "
+                          f"call found {before} (default: slots {[r['slots_changed'] for r in default_rows[1:stationary_calls]]})"))
     if size.hierarchical:
         bad = [r["call"] for r in ours_rows if not r["groups_inside_nodes"]]
         default_bad = [r["call"] for r in default_rows if not r["groups_inside_nodes"]]
