@@ -133,7 +133,7 @@ TOKEN_BLOCK = 64
 @dataclass(frozen=True)
 class Workload:
     """counts: int32 `[steps, layers, E]` logical dispatches per forward pass. change_step: first step of the
-    second popularity (None: no change). stationary_until: last step of the first popularity's phase."""
+    second popularity (None: no change)."""
 
     name: str
     counts: np.ndarray
@@ -168,14 +168,10 @@ def routed_counts(popularity: np.ndarray, steps: int, tokens: int, top_k: int, r
     return out
 
 
-def call_steps(first: int, interval: int, steps: int) -> list[int]:
-    """Steps at which an engine with this cadence calls its policy (0-based forward passes)."""
-    return list(range(first, steps, interval))
-
-
 def first_call(engine: str, step_interval: int) -> int:
-    """The first policy call: vLLM after `step_interval // 4` passes (its counter starts at 3/4), SGLang after
-    `step_interval + 1` (its generator yields that many times first)."""
+    """The 0-based forward pass after which the policy is first called: vLLM's `step_interval // 4`-th (its
+    counter starts at 3/4 of the interval), SGLang's `step_interval + 1`-th (its generator yields
+    `step_interval` times first); later calls follow every `step_interval` passes."""
     return step_interval // 4 - 1 if "vllm" in engine else step_interval
 
 
