@@ -500,6 +500,18 @@ def _run_standin_vllm(policy: str, size: Size, counts: np.ndarray, cadence: dict
         return drive(_StandinVllmEngine(eplb), counts, clock, on_step)
 
 
+def _time_sglang_policy(algorithms, location, policy: str, clock: Clock, stack: ExitStack) -> None:
+    """Put the policy under test into SGLang's `eplb_algorithms.rebalance_experts` (moe-place:
+    `install_rebalance_hook()`) behind a timer that records each call with the map in use (`location`'s
+    global metadata); the hook is removed when `stack` closes (the caller restores the attribute)."""
+    if policy == "moe-place":
+        stack.callback(uninstall_rebalance_hook, install_rebalance_hook())
+    algorithms.rebalance_experts = clock.timed(
+        algorithms.rebalance_experts,
+        lambda args, kwargs: location.get_global_expert_location_metadata().physical_to_logical_map_cpu,
+        lambda out: out[0])
+
+
 class _Recorder:
     """SGLang's expert-distribution recorder in `stat` mode, one process for all ranks (module note)."""
 
@@ -576,12 +588,7 @@ def _run_sglang(policy: str, size: Size, counts: np.ndarray, cadence: dict, cloc
         model_config = object()
         expert_location.set_global_expert_location_metadata(
             expert_location.ExpertLocationMetadata.init_trivial(model_config, moe_ep_rank=0), allow_overwrite=True)
-        if policy == "moe-place":
-            stack.callback(uninstall_rebalance_hook, install_rebalance_hook())
-        eplb_algorithms.rebalance_experts = clock.timed(
-            eplb_algorithms.rebalance_experts,
-            lambda args, kwargs: expert_location.get_global_expert_location_metadata().physical_to_logical_map_cpu,
-            lambda out: out[0])
+        _time_sglang_policy(eplb_algorithms, expert_location, policy, clock, stack)
         recorder = _Recorder(expert_distribution, expert_location, iterations, size.layers, size.physical)
         stack.enter_context(_patched((eplb_manager, "get_global_expert_distribution_recorder", lambda: recorder)))
         model = type("HarnessModel", (), {"routed_experts_weights_of_layer":
@@ -608,12 +615,7 @@ class _StandinSglangEngine:
 def _run_standin_sglang(policy: str, size: Size, counts: np.ndarray, cadence: dict, clock: Clock, on_step=None):
     with standins.standin_sglang_modules() as modules, ExitStack() as stack:
         algorithms, location = modules
-        if policy == "moe-place":
-            stack.callback(uninstall_rebalance_hook, install_rebalance_hook())
-        algorithms.rebalance_experts = clock.timed(
-            algorithms.rebalance_experts,
-            lambda args, kwargs: location.get_global_expert_location_metadata().physical_to_logical_map_cpu,
-            lambda out: out[0])
+        _time_sglang_policy(algorithms, location, policy, clock, stack)
         eplb = standins.StandinSglangEplb(modules, size.layers, size.experts, size.redundant, size.gpus, size.nodes,
                                           size.groups, num_iterations=cadence["step_interval"])
         return drive(_StandinSglangEngine(eplb), counts, clock, on_step)

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from moe_place.placement import keep_unchanged_slots
-from moe_place.solvers.deepseek import replicate_experts
+from moe_place.solvers.deepseek import _inverse, replicate_experts
 
 VLLM_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"
@@ -104,12 +104,6 @@ def _numpy_order(values: np.ndarray) -> np.ndarray:
 
 def _torch_order(values: np.ndarray) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).sort(-1, descending=True).indices.numpy()
-
-
-def _inverse(perm: np.ndarray) -> np.ndarray:
-    inv = np.empty_like(perm)
-    np.put_along_axis(inv, perm, np.broadcast_to(np.arange(perm.shape[1]), perm.shape), axis=1)
-    return inv
 
 
 def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
