@@ -35,7 +35,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool 
                        help="per-GPU bytes for the expert weights of all planned layers, instead of --redundant "
                             "(needs --expert-bytes; default: none)")
     parser.add_argument("--expert-bytes", type=positive_int, metavar="B",
-                        help="bytes of one expert's weights, with --expert-memory-budget (default: none)")
+                        help="bytes of one expert's weights, with --expert-memory-budget, or with --redundant auto "
+                             "to price the replicas (default: none; auto: the model preset's)")
     parser.add_argument("--time-limit", type=positive_float, metavar="S",
                         help="wall-clock seconds for the whole plan, kept: the anytime plan of every layer, then "
                              "fast, then (auto, cpsat) CP-SAT on deterministic time from fast's plan, never worse "
