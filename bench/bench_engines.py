@@ -116,7 +116,8 @@ def workload_table(label: str, size, workload, cadence: dict, rows: dict) -> str
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"{d['call']:>4} {d['step']:>6} | {fmt(d['busiest_over_mean']):>12} {d['slots_changed']:>6} "
                      f"{d['bytes_moved'] / 2**20:>8.0f} {d['policy_s']:>6.3f} | {fmt(o['busiest_over_mean']):>14} "
-                     f"{o['slots_changed']:>6} {o['bytes_moved'] / 2**20:>8.0f} {o['policy_s']:>6.3f} | {'; '.join(note)}")
+                     f"{o['slots_changed']:>6} {o['bytes_moved'] / 2**20:>8.0f} {o['policy_s']:>6.3f} | "
+                     + "; ".join(note))
     return "\n".join(lines)
 
 
@@ -135,7 +136,8 @@ def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[
         size = harness.drift_size(scenario, scenarios)
         workload = harness.drift_workload(scenario, scenarios, args.steps, args.seed)
         priced = {}
-        for key, policy, cadence in (("default", "default", default_cadence), ("moe-place", "moe-place", default_cadence),
+        for key, policy, cadence in (("default", "default", default_cadence),
+                                     ("moe-place", "moe-place", default_cadence),
                                      ("default-given", "default", given), ("moe-place-given", "moe-place", given)):
             run = _run(engine, policy, size, workload.counts, cadence, use_async, args.quiet)
             priced[key] = {"scenario": scenario, "policy": policy, "cadence": run.cadence,

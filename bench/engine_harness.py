@@ -57,7 +57,6 @@ import numpy as np
 import torch
 
 from moe_place.cost.migration import plan_copies
-from moe_place.cost.models import get_model
 from moe_place.engines.sglang import install_rebalance_hook, uninstall_rebalance_hook
 from moe_place.engines.vllm import install, uninstall
 from moe_place.online.costing import ReplayCost, cluster_cost
@@ -264,7 +263,8 @@ class EngineRun:
     seconds: float
 
 
-def physical_counts(phy2log: np.ndarray, counts: np.ndarray, replica_rank: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
+def physical_counts(phy2log: np.ndarray, counts: np.ndarray, replica_rank: np.ndarray,
+                    logcnt: np.ndarray) -> np.ndarray:
     """int32 `[layers, P]`: logical counts `[layers, E]` split evenly over each expert's replicas (the first
     `count % replicas` replicas take one more), as the engines' routers split on average."""
     rows = np.arange(phy2log.shape[0])[:, None]
@@ -772,9 +772,10 @@ def judge_workload(label: str, default_rows: list[dict], ours_rows: list[dict], 
                               f"{ours:,} vs {default:,}"))
     noise = [r["slots_changed"] for r in ours_rows[1:stationary_calls]]
     before = [round(r["busiest_over_mean"], 3) for r in ours_rows[:stationary_calls - 1]]
+    default_noise = [r["slots_changed"] for r in default_rows[1:stationary_calls]]
     targets.append(Target(f"{label}: no slot moved on sampling noise alone (stationary calls 2..{stationary_calls})",
                           bool(noise) and not any(noise), f"slots per call {noise}, busiest/mean of the map each "
-                          f"call found {before} (default: slots {[r['slots_changed'] for r in default_rows[1:stationary_calls]]})"))
+                          f"call found {before} (default: slots {default_noise})"))
     if size.hierarchical:
         bad = [r["call"] for r in ours_rows if not r["groups_inside_nodes"]]
         default_bad = [r["call"] for r in default_rows if not r["groups_inside_nodes"]]

@@ -82,7 +82,8 @@ def _pack(weight: np.ndarray, num_packs: int, order: np.ndarray) -> tuple[np.nda
     rows, items = weight.shape
     per_pack = items // num_packs
     if per_pack == 1:
-        return np.broadcast_to(np.arange(items, dtype=np.int64), (rows, items)).copy(), np.zeros((rows, items), np.int64)
+        pack_index = np.broadcast_to(np.arange(items, dtype=np.int64), (rows, items)).copy()
+        return pack_index, np.zeros((rows, items), np.int64)
     pack_load = np.zeros((rows, num_packs), dtype=np.float64)
     pack_items = np.zeros((rows, num_packs), dtype=np.int64)
     pack_index = np.full((rows, items), -1, dtype=np.int64)
@@ -339,9 +340,9 @@ class StandinSglangEplb:
     publishes the metadata (`standin_sglang_modules()`).
     """
 
-    def __init__(self, modules: tuple[types.ModuleType, types.ModuleType], num_layers: int, num_experts: int, num_redundant: int,
-                 num_gpus: int, num_nodes: int, num_groups: int | None, num_iterations: int = 1000,
-                 buffer_size: int | None = None, algorithm: str = "auto"):
+    def __init__(self, modules: tuple[types.ModuleType, types.ModuleType], num_layers: int, num_experts: int,
+                 num_redundant: int, num_gpus: int, num_nodes: int, num_groups: int | None,
+                 num_iterations: int = 1000, buffer_size: int | None = None, algorithm: str = "auto"):
         self.algorithms, location = modules
         self.num_layers, self.num_experts, self.num_gpus = num_layers, num_experts, num_gpus
         self.num_nodes, self.num_groups, self.raw_algorithm = num_nodes, num_groups, algorithm
@@ -351,7 +352,7 @@ class StandinSglangEplb:
         location.metadata = self.metadata
         size = num_iterations if buffer_size is None else buffer_size
         if num_iterations < size:
-            raise ValueError("eplb_rebalance_num_iterations must be greater than expert_distribution_recorder_buffer_size")
+            raise ValueError("eplb_rebalance_num_iterations must be at least the recorder's buffer size")
         self.buffer = torch.zeros((size, num_layers, self.num_physical), dtype=torch.int32)
         self.buffer_index = 0
         self.num_iterations = num_iterations
