@@ -21,9 +21,9 @@ How it is solved:
    Where the CPU side binds (`A >= B` in every scenario), `f[l][k] = lb[l][k]`: the set is optimal.
 3. Memory over layers: an exact multiple-choice knapsack over `f` (`solvers.budget.allocate_slots`,
    one unit = one expert); the same knapsack over `lb` bounds every plan of `K` experts.
-4. Layers whose chosen `k` still has a gap (the GPU side binds somewhere) get an exact CP-SAT
-   solve of that layer and `k` when `E` is small enough (`EXACT_MAX_EXPERTS`), within the time
-   limit: binaries `x[e]` (resident), `sum x = k`, `t[s] >= A[s]`, `t[s] >= B[s]`, minimise
+4. Where a gap stays open (the GPU side binds somewhere), CP-SAT solves that layer and count
+   exactly when `E` is small enough (`EXACT_MAX_EXPERTS`), within the time limit, the chosen
+   counts first, then the layer's other counts with a gap: binaries `x[e]` (resident), `sum x = k`, `t[s] >= A[s]`, `t[s] >= B[s]`, minimise
    `sum w[s]*t[s]`; the coefficients are rounded down to integer picoseconds so CP-SAT's bound
    stays a lower bound of the real objective. Then step 3 runs again on the improved tables.
 """
@@ -288,38 +288,42 @@ def plan_offload(problem: OffloadProblem, time_limit_s: float = 10.0) -> Offload
     capacity = min(problem.capacity, problem.num_layers * problem.num_experts)
     counts, _ = allocate_slots([value[l] for l in layers], capacity)
     resident = mask_of(tables.order, counts)
-    exact: list[int] = []
+    exact: set[int] = set()
     notes: list[str] = []
-    open_layers = [l for l in layers if value[l, counts[l]] > bound[l, counts[l]] * (1 + GAP_TOLERANCE)]
-    if open_layers and problem.num_experts > EXACT_MAX_EXPERTS:
-        notes.append(f"{len(open_layers)} layers keep a gap: CP-SAT runs only up to {EXACT_MAX_EXPERTS} experts")
-    elif open_layers:
+    chosen_sets: dict[tuple[int, int], np.ndarray] = {}
+    open_cells = [(l, k) for l in layers for k in range(problem.num_experts + 1)
+                  if value[l, k] > bound[l, k] * (1 + GAP_TOLERANCE)]
+    if open_cells and problem.num_experts > EXACT_MAX_EXPERTS:
+        notes.append(f"{len({l for l, _ in open_cells})} layers keep a gap: CP-SAT runs only up to "
+                     f"{EXACT_MAX_EXPERTS} experts")
+    elif open_cells:
+        # the chosen counts first, then every other count with a gap, while the time lasts
+        open_cells.sort(key=lambda cell: (cell[1] != counts[cell[0]], cell))
         deadline = start + time_limit_s
-        for done, l in enumerate(open_layers):
+        for done, (l, k) in enumerate(open_cells):
             left = deadline - time.perf_counter()
             if left <= 0:
-                notes.append(f"time limit: {len(open_layers) - done} of {len(open_layers)} layers with a gap "
-                             "not solved exactly")
+                notes.append(f"time limit: {len(open_cells) - done} of {len(open_cells)} (layer, count) pairs with a "
+                             "gap not solved exactly")
                 break
-            k = counts[l]
-            solved = exact_layer(problem, l, k, left / (len(open_layers) - done), hint=resident[l])
-            exact.append(l)
+            hint = mask_of(tables.order[l:l + 1], [k])[0]
+            solved = exact_layer(problem, l, k, max(left / (len(open_cells) - done), 0.05), hint=hint)
+            exact.add(l)
             bound[l, k] = max(bound[l, k], solved.bound_s)
             if solved.value_s < value[l, k]:
                 value[l, k] = solved.value_s
-                resident[l] = solved.resident
-        counts_again, _ = allocate_slots([value[l] for l in layers], capacity)
-        if list(counts_again) != list(counts):  # keep the exactly solved sets where the count stayed
-            changed = [l for l in layers if counts_again[l] != counts[l]]
-            fresh = mask_of(tables.order, counts_again)
-            resident[changed] = fresh[changed]
-            counts = counts_again
+                chosen_sets[(l, k)] = solved.resident
+        counts, _ = allocate_slots([value[l] for l in layers], capacity)
+        resident = mask_of(tables.order, counts)
+        for l in layers:
+            if (l, counts[l]) in chosen_sets:
+                resident[l] = chosen_sets[(l, counts[l])]
     _, total_bound = allocate_slots([bound[l] for l in layers], capacity)
     cpu_side, gpu_side = problem.sides_s(resident)
     per_layer = problem.weights @ np.maximum(cpu_side, gpu_side)
     total = float(per_layer.sum())
     layer_bound = np.array([bound[l, counts[l]] for l in layers])
-    return OffloadPlan(resident, total, min(float(total_bound), total), per_layer, layer_bound, tuple(exact),
+    return OffloadPlan(resident, total, min(float(total_bound), total), per_layer, layer_bound, tuple(sorted(exact)),
                        time.perf_counter() - start, tuple(notes))
 
 
