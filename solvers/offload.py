@@ -99,12 +99,21 @@ class OffloadProblem:
         counts = np.asarray(counts, dtype=np.float64)
         if counts.ndim != 2 or num_tokens < 1:
             raise InputError("planning counts", "[layers, experts] counts of >= 1 token", counts.shape)
-        share = counts / float(num_tokens)
-        if (share > 1 + 1e-9).any():
+        if (counts > num_tokens * (1 + 1e-9)).any():
             raise InputError("planning counts", f"at most {num_tokens} tokens per expert (distinct experts per token)",
                              int(counts.max()))
+        return cls.from_shares(counts / float(num_tokens), scenarios, model, rates, capacity, layer_ids)
+
+    @classmethod
+    def from_shares(cls, share, scenarios: list[tuple[str, int, float]], model: ExpertShape, rates: OffloadRates,
+                    capacity: int, layer_ids: tuple[int, ...] | None = None) -> "OffloadProblem":
+        """From each expert's share of the tokens, float `[L, E]` in [0, 1] (a token's probability to
+        pick it), and scenarios `(name, tokens per batch, weight)`."""
+        share = np.asarray(share, dtype=np.float64)
+        if share.ndim != 2 or not np.isfinite(share).all() or (share < 0).any() or (share > 1 + 1e-9).any():
+            raise InputError("expert shares", "[layers, experts] probabilities in [0, 1]", share.shape)
         costs = [expected_costs(share, tokens, model, rates) for _, tokens, _ in scenarios]
-        ids = tuple(range(counts.shape[0])) if layer_ids is None else tuple(layer_ids)
+        ids = tuple(range(share.shape[0])) if layer_ids is None else tuple(layer_ids)
         return cls(ids, tuple(name for name, _, _ in scenarios), tuple(int(t) for _, t, _ in scenarios),
                    np.array([w for _, _, w in scenarios], dtype=np.float64),
                    np.stack([c.cpu_s for c in costs]), np.stack([c.gpu_s for c in costs]),
@@ -291,14 +300,16 @@ def plan_offload(problem: OffloadProblem, time_limit_s: float = 10.0) -> Offload
     exact: set[int] = set()
     notes: list[str] = []
     chosen_sets: dict[tuple[int, int], np.ndarray] = {}
+    plan_value = float(sum(value[l, counts[l]] for l in layers))
+    may_help = _may_improve(bound, capacity, plan_value)
     open_cells = [(l, k) for l in layers for k in range(problem.num_experts + 1)
-                  if value[l, k] > bound[l, k] * (1 + GAP_TOLERANCE)]
+                  if value[l, k] > bound[l, k] * (1 + GAP_TOLERANCE) and may_help[l, k]]
     if open_cells and problem.num_experts > EXACT_MAX_EXPERTS:
         notes.append(f"{len({l for l, _ in open_cells})} layers keep a gap: CP-SAT runs only up to "
                      f"{EXACT_MAX_EXPERTS} experts")
     elif open_cells:
-        # the chosen counts first, then every other count with a gap, while the time lasts
-        open_cells.sort(key=lambda cell: (cell[1] != counts[cell[0]], cell))
+        # the chosen counts first, then the other counts with a gap nearest them, while the time lasts
+        open_cells.sort(key=lambda cell: (abs(cell[1] - counts[cell[0]]), cell))
         deadline = start + time_limit_s
         for done, (l, k) in enumerate(open_cells):
             left = deadline - time.perf_counter()
@@ -325,6 +336,32 @@ def plan_offload(problem: OffloadProblem, time_limit_s: float = 10.0) -> Offload
     layer_bound = np.array([bound[l, counts[l]] for l in layers])
     return OffloadPlan(resident, total, min(float(total_bound), total), per_layer, layer_bound, tuple(sorted(exact)),
                        time.perf_counter() - start, tuple(notes))
+
+
+def _may_improve(bound: np.ndarray, capacity: int, plan_value: float) -> np.ndarray:
+    """bool `[L, E + 1]`: the (layer, count) cells that some allocation of at most `capacity` experts
+    could use to beat `plan_value`, by a Lagrangian bound. For any `lam >= 0` and counts summing to at
+    most `capacity`, `sum_l bound[l, k_l] >= sum_l min_k (bound[l, k] + lam*k) - lam*capacity`; fixing
+    cell (l, k) replaces layer l's minimum by `bound[l, k] + lam*k`. `lam` maximises the bound (a
+    concave function of lam, golden-section search)."""
+    counts = np.arange(bound.shape[1])
+
+    def dual(lam: float) -> float:
+        return float((bound + lam * counts).min(axis=1).sum() - lam * capacity)
+
+    lo, hi = 0.0, float(np.ptp(bound)) + 1e-30
+    ratio = (np.sqrt(5) - 1) / 2
+    for _ in range(80):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if dual(a) < dual(b):
+            lo = a
+        else:
+            hi = b
+    lam = lo
+    shifted = bound + lam * counts
+    best = shifted.min(axis=1)
+    with_cell = best.sum() - best[:, None] + shifted - lam * capacity
+    return with_cell < plan_value * (1 - GAP_TOLERANCE)
 
 
 def whole_layer_plan(problem: OffloadProblem, gpu_layers: int) -> np.ndarray:

@@ -180,14 +180,14 @@ def expected_compute_s(share, tokens: int, flops_per_s: float, bytes_per_s: floa
     last = min(n, int(np.ceil(w / a)) - 1)
     if last < 1:
         return out
-    with np.errstate(divide="ignore"):
-        log_q, log_not_q = np.log(q), np.log1p(-q)
-    for m in range(1, last + 1):
-        log_choose = math.lgamma(n + 1) - math.lgamma(m + 1) - math.lgamma(n - m + 1)
-        with np.errstate(invalid="ignore"):
-            log_p = log_choose + m * log_q + np.where(n - m > 0, (n - m) * log_not_q, 0.0)
-        out = out + np.where(q > 0, np.exp(np.nan_to_num(log_p, nan=-np.inf)), 0.0) * (w - a * m)
-    return out
+    m = np.arange(1, last + 1, dtype=np.float64)
+    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in range(1, last + 1)])
+    shape = (last,) + (1,) * q.ndim
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p = (log_choose.reshape(shape) + m.reshape(shape) * np.log(q)
+                 + np.where((n - m).reshape(shape) > 0, (n - m).reshape(shape) * np.log1p(-q), 0.0))
+    p = np.where(q > 0, np.exp(np.nan_to_num(log_p, nan=-np.inf)), 0.0)   # P(m rows), m = 1..last
+    return out + np.tensordot(w - a * m, p, axes=1)
 
 
 @dataclass(frozen=True)

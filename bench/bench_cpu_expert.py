@@ -1,0 +1,156 @@
+"""The CPU half of formula 8 on this machine: one expert MLP in torch on the CPU, predicted vs measured.
+
+Formula 8 prices an expert that runs on the CPU at `max(2*m*P_e/C_C, W_e/B_D)` on `m` rows (plus the
+rows' transfers, which a CPU-only run does not have). Measured here:
+
+- the expert: gate and up fused (`x @ w13.T`, `[m, h] x [h, 2I]`), SiLU(gate) * up, down
+  (`[m, I] x [I, h]`), in the weights' dtype (FP32, and BF16 where torch runs it), like a CPU MoE
+  kernel; the experts are taken in turn from a bank larger than the last-level cache, so each call
+  reads its weights from DRAM, as serving does (a layer's experts differ from call to call);
+- calibrated in the same run: `C_C` per dtype from a square matmul `x @ w.T` (`--calib-n`, the
+  experts' layout, the weight in cache) and `B_D` from summing a large FP32 tensor (a streaming read, `--calib-mib`);
+- predicted: formula 8's `max(2*m*P_e/C_C, W_e/B_D)` with those two rates, `P_e = 3*h*I`.
+Rows where measured and predicted differ by more than 25% are flagged.
+
+    python bench/bench_cpu_expert.py [--model Qwen3-30B-A3B] [--rows 1,2,4,...,2048] [--dtypes fp32,bf16]
+        [--output-json FILE] [--parts-out cpu.toml]
+
+`--parts-out` writes the calibrated CPU as a hardware part (`moe-place offload --parts cpu.toml
+--cpu this-machine --cpu-kernel torch-bf16`), so the planner can price this machine's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+
+import numpy as np
+import torch
+
+from microbench import Timer  # the one timing helper (bench/microbench.py): median of `reps` calls
+
+from moe_place.cost.models import get_model
+from moe_place.io import write_atomic, write_json_atomic
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DEFAULT_ROWS = tuple(2**i for i in range(12))      # 1 .. 2048
+FLAG_RATIO = 0.25                                  # |measured / predicted - 1| above this is flagged
+
+
+def expert_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """One expert on `x [m, h]`: w13 `[2I, h]` (gate rows, then up rows), w2 `[h, I]`, in x's dtype."""
+    gate_up = x @ w13.T
+    inter = w2.shape[1]
+    return (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2.T
+
+
+def calibrate(timer: Timer, dtype: torch.dtype, n: int) -> float:
+    """FLOP/s of an `n x n x n` matmul in `dtype`, in the experts' layout `x @ w.T` (weights `[out, in]`,
+    as `torch.nn.functional.linear`): torch's BF16 CPU path is 10x slower for `a @ b` on an AVX2 machine
+    than for `a @ b.T`, so the layout must be the experts' own. `w` is small enough to stay in cache."""
+    a, w = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    timer(lambda: a @ w.T, reps=1)  # warm-up
+    return 2 * n**3 / timer(lambda: a @ w.T)
+
+
+def dram_bandwidth(timer: Timer, mib: int) -> float:
+    """Bytes/s of summing a `mib` MiB FP32 tensor (a streaming read)."""
+    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    x.sum()
+    return x.numel() * 4 / timer(lambda: x.sum())
+
+
+def measure(timer: Timer, dtype: torch.dtype, hidden: int, inter: int, rows: tuple[int, ...], bank_mib: int,
+            reps: int) -> list[float]:
+    """Median seconds of one expert call at each row count, the expert changing every call."""
+    element = torch.tensor([], dtype=dtype).element_size()
+    per_expert = 3 * hidden * inter * element
+    count = max(2, -(-bank_mib * 2**20 // per_expert))
+    bank = [(torch.randn(2 * inter, hidden).to(dtype) * 0.02, torch.randn(hidden, inter).to(dtype) * 0.02)
+            for _ in range(count)]
+    turn = [0]
+
+    def call(x):
+        w13, w2 = bank[turn[0] % count]
+        turn[0] += 1
+        expert_mlp(x, w13, w2)
+
+    out = []
+    for m in rows:
+        x = torch.randn(m, hidden).to(dtype)
+        call(x)  # warm-up
+        out.append(timer(lambda: call(x), reps=reps))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="Qwen3-30B-A3B", help="expert shape preset (default Qwen3-30B-A3B)")
+    parser.add_argument("--rows", default=",".join(map(str, DEFAULT_ROWS)), help="row counts (default 1..2048)")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16 (default both)")
+    parser.add_argument("--reps", type=int, default=5, help="timed calls per row count (median; default 5)")
+    parser.add_argument("--bank-mib", type=int, default=768,
+                        help="weights cycled through, MiB: above the last-level cache (default 768)")
+    parser.add_argument("--calib-n", type=int, default=1024, help="square matmul size for C_C (default 1024)")
+    parser.add_argument("--calib-mib", type=int, default=1024, help="tensor summed for B_D, MiB (default 1024)")
+    parser.add_argument("--output-json", "--out", dest="out", help="write the results as JSON")
+    parser.add_argument("--parts-out", help="write the calibrated CPU as a hardware part file (TOML)")
+    args = parser.parse_args(argv)
+    rows = tuple(int(r) for r in args.rows.split(","))
+    dtypes = [d.strip() for d in args.dtypes.split(",")]
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or min(rows) < 1 or args.reps < 1:
+        print(f"bench_cpu_expert: expected --dtypes among {list(DTYPES)}, rows >= 1, reps >= 1", file=sys.stderr)
+        return 2
+    model = get_model(args.model)
+    hidden, inter = model.hidden, model.intermediate
+    params = 3 * hidden * inter
+    timer = Timer(torch.device("cpu"), args.reps)
+    bandwidth = dram_bandwidth(timer, args.calib_mib)
+    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+              "model": model.name, "hidden": hidden, "intermediate": inter, "params_per_expert": params,
+              "dram_bytes_per_s": bandwidth, "bank_mib": args.bank_mib, "reps": args.reps, "dtypes": {}}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    result["machine"]["load_average_1min"] = load
+    print(f"one {model.name} expert ({hidden} x {inter}, P_e = {params:,}) on the CPU, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, load average {load:.1f}; B_D = {bandwidth / 1e9:.1f} GB/s (sum of {args.calib_mib} MiB)")
+    print(f"{'dtype':>5} {'rows':>5} {'measured ms':>12} {'predicted ms':>13} {'meas/pred':>10}  bound")
+    for name in dtypes:
+        dtype = DTYPES[name]
+        try:
+            flops = calibrate(timer, dtype, args.calib_n)
+        except RuntimeError as exc:  # a dtype this torch build cannot multiply on the CPU
+            print(f"{name:>5}  not supported: {exc}")
+            continue
+        weight_bytes = params * torch.tensor([], dtype=dtype).element_size()
+        measured = measure(timer, dtype, hidden, inter, rows, args.bank_mib, args.reps)
+        entries = []
+        for m, seconds in zip(rows, measured):
+            compute, memory = 2 * m * params / flops, weight_bytes / bandwidth
+            predicted = max(compute, memory)
+            ratio = seconds / predicted
+            flag = abs(ratio - 1) > FLAG_RATIO
+            entries.append({"rows": m, "measured_s": seconds, "predicted_s": predicted, "ratio": ratio,
+                            "bound": "compute" if compute >= memory else "memory", "flagged": flag})
+            print(f"{name:>5} {m:>5} {seconds * 1e3:>12.3f} {predicted * 1e3:>13.3f} {ratio:>10.2f}  "
+                  f"{entries[-1]['bound']}{'  <-- > 25%' if flag else ''}")
+        result["dtypes"][name] = {"flops_per_s": flops, "expert_bytes": weight_bytes, "rows": entries}
+        print(f"{name:>5} calibrated C_C = {flops / 1e9:.1f} GFLOP/s ({args.calib_n}^3 matmul); "
+              f"knee at {weight_bytes / bandwidth * flops / (2 * params):.1f} rows")
+    if args.out:
+        write_json_atomic(args.out, result)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.parts_out and result["dtypes"]:
+        kernels = ", ".join(f'"torch-{k}" = {v["flops_per_s"] / 1e12:.6g}' for k, v in result["dtypes"].items())
+        write_atomic(args.parts_out, f'# measured by bench/bench_cpu_expert.py\n[cpu."this-machine"]\n'
+                                     f"tflops = {{ {kernels} }}\nlocal_gb_per_s = {bandwidth / 1e9:.6g}\n")
+        print(f"wrote {args.parts_out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    sys.exit(main())
