@@ -7,8 +7,10 @@ rows' transfers, which a CPU-only run does not have). Measured here:
   (`[m, I] x [I, h]`), in the weights' dtype (FP32, and BF16 where torch runs it), like a CPU MoE
   kernel; the experts are taken in turn from a bank larger than the last-level cache, so each call
   reads its weights from DRAM, as serving does (a layer's experts differ from call to call);
-- calibrated in the same run: `C_C` per dtype from a square matmul `x @ w.T` (`--calib-n`, the
-  experts' layout, the weight in cache) and `B_D` from summing a large FP32 tensor (a streaming read, `--calib-mib`);
+- calibrated in the same run, interleaved with the expert calls (before each row count):
+  `C_C` per dtype from a square matmul `x @ w.T` (`--calib-n`, the experts' layout, the weight in
+  cache) and `B_D` from summing a large FP32 tensor (a streaming read, `--calib-mib`), the best
+  rate of the run; every time is the least of `--reps` calls (this machine is shared);
 - predicted: formula 8's `max(2*m*P_e/C_C, W_e/B_D)` with those two rates, `P_e = 3*h*I`.
 Rows where measured and predicted differ by more than 25% are flagged.
 
@@ -29,7 +31,7 @@ import sys
 import numpy as np
 import torch
 
-from microbench import Timer  # the one timing helper (bench/microbench.py): median of `reps` calls
+from microbench import Timer  # the one timing helper (bench/microbench.py); here one call per timing
 
 from moe_place.cost.models import get_model
 from moe_place.io import write_atomic, write_json_atomic
@@ -46,28 +48,27 @@ def expert_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Te
     return (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2.T
 
 
-def calibrate(timer: Timer, dtype: torch.dtype, n: int) -> float:
-    """FLOP/s of an `n x n x n` matmul in `dtype`, in the experts' layout `x @ w.T` (weights `[out, in]`,
-    as `torch.nn.functional.linear`): torch's BF16 CPU path is 10x slower for `a @ b` on an AVX2 machine
-    than for `a @ b.T`, so the layout must be the experts' own. `w` is small enough to stay in cache."""
+def fastest(timer: Timer, fn, reps: int) -> float:
+    """Least seconds of `reps` single timed calls: on a machine shared with other work the least
+    disturbed call is the best estimate of what the hardware does (the median drifts with the load)."""
+    return min(timer(fn, reps=1) for _ in range(reps))
+
+
+def calibration(dtype: torch.dtype, n: int, read_mib: int):
+    """Calls whose time gives `C_C` and `B_D`: an `n x n x n` matmul in `dtype` in the experts' layout
+    `x @ w.T` (weights `[out, in]`, as `torch.nn.functional.linear`; torch's BF16 CPU path is 10x
+    slower for `a @ b` on an AVX2 machine than for `a @ b.T`, so the layout must be the experts'
+    own; `w` stays in cache), and summing a `read_mib` MiB FP32 tensor (a streaming read)."""
     a, w = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    timer(lambda: a @ w.T, reps=1)  # warm-up
-    return 2 * n**3 / timer(lambda: a @ w.T)
+    x = torch.ones(read_mib * 2**20 // 4, dtype=torch.float32)
+    a @ w.T, x.sum()  # warm-up
+    return (lambda: a @ w.T, 2 * n**3), (lambda: x.sum(), x.numel() * 4)
 
 
-def dram_bandwidth(timer: Timer, mib: int) -> float:
-    """Bytes/s of summing a `mib` MiB FP32 tensor (a streaming read)."""
-    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    x.sum()
-    return x.numel() * 4 / timer(lambda: x.sum())
-
-
-def measure(timer: Timer, dtype: torch.dtype, hidden: int, inter: int, rows: tuple[int, ...], bank_mib: int,
-            reps: int) -> list[float]:
-    """Median seconds of one expert call at each row count, the expert changing every call."""
+def expert_call(dtype: torch.dtype, hidden: int, inter: int, bank_mib: int):
+    """`call(x)`: one expert on x, the next expert of a bank of `bank_mib` MiB at every call."""
     element = torch.tensor([], dtype=dtype).element_size()
-    per_expert = 3 * hidden * inter * element
-    count = max(2, -(-bank_mib * 2**20 // per_expert))
+    count = max(2, -(-bank_mib * 2**20 // (3 * hidden * inter * element)))
     bank = [(torch.randn(2 * inter, hidden).to(dtype) * 0.02, torch.randn(hidden, inter).to(dtype) * 0.02)
             for _ in range(count)]
     turn = [0]
@@ -77,12 +78,23 @@ def measure(timer: Timer, dtype: torch.dtype, hidden: int, inter: int, rows: tup
         turn[0] += 1
         expert_mlp(x, w13, w2)
 
-    out = []
+    return call
+
+
+def measure(timer: Timer, dtype: torch.dtype, hidden: int, inter: int, rows: tuple[int, ...], args) -> dict:
+    """Per row count the least time of one expert call, with the calibration calls interleaved (before
+    each row count), so that the rates and the expert see the same machine; `C_C` and `B_D` are the
+    best rates of all calibration calls of the run."""
+    (matmul, flop), (read, nbytes) = calibration(dtype, args.calib_n, args.calib_mib)
+    call = expert_call(dtype, hidden, inter, args.bank_mib)
+    flops, bandwidth, seconds = 0.0, 0.0, []
     for m in rows:
+        flops = max(flops, flop / fastest(timer, matmul, args.reps))
+        bandwidth = max(bandwidth, nbytes / fastest(timer, read, args.reps))
         x = torch.randn(m, hidden).to(dtype)
         call(x)  # warm-up
-        out.append(timer(lambda: call(x), reps=reps))
-    return out
+        seconds.append(fastest(timer, lambda: call(x), args.reps))
+    return {"flops_per_s": flops, "dram_bytes_per_s": bandwidth, "seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="Qwen3-30B-A3B", help="expert shape preset (default Qwen3-30B-A3B)")
     parser.add_argument("--rows", default=",".join(map(str, DEFAULT_ROWS)), help="row counts (default 1..2048)")
     parser.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16 (default both)")
-    parser.add_argument("--reps", type=int, default=5, help="timed calls per row count (median; default 5)")
+    parser.add_argument("--reps", type=int, default=5, help="timed calls per row count (the least; default 5)")
     parser.add_argument("--bank-mib", type=int, default=768,
                         help="weights cycled through, MiB: above the last-level cache (default 768)")
     parser.add_argument("--calib-n", type=int, default=1024, help="square matmul size for C_C (default 1024)")
@@ -107,28 +119,29 @@ def main(argv: list[str] | None = None) -> int:
     model = get_model(args.model)
     hidden, inter = model.hidden, model.intermediate
     params = 3 * hidden * inter
-    timer = Timer(torch.device("cpu"), args.reps)
-    bandwidth = dram_bandwidth(timer, args.calib_mib)
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                          "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
-              "model": model.name, "hidden": hidden, "intermediate": inter, "params_per_expert": params,
-              "dram_bytes_per_s": bandwidth, "bank_mib": args.bank_mib, "reps": args.reps, "dtypes": {}}
+    timer = Timer(torch.device("cpu"), 1)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    result["machine"]["load_average_1min"] = load
+    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                          "load_average_1min": load},
+              "model": model.name, "hidden": hidden, "intermediate": inter, "params_per_expert": params,
+              "bank_mib": args.bank_mib, "reps": args.reps, "dtypes": {}}
     print(f"one {model.name} expert ({hidden} x {inter}, P_e = {params:,}) on the CPU, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, load average {load:.1f}; B_D = {bandwidth / 1e9:.1f} GB/s (sum of {args.calib_mib} MiB)")
+          f"{torch.get_num_threads()} threads, load average {load:.1f}; least of {args.reps} calls each")
     print(f"{'dtype':>5} {'rows':>5} {'measured ms':>12} {'predicted ms':>13} {'meas/pred':>10}  bound")
+    bandwidths = []
     for name in dtypes:
         dtype = DTYPES[name]
         try:
-            flops = calibrate(timer, dtype, args.calib_n)
+            run = measure(timer, dtype, hidden, inter, rows, args)
         except RuntimeError as exc:  # a dtype this torch build cannot multiply on the CPU
             print(f"{name:>5}  not supported: {exc}")
             continue
+        flops, bandwidth = run["flops_per_s"], run["dram_bytes_per_s"]
+        bandwidths.append(bandwidth)
         weight_bytes = params * torch.tensor([], dtype=dtype).element_size()
-        measured = measure(timer, dtype, hidden, inter, rows, args.bank_mib, args.reps)
         entries = []
-        for m, seconds in zip(rows, measured):
+        for m, seconds in zip(rows, run["seconds"]):
             compute, memory = 2 * m * params / flops, weight_bytes / bandwidth
             predicted = max(compute, memory)
             ratio = seconds / predicted
@@ -137,16 +150,18 @@ def main(argv: list[str] | None = None) -> int:
                             "bound": "compute" if compute >= memory else "memory", "flagged": flag})
             print(f"{name:>5} {m:>5} {seconds * 1e3:>12.3f} {predicted * 1e3:>13.3f} {ratio:>10.2f}  "
                   f"{entries[-1]['bound']}{'  <-- > 25%' if flag else ''}")
-        result["dtypes"][name] = {"flops_per_s": flops, "expert_bytes": weight_bytes, "rows": entries}
-        print(f"{name:>5} calibrated C_C = {flops / 1e9:.1f} GFLOP/s ({args.calib_n}^3 matmul); "
-              f"knee at {weight_bytes / bandwidth * flops / (2 * params):.1f} rows")
+        result["dtypes"][name] = {"flops_per_s": flops, "dram_bytes_per_s": bandwidth, "expert_bytes": weight_bytes,
+                                  "rows": entries}
+        print(f"{name:>5} calibrated C_C = {flops / 1e9:.1f} GFLOP/s ({args.calib_n}^3 matmul x @ w.T), "
+              f"B_D = {bandwidth / 1e9:.1f} GB/s (sum of {args.calib_mib} MiB); knee at "
+              f"{weight_bytes / bandwidth * flops / (2 * params):.1f} rows")
     if args.out:
         write_json_atomic(args.out, result)
         print(f"wrote {args.out}", file=sys.stderr)
     if args.parts_out and result["dtypes"]:
         kernels = ", ".join(f'"torch-{k}" = {v["flops_per_s"] / 1e12:.6g}' for k, v in result["dtypes"].items())
         write_atomic(args.parts_out, f'# measured by bench/bench_cpu_expert.py\n[cpu."this-machine"]\n'
-                                     f"tflops = {{ {kernels} }}\nlocal_gb_per_s = {bandwidth / 1e9:.6g}\n")
+                                     f"tflops = {{ {kernels} }}\nlocal_gb_per_s = {max(bandwidths) / 1e9:.6g}\n")
         print(f"wrote {args.parts_out}", file=sys.stderr)
     return 0
 
