@@ -9,13 +9,13 @@ rows' transfers, which a CPU-only run does not have). Measured here:
   reads its weights from DRAM, as serving does (a layer's experts differ from call to call);
 - calibrated in the same run, interleaved with the expert calls (before each row count):
   `C_C` per dtype from a square matmul `x @ w.T` (`--calib-n`, the experts' layout, the weight in
-  cache) and `B_D` from summing a large FP32 tensor (a streaming read, `--calib-mib`), the best
-  rate of the run; every time is the least of `--reps` calls (this machine is shared);
+  cache) and `B_D` from summing one expert's bytes at a time of a large FP32 bank (a streaming
+  read from DRAM, `--calib-mib`), the best rate of the run; every time is the least of `--reps` calls (this machine is shared);
 - predicted: formula 8's `max(2*m*P_e/C_C, W_e/B_D)` with those two rates, `P_e = 3*h*I`.
 Rows where measured and predicted differ by more than 25% are flagged.
 
     python bench/bench_cpu_expert.py [--model Qwen3-30B-A3B] [--rows 1,2,4,...,2048] [--dtypes fp32,bf16]
-        [--output-json FILE] [--parts-out cpu.toml]
+        [--threads 1] [--output-json FILE] [--parts-out cpu.toml]
 
 `--parts-out` writes the calibrated CPU as a hardware part (`moe-place offload --parts cpu.toml
 --cpu this-machine --cpu-kernel torch-bf16`), so the planner can price this machine's CPU.
@@ -54,15 +54,25 @@ def fastest(timer: Timer, fn, reps: int) -> float:
     return min(timer(fn, reps=1) for _ in range(reps))
 
 
-def calibration(dtype: torch.dtype, n: int, read_mib: int):
+def calibration(dtype: torch.dtype, n: int, read_mib: int, chunk_bytes: int):
     """Calls whose time gives `C_C` and `B_D`: an `n x n x n` matmul in `dtype` in the experts' layout
     `x @ w.T` (weights `[out, in]`, as `torch.nn.functional.linear`; torch's BF16 CPU path is 10x
     slower for `a @ b` on an AVX2 machine than for `a @ b.T`, so the layout must be the experts'
-    own; `w` stays in cache), and summing a `read_mib` MiB FP32 tensor (a streaming read)."""
+    own; `w` stays in cache), and summing the next `chunk_bytes` of a `read_mib` MiB FP32 bank at
+    each call (a streaming read of one expert's size from DRAM, timed like an expert call: on a
+    shared machine a long read averages over the others' memory traffic, a short one need not)."""
     a, w = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    x = torch.ones(read_mib * 2**20 // 4, dtype=torch.float32)
-    a @ w.T, x.sum()  # warm-up
-    return (lambda: a @ w.T, 2 * n**3), (lambda: x.sum(), x.numel() * 4)
+    per_chunk = max(1, chunk_bytes // 4)
+    chunks = max(2, read_mib * 2**20 // 4 // per_chunk)
+    bank = torch.ones(chunks, per_chunk, dtype=torch.float32)
+    turn = [0]
+
+    def read():
+        bank[turn[0] % chunks].sum()
+        turn[0] += 1
+
+    a @ w.T, read()  # warm-up
+    return (lambda: a @ w.T, 2 * n**3), (read, per_chunk * 4)
 
 
 def expert_call(dtype: torch.dtype, hidden: int, inter: int, bank_mib: int):
@@ -85,7 +95,8 @@ def measure(timer: Timer, dtype: torch.dtype, hidden: int, inter: int, rows: tup
     """Per row count the least time of one expert call, with the calibration calls interleaved (before
     each row count), so that the rates and the expert see the same machine; `C_C` and `B_D` are the
     best rates of all calibration calls of the run."""
-    (matmul, flop), (read, nbytes) = calibration(dtype, args.calib_n, args.calib_mib)
+    element = torch.tensor([], dtype=dtype).element_size()
+    (matmul, flop), (read, nbytes) = calibration(dtype, args.calib_n, args.calib_mib, 3 * hidden * inter * element)
     call = expert_call(dtype, hidden, inter, args.bank_mib)
     flops, bandwidth, seconds = 0.0, 0.0, []
     for m in rows:
@@ -106,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bank-mib", type=int, default=768,
                         help="weights cycled through, MiB: above the last-level cache (default 768)")
     parser.add_argument("--calib-n", type=int, default=1024, help="square matmul size for C_C (default 1024)")
-    parser.add_argument("--calib-mib", type=int, default=1024, help="tensor summed for B_D, MiB (default 1024)")
+    parser.add_argument("--calib-mib", type=int, default=1024, help="FP32 bank summed one expert at a time for B_D, MiB (default 1024)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on a shared machine, OpenMP threads wait for one another "
+                             "whenever another process holds a core, and the times stop meaning anything)")
     parser.add_argument("--output-json", "--out", dest="out", help="write the results as JSON")
     parser.add_argument("--parts-out", help="write the calibrated CPU as a hardware part file (TOML)")
     args = parser.parse_args(argv)
@@ -116,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or min(rows) < 1 or args.reps < 1:
         print(f"bench_cpu_expert: expected --dtypes among {list(DTYPES)}, rows >= 1, reps >= 1", file=sys.stderr)
         return 2
+    torch.set_num_threads(max(1, args.threads))
     model = get_model(args.model)
     hidden, inter = model.hidden, model.intermediate
     params = 3 * hidden * inter
@@ -153,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         result["dtypes"][name] = {"flops_per_s": flops, "dram_bytes_per_s": bandwidth, "expert_bytes": weight_bytes,
                                   "rows": entries}
         print(f"{name:>5} calibrated C_C = {flops / 1e9:.1f} GFLOP/s ({args.calib_n}^3 matmul x @ w.T), "
-              f"B_D = {bandwidth / 1e9:.1f} GB/s (sum of {args.calib_mib} MiB); knee at "
+              f"B_D = {bandwidth / 1e9:.1f} GB/s (sums of {weight_bytes / 2**20:g} MiB); knee at "
               f"{weight_bytes / bandwidth * flops / (2 * params):.1f} rows")
     if args.out:
         write_json_atomic(args.out, result)

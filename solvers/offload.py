@@ -329,7 +329,10 @@ def plan_offload(problem: OffloadProblem, time_limit_s: float = 10.0) -> Offload
         for l in layers:
             if (l, counts[l]) in chosen_sets:
                 resident[l] = chosen_sets[(l, counts[l])]
-    _, total_bound = allocate_slots([bound[l] for l in layers], capacity)
+    if (value <= bound * (1 + GAP_TOLERANCE)).all():  # every cell certified: the knapsack over values is exact
+        total_bound = float(sum(value[l, counts[l]] for l in layers))
+    else:
+        _, total_bound = allocate_slots([bound[l] for l in layers], capacity)
     cpu_side, gpu_side = problem.sides_s(resident)
     per_layer = problem.weights @ np.maximum(cpu_side, gpu_side)
     total = float(per_layer.sum())

@@ -5,8 +5,6 @@ import itertools
 import json
 import math
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -234,18 +232,13 @@ def test_llama_cpp_patterns_match_the_layers_they_name():
 
 
 # ---------------------------------------------------------------------- the command
-def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "moe_place.cli.main", "offload", *args], capture_output=True,
-                          text=True, cwd=cwd)
-
-
-def test_cli_on_the_bundled_trace(tmp_path):
+def test_cli_on_the_bundled_trace(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     stats, plan = tmp_path / "stats.pt", tmp_path / "plan.json"
-    done = _cli(BUNDLED, "--gpu-memory", "12GiB", "--kv-reserve", "4GiB", "--batches", "24", "--format", "json",
-                "--stats-out", str(stats), "--out", str(plan), "--time-limit", "2")
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    code, err, out = _main(capsys, BUNDLED, "--gpu-memory", "12GiB", "--kv-reserve", "4GiB", "--batches", "24",
+                           "--format", "json", "--stats-out", str(stats), "--out", str(plan), "--time-limit", "2")
+    assert code == 0, err
+    report = json.loads(out)
     capacity = (12 * 2**30 - 4 * 2**30) // QWEN.expert_bytes
     assert report["memory"]["capacity_experts"] == capacity
     assert report["plan"]["resident_experts"] <= capacity and report["plan"]["status"] == "optimal"
@@ -263,6 +256,18 @@ def test_cli_on_the_bundled_trace(tmp_path):
     assert (sglang_kt.frequency_selection(logical, total, ref_generate_gpu_experts_masks) == resident).all()
 
 
+def _main(capsys, *args):
+    """`moe-place offload ARGS` in this process (faster than a subprocess): (exit code, stderr, stdout)."""
+    from moe_place.cli.main import main
+
+    try:
+        code = main(["offload", *args])
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.err, captured.out
+
+
 @pytest.mark.parametrize("args, message", [
     (["--gpu-memory", "8MiB"], "--gpu-memory: expected room for at least one 9 MiB expert"),
     (["--gpu-memory", "12GiB", "--cpu", "EPYC-9999"], "cpu part: expected one of"),
@@ -271,79 +276,34 @@ def test_cli_on_the_bundled_trace(tmp_path):
     (["--gpu-memory", "12GiB", "--kv-reserve", "12GiB"], "--kv-reserve: expected less than --gpu-memory"),
     (["--gpu-memory", "twelve"], "argument --gpu-memory: expected bytes like"),
     (["--gpu-memory", "12GiB", "--stats-out", "stats.json"], "--stats-out stats.json: expected a file name ending in .pt"),
+    (["--gpu-memory", "12GiB", "--batch-sizes", "8,0"], "argument --batch-sizes: expected a positive integer"),
 ])
-def test_cli_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
-    done = _cli(str(__import__("pathlib").Path(BUNDLED).resolve()), *args, "--no-held-out", cwd=tmp_path)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+def test_cli_bad_input_is_one_line_and_exit_2(args, message, tmp_path, monkeypatch, capsys):
+    bundled = str(__import__("pathlib").Path(BUNDLED).resolve())
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = _main(capsys, bundled, *args, "--no-held-out")
+    assert code == 2, err
+    assert err.count("\n") == 1 and message in err, err
     assert not list(tmp_path.iterdir())                  # nothing written
 
 
-def test_cli_model_without_preset(tmp_path):
+def test_cli_model_without_preset(tmp_path, capsys):
     trace = tmp_path / "t.npz"
     np.savez(trace, format_version=1, num_experts=8, top_k=2, model="my-own-moe",
              counts=np.array([[[60, 56, 12, 12, 2, 1, 1, 0]]]))
-    done = _cli(str(trace), "--gpu-memory", "1GiB")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert "--model: expected a preset" in done.stderr and "'my-own-moe' names none" in done.stderr
+    code, err, _ = _main(capsys, str(trace), "--gpu-memory", "1GiB")
+    assert code == 2 and err.count("\n") == 1
+    assert "--model: expected a preset" in err and "'my-own-moe' names none" in err
 
 
-# ---------------------------------------------------------------------- online
-def _small_run(persistence=40.0, steps=120, prefill_every=20):
-    from moe_place.online.offload import serving_run
-    from moe_place.traces.synthetic import drifting_hot_spots
+def test_cli_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
+    import moe_place.engines.offload_compare as compare
 
-    return serving_run(drifting_hot_spots(4, 32, 4, 0.5, persistence), steps, 4, decode_tokens=16,
-                       prefill_tokens=4096, prefill_every=prefill_every, seed=3)
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
 
-
-def test_online_policies_keep_each_layers_count_and_static_never_copies():
-    from moe_place.online.offload import POLICIES, replay_offload, warm_up_plan
-
-    model = ExpertShape("toy", 2048, 768, 32, 4, 4)
-    run = _small_run()
-    mix = [("decode", 16, 0.95), ("prefill", 4096, 0.05)]
-    start = warm_up_plan(run, 20, mix, model, RATES, 24)
-    assert start.sum() <= 24
-    outcomes = {p: replay_offload(run, p, start, model, RATES, mix, threshold=2048) for p in POLICIES}
-    static = outcomes["static"]
-    assert static.copy_s.sum() == 0 and static.link_copies == static.gpu_copies == 0
-    assert static.full_gpu_passes == (run.tokens >= 2048).sum() == 6
-    dynamic = outcomes["sglang-kt dynamic"]
-    assert dynamic.link_copies == 0 and dynamic.gpu_copies > 0          # copies only from the full layer
-    # each step's time is the model's: the static run re-priced step by step
-    step = 7
-    again = tiered_times(run.counts[step].astype(float), start, run.tokens[step], model, RATES).layer_s.sum()
-    assert static.step_s[step] == pytest.approx(again)
-
-
-def test_payback_swaps_only_what_pays_back():
-    from moe_place.online.offload import PaybackSettings, replay_offload, warm_up_plan
-
-    model = ExpertShape("toy", 2048, 768, 32, 4, 4)
-    run = _small_run(persistence=1e9, steps=200, prefill_every=1000)     # hot spots that never move, no prefill
-    mix = [("decode", 16, 1.0)]
-    start = np.zeros((4, 32), bool)
-    start[:, :6] = True                                                 # a poor start: the hot experts are elsewhere
-    free = OffloadRates(21.3e12, 220e9, 494.7e12, 1675e9, 1e15, 0.0)    # copies cost next to nothing
-    swapped = replay_offload(run, "payback", start, model, free, mix, settings=PaybackSettings(check_every=8))
-    static = replay_offload(run, "static", start, model, free, mix)
-    assert swapped.link_copies > 0 and swapped.total_s < static.total_s
-    dear = OffloadRates(21.3e12, 220e9, 494.7e12, 1675e9, 1e3, 0.0)     # a copy would take hours
-    never = replay_offload(run, "payback", start, model, dear, mix, settings=PaybackSettings(check_every=8))
-    static_dear = replay_offload(run, "static", start, model, dear, mix)
-    assert never.link_copies == 0 and never.total_s == pytest.approx(static_dear.total_s)
-
-
-def test_dynamic_update_takes_the_batchs_most_frequent_experts():
-    from moe_place.online.offload import ServingRun, replay_offload
-
-    model = ExpertShape("toy", 2048, 768, 6, 2, 1)
-    counts = np.array([[[0, 1, 9, 0, 7, 3]], [[5, 5, 0, 0, 0, 0]]])
-    run = ServingRun(counts, np.array([11, 5]))
-    start = np.array([[True, True, False, False, False, False]])
-    outcome = replay_offload(run, "sglang-kt dynamic", start, model, RATES, [("d", 5, 1.0)], threshold=10)
-    assert outcome.full_gpu_passes == 1 and outcome.gpu_copies == 2      # experts 2 and 4 came in
-    after = tiered_times(counts[1].astype(float), np.array([[False, False, True, False, True, False]]), 5, model,
-                         RATES).layer_s.sum()
-    assert outcome.step_s[1] == pytest.approx(after)
+    monkeypatch.setattr(compare, "compare_held_out", interrupted)
+    out = tmp_path / "plan.json"
+    code, err, _ = _main(capsys, BUNDLED, "--gpu-memory", "12GiB", "--out", str(out))
+    assert code == 130 and err == "moe-place offload: interrupted\n"
+    assert not out.exists()

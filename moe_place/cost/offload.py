@@ -180,14 +180,22 @@ def expected_compute_s(share, tokens: int, flops_per_s: float, bytes_per_s: floa
     last = min(n, int(np.ceil(w / a)) - 1)
     if last < 1:
         return out
-    m = np.arange(1, last + 1, dtype=np.float64)
-    log_choose = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in range(1, last + 1)])
-    shape = (last,) + (1,) * q.ndim
+    # experts whose mean row count is far above `last` have P(m <= last) below e^-40 (Chernoff:
+    # P(m <= last) <= exp(-(mu - last)^2 / (2 mu)) for mu = n*q > last): their correction is dropped
+    mu = n * q
+    near = (q > 0) & ~((mu > last) & ((mu - last) ** 2 > 80 * mu))
+    if not near.any():
+        return out
+    qn = q[near]
+    m = np.arange(1, last + 1, dtype=np.float64)[:, None]
+    log_choose = np.array([[math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)]
+                           for k in range(1, last + 1)])
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_p = (log_choose.reshape(shape) + m.reshape(shape) * np.log(q)
-                 + np.where((n - m).reshape(shape) > 0, (n - m).reshape(shape) * np.log1p(-q), 0.0))
-    p = np.where(q > 0, np.exp(np.nan_to_num(log_p, nan=-np.inf)), 0.0)   # P(m rows), m = 1..last
-    return out + np.tensordot(w - a * m, p, axes=1)
+        log_p = log_choose + m * np.log(qn) + np.where(n - m > 0, (n - m) * np.log1p(-qn), 0.0)
+    p = np.exp(np.nan_to_num(log_p, nan=-np.inf))          # P(m rows), m = 1..last, for the near experts
+    out = np.array(out, dtype=np.float64)
+    out[near] += (w - a * m[:, 0]) @ p
+    return out
 
 
 @dataclass(frozen=True)
