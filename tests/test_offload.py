@@ -307,3 +307,65 @@ def test_cli_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
     code, err, _ = _main(capsys, BUNDLED, "--gpu-memory", "12GiB", "--out", str(out))
     assert code == 130 and err == "moe-place offload: interrupted\n"
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------- online
+def _small_run(persistence=40.0, steps=120, prefill_every=20):
+    from moe_place.online.offload import serving_run
+    from moe_place.traces.synthetic import drifting_hot_spots
+
+    return serving_run(drifting_hot_spots(4, 32, 4, 0.5, persistence), steps, 4, decode_tokens=16,
+                       prefill_tokens=4096, prefill_every=prefill_every, seed=3)
+
+
+def test_online_policies_keep_each_layers_count_and_static_never_copies():
+    from moe_place.online.offload import POLICIES, replay_offload, warm_up_plan
+
+    model = ExpertShape("toy", 2048, 768, 32, 4, 4)
+    run = _small_run()
+    assert run.top_k == 4
+    mix = [("decode", 16, 0.95), ("prefill", 4096, 0.05)]
+    start = warm_up_plan(run, 20, mix, model, RATES, 24)
+    assert start.sum() <= 24
+    outcomes = {p: replay_offload(run, p, start, model, RATES, mix, threshold=2048) for p in POLICIES}
+    static = outcomes["static"]
+    assert static.copy_s.sum() == 0 and static.link_copies == static.gpu_copies == 0
+    assert static.full_gpu_passes == (run.tokens >= 2048).sum() == 6
+    dynamic = outcomes["sglang-kt dynamic"]
+    assert dynamic.link_copies == 0 and dynamic.gpu_copies > 0          # copies only from the full layer
+    # each step's time is the model's: the static run re-priced step by step
+    step = 7
+    again = tiered_times(run.counts[step].astype(float), start, run.tokens[step], model, RATES).layer_s.sum()
+    assert static.step_s[step] == pytest.approx(again)
+
+
+def test_payback_swaps_only_what_pays_back():
+    from moe_place.online.offload import PaybackSettings, replay_offload
+
+    model = ExpertShape("toy", 2048, 768, 32, 4, 4)
+    run = _small_run(persistence=1e9, steps=200, prefill_every=1000)     # hot spots that never move, no prefill
+    mix = [("decode", 16, 1.0)]
+    start = np.zeros((4, 32), bool)
+    start[:, :6] = True                                                 # a poor start: the hot experts are elsewhere
+    free = OffloadRates(21.3e12, 220e9, 494.7e12, 1675e9, 1e15, 0.0)    # copies cost next to nothing
+    swapped = replay_offload(run, "payback", start, model, free, mix, settings=PaybackSettings(check_every=8))
+    static = replay_offload(run, "static", start, model, free, mix)
+    assert swapped.link_copies > 0 and swapped.total_s < static.total_s
+    dear = OffloadRates(21.3e12, 220e9, 494.7e12, 1675e9, 1e3, 0.0)     # a copy would take hours
+    never = replay_offload(run, "payback", start, model, dear, mix, settings=PaybackSettings(check_every=8))
+    static_dear = replay_offload(run, "static", start, model, dear, mix)
+    assert never.link_copies == 0 and never.total_s == pytest.approx(static_dear.total_s)
+
+
+def test_dynamic_update_takes_the_batchs_most_frequent_experts():
+    from moe_place.online.offload import ServingRun, replay_offload
+
+    model = ExpertShape("toy", 2048, 768, 6, 2, 1)
+    counts = np.array([[[0, 1, 9, 0, 7, 3]], [[5, 5, 0, 0, 0, 0]]])
+    run = ServingRun(counts, np.array([11, 5]))
+    start = np.array([[True, True, False, False, False, False]])
+    outcome = replay_offload(run, "sglang-kt dynamic", start, model, RATES, [("d", 5, 1.0)], threshold=10)
+    assert outcome.full_gpu_passes == 1 and outcome.gpu_copies == 2      # experts 2 and 4 came in
+    after = tiered_times(counts[1].astype(float), np.array([[False, False, True, False, True, False]]), 5, model,
+                         RATES).layer_s.sum()
+    assert outcome.step_s[1] == pytest.approx(after)

@@ -10,8 +10,9 @@ full-GPU pass of every layer instead (`full_gpu_layer_s`). Policies, all from th
 - `sglang-kt dynamic` (`--kt-enable-dynamic-expert-update`): after each full-GPU pass a layer's
   resident set becomes that batch's `k[l]` most frequent experts (ties: the lower id), copied
   inside the GPU from the full layer (`2*W_e/B_H` each);
-- `payback` (ours): per-step shares go into a sliding window (`moe_place.online.window`), a
-  predictor gives the coming shares and a hot-spot tracker how long the current hot spots will
+- `payback` (ours): per-step counts go into a sliding window (`moe_place.online.window`), a
+  predictor gives the coming counts per step, and their ratio to the tokens the coming shares
+  (weighted by tokens: a prefill batch counts for its many tokens) and a hot-spot tracker how long the current hot spots will
   last (`L` steps). Every `check_every` steps, and at every full-GPU pass, each layer pairs its
   most valuable hot CPU expert (hot: the tracker's, `hot_factor` x the layer's mean share) with its
   least valuable resident one (value: the expected CPU time it
@@ -54,6 +55,11 @@ class ServingRun:
     @property
     def num_steps(self) -> int:
         return self.counts.shape[0]
+
+    @property
+    def top_k(self) -> int:
+        """Experts per token: a step's dispatches per layer over its tokens."""
+        return int(round(float(self.counts[0, 0].sum()) / float(self.tokens[0])))
 
 
 def serving_run(profile: ProfileSteps, num_steps: int, top_k: int, decode_tokens: int, prefill_tokens: int,
@@ -155,12 +161,13 @@ def replay_offload(run: ServingRun, policy: str, initial: np.ndarray, model: Exp
                 copy_s[step] = moved * inside_gpu_s
                 resident = new
             continue
-        share = run.counts[step] / float(run.tokens[step])
-        window.push(share)
-        predictor.observe(share)
+        window.push(run.counts[step])
+        predictor.observe(run.counts[step])
         if not (full or (step + 1) % settings.check_every == 0):
             continue
-        predicted = np.clip(predictor.predict(window)[0], 0.0, 1.0)
+        mean_counts = predictor.predict(window)[0]              # per step, so a prefill weighs by its tokens
+        tokens = mean_counts.sum(axis=1, keepdims=True) / run.top_k
+        predicted = np.clip(mean_counts / np.maximum(tokens, 1e-12), 0.0, 1.0)
         hot = tracker.update(step, predicted)
         life = tracker.expected_duration_steps(predicted)
         copy_one = inside_gpu_s if full else expert_copy_s(model, rates)
