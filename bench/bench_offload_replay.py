@@ -27,12 +27,13 @@ from moe_place.io import write_json_atomic
 from moe_place.online.offload import POLICIES, replay_offload, serving_run, warm_up_plan
 from moe_place.traces.synthetic import domain_mixture, domain_weights, drifting_hot_spots
 
-CASES = {
-    "hot spots, persistence 2000": lambda L, E: drifting_hot_spots(L, E, num_hot=8, hot_share=0.5, persistence=2000),
-    "hot spots, persistence 300": lambda L, E: drifting_hot_spots(L, E, num_hot=8, hot_share=0.5, persistence=300),
-    "hot spots, persistence 30": lambda L, E: drifting_hot_spots(L, E, num_hot=8, hot_share=0.5, persistence=30),
-    "domain mixture, drift 0.05": lambda L, E: domain_mixture(
-        domain_weights(4, L, E, 1.0, np.random.default_rng(7)), drift=0.05, concentration=2.0),
+CASES = {  # name: (profile of layers x experts, prefill tokens; None: --prefill-tokens)
+    "hot spots, persistence 2000": (lambda L, E: drifting_hot_spots(L, E, 8, 0.5, 2000), None),
+    "hot spots, persistence 300": (lambda L, E: drifting_hot_spots(L, E, 8, 0.5, 300), None),
+    "hot spots, persistence 30": (lambda L, E: drifting_hot_spots(L, E, 8, 0.5, 30), None),
+    "persistence 300, 2048-token prompts": (lambda L, E: drifting_hot_spots(L, E, 8, 0.5, 300), 2048),
+    "domain mixture, drift 0.05": (lambda L, E: domain_mixture(domain_weights(4, L, E, 1.0, np.random.default_rng(7)),
+                                                               drift=0.05, concentration=2.0), None),
 }
 
 
@@ -55,14 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     rates = OffloadRates.of(gpu, cpu, "amx", alpha_s=5e-6)
     layers, experts = args.layers, model.num_experts
     capacity = int(args.gpu_fraction * layers * experts)
-    mix = [("decode", args.decode_tokens, 1 - 1 / args.prefill_every), ("prefill", args.prefill_tokens, 1 / args.prefill_every)]
     results = {"model": model.name, "layers": layers, "capacity": capacity, "steps": args.steps, "cases": {}}
     print(f"{model.name} shape, {layers} layers, {capacity} of {layers * experts} experts on an H100, 8452Y AMX; "
-          f"{args.steps} steps: decode {args.decode_tokens} tokens, a {args.prefill_tokens}-token prefill every "
-          f"{args.prefill_every}; plan on the first {args.warm_up}")
-    print(f"{'case':<30} {'policy':<24} {'total s':>9} {'vs static':>10} {'link copies':>12} {'GPU copies':>11}")
-    for name, make in CASES.items():
-        run = serving_run(make(layers, experts), args.steps, model.top_k, args.decode_tokens, args.prefill_tokens,
+          f"{args.steps} steps: decode {args.decode_tokens} tokens, a prefill ({args.prefill_tokens} tokens unless "
+          f"said) every {args.prefill_every}; plan on the first {args.warm_up}")
+    print(f"{'case':<36} {'policy':<24} {'total s':>9} {'vs static':>10} {'link copies':>12} {'GPU copies':>11}")
+    for name, (make, prefill) in CASES.items():
+        prefill = args.prefill_tokens if prefill is None else prefill
+        mix = [("decode", args.decode_tokens, 1 - 1 / args.prefill_every), ("prefill", prefill, 1 / args.prefill_every)]
+        run = serving_run(make(layers, experts), args.steps, model.top_k, args.decode_tokens, prefill,
                           args.prefill_every, args.seed)
         start = warm_up_plan(run, args.warm_up, mix, model, rates, capacity)
         share = np.clip(run.counts[:args.warm_up].sum(axis=0) / run.tokens[:args.warm_up].sum(), 0, 1)
@@ -72,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         outcomes.append(replay_offload(run, "static", hindsight, model, rates, mix, threshold))
         static = outcomes[0].total_s
         entry = {"threshold_tokens": threshold, "policies": {}}
-        passes = threshold is not None and threshold <= args.prefill_tokens
+        passes = threshold is not None and threshold <= prefill
         print(f"{name}: full-GPU prefill from {threshold} tokens"
               + ("" if passes else " (above the prefill size: no full-GPU pass, the dynamic update never runs)"))
         for label, outcome in zip(list(POLICIES) + ["hindsight static"], outcomes):
             entry["policies"][label] = outcome.to_json()
-            print(f"{name:<30} {label:<24} {outcome.total_s:>9.3f} {outcome.total_s / static - 1:>+10.1%} "
+            print(f"{name:<36} {label:<24} {outcome.total_s:>9.3f} {outcome.total_s / static - 1:>+10.1%} "
                   f"{outcome.link_copies:>12} {outcome.gpu_copies:>11}")
         results["cases"][name] = entry
     if args.out:

@@ -13,8 +13,9 @@ full-GPU pass of every layer instead (`full_gpu_layer_s`). Policies, all from th
 - `payback` (ours): per-step counts go into a sliding window (`moe_place.online.window`), a
   predictor gives the coming counts per step, and their ratio to the tokens the coming shares
   (weighted by tokens: a prefill batch counts for its many tokens) and a hot-spot tracker how long the current hot spots will
-  last (`L` steps). Every `check_every` steps, and at every full-GPU pass, each layer pairs its
-  most valuable hot CPU expert (hot: the tracker's, `hot_factor` x the layer's mean share) with its
+  last (`L` steps; the prediction averages the last `L / 2` steps). Every `check_every` steps, and
+  at every full-GPU pass, each layer pairs its most valuable hot CPU expert (hot: the tracker's,
+  `hot_factor` x the layer's mean share; right after a full-GPU pass, any CPU expert) with its
   least valuable resident one (value: the expected CPU time it
   costs per step under the predicted shares, `moe_place.solvers.offload`'s planning costs), the
   next pair, and so on; a pair is swapped when its copy pays back (formula 7, `N_min =
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.cost.models import ExpertShape
-from moe_place.cost.offload import OffloadRates, expert_copy_s, full_gpu_layer_s, tiered_times
+from moe_place.cost.offload import OffloadRates, cpu_compute_s, expert_copy_s, full_gpu_layer_s, tiered_times
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
 from moe_place.online.window import HotSpotTracker, Predictor, SlidingWindow
@@ -101,22 +102,23 @@ class ReplayOutcome:
 
 @dataclass(frozen=True)
 class PaybackSettings:
-    """check_every: steps between checks. window / predictor / tracker: load prediction and how long hot
-    spots last. hysteresis: a copy must pay back within `L / hysteresis` steps."""
+    """check_every: steps between checks. window: steps kept; the prediction averages the last
+    `L / 2` of them (`L` the tracker's expected hot-spot life), at least `horizon_min`. hot_factor /
+    prior_steps: the hot-spot tracker's. hysteresis: a copy must pay back within `L / hysteresis` steps.
+    audit_steps: how long after a swap its real saving is compared with the predicted one (`SwapLedger`)."""
 
     check_every: int = 16
     window: int = 256
-    predictor: str = "last"
-    horizon: int = 64
-    alpha: float = 0.05
+    horizon_min: int = 8
     hot_factor: float = 2.0
     prior_steps: float = 256.0
     hysteresis: float = 2.0
+    audit_steps: int = 64
 
     def __post_init__(self) -> None:
-        if self.check_every < 1 or self.window < 1 or not self.hysteresis >= 1:
-            raise InputError("payback settings", "check_every, window >= 1 and hysteresis >= 1",
-                             (self.check_every, self.window, self.hysteresis))
+        if self.check_every < 1 or not 1 <= self.horizon_min <= self.window or not self.hysteresis >= 1:
+            raise InputError("payback settings", "check_every >= 1, 1 <= horizon_min <= window, hysteresis >= 1",
+                             (self.check_every, self.horizon_min, self.window, self.hysteresis))
 
 
 def _step_time(run: ServingRun, step: int, resident: np.ndarray, threshold: int | None, model: ExpertShape,
@@ -143,7 +145,7 @@ def replay_offload(run: ServingRun, policy: str, initial: np.ndarray, model: Exp
     step_s, copy_s = np.zeros(run.num_steps), np.zeros(run.num_steps)
     link_copies = gpu_copies = passes = 0
     window = SlidingWindow(settings.window, layers, experts)
-    predictor = Predictor(settings.predictor, settings.horizon, settings.alpha)
+    ledger = SwapLedger(settings.audit_steps)
     tracker = HotSpotTracker(settings.hot_factor, settings.check_every, settings.prior_steps)
     inside_gpu_s = 2 * model.expert_bytes / rates.hbm_bytes_per_s
     for step in range(run.num_steps):
@@ -162,18 +164,33 @@ def replay_offload(run: ServingRun, policy: str, initial: np.ndarray, model: Exp
                 resident = new
             continue
         window.push(run.counts[step])
-        predictor.observe(run.counts[step])
+        if not full:
+            ledger.observe(run.counts[step], model, rates)
         if not (full or (step + 1) % settings.check_every == 0):
             continue
-        mean_counts = predictor.predict(window)[0]              # per step, so a prefill weighs by its tokens
+        # the coming shares: counts per step over the last half hot-spot life (at least `horizon_min`
+        # steps, at most the window), over their tokens, so a prefill batch weighs by its tokens
+        life = tracker.expected_duration_steps()
+        horizon = int(np.clip(life / 2, settings.horizon_min, settings.window))
+        mean_counts = Predictor("last", horizon).predict(window)[0]
         tokens = mean_counts.sum(axis=1, keepdims=True) / run.top_k
         predicted = np.clip(mean_counts / np.maximum(tokens, 1e-12), 0.0, 1.0)
         hot = tracker.update(step, predicted)
         life = tracker.expected_duration_steps(predicted)
         copy_one = inside_gpu_s if full else expert_copy_s(model, rates)
-        swaps = _payback_swaps(predicted, resident, hot, scenarios, model, rates, copy_one,
-                               life / settings.hysteresis)
-        moved = int(swaps.sum())
+        # a copy over the link only for experts hot over the horizon and still hot over the last check
+        # interval (an expert whose hot spot just ended is still hot on average over the horizon);
+        # right after a full-GPU pass every expert is on the GPU: any may come in at almost no cost
+        recent = Predictor("last", settings.check_every).predict(window)[0]
+        recent_share = recent / np.maximum(recent.sum(axis=1, keepdims=True) / run.top_k, 1e-12)
+        still_hot = recent_share > settings.hot_factor * recent_share.mean(axis=1, keepdims=True)
+        candidates = np.ones_like(hot) if full else hot & still_hot
+        # the ledger audits (and discounts) the copies over the link, the ones whose cost matters
+        swaps, saving = _payback_swaps(predicted, resident, candidates, scenarios, model, rates, copy_one,
+                                       life / settings.hysteresis, 1.0 if full else ledger.realised_share)
+        if not full:
+            ledger.add(saving)
+        moved = int(swaps[1].sum())
         if moved:
             resident = (resident & ~swaps[0]) | swaps[1]
             copy_s[step] = moved * copy_one
@@ -186,25 +203,67 @@ def replay_offload(run: ServingRun, policy: str, initial: np.ndarray, model: Exp
 
 
 def _payback_swaps(share: np.ndarray, resident: np.ndarray, hot: np.ndarray, scenarios, model: ExpertShape,
-                   rates: OffloadRates, copy_s: float, within_steps: float) -> np.ndarray:
-    """bool `[2, L, E]`: (experts leaving the GPU, experts coming in), the pairs whose copy pays back.
-    Only hot experts (`hot` bool `[L, E]`, the tracker's) come in: their advantage is the one that
-    lasts the tracker's expected life; a colder expert ahead by chance would be copied for nothing."""
+                   rates: OffloadRates, copy_s: float, within_steps: float,
+                   realised_share: float) -> tuple[np.ndarray, list[tuple[int, int, int, float]]]:
+    """(bool `[2, L, E]`: experts leaving the GPU, experts coming in; the pairs `(layer, in, out,
+    predicted saving per step)`), the pairs whose copy pays back. Only `hot` experts (bool `[L, E]`)
+    come in: their advantage is the one that lasts the tracker's expected life; a colder expert ahead
+    by chance would be copied for nothing. The predicted saving counts at `realised_share` of itself:
+    what the earlier swaps earned of what was predicted for them (`SwapLedger`)."""
     problem = OffloadProblem.from_shares(share, scenarios, model, rates, capacity=1)
     value = np.tensordot(problem.weights, problem.cpu_s, axes=1)             # [L, E] expected CPU s per step
     layers, experts = resident.shape
     out = np.zeros((2, layers, experts), dtype=bool)
+    pairs = []
     for l in np.flatnonzero((hot & ~resident).any(axis=1)):
         ins = np.flatnonzero(hot[l] & ~resident[l])
         outs = np.flatnonzero(resident[l])
         ins = ins[np.argsort(-value[l, ins], kind="stable")]
         outs = outs[np.argsort(value[l, outs], kind="stable")]
         for e_in, e_out in zip(ins, outs):
-            needed = n_min(copy_s, float(value[l, e_in] - value[l, e_out]))
+            saving = float(value[l, e_in] - value[l, e_out])
+            needed = n_min(copy_s, saving * realised_share)
             if needed is None or needed > within_steps:
                 break
             out[0, l, e_out] = out[1, l, e_in] = True
-    return out
+            pairs.append((int(l), int(e_in), int(e_out), saving))
+    return out, pairs
+
+
+class SwapLedger:
+    """What swaps earned against what was predicted for them: for `audit_steps` steps after each swap,
+    the CPU time the incoming expert would have taken minus what the outgoing one now takes, on the
+    step's real rows (`cpu_compute_s`; the CPU side binds), summed over pairs and steps, over the
+    predicted saving per step times the same steps. 1 until it has seen `min_pair_steps`."""
+
+    def __init__(self, audit_steps: int, min_pair_steps: int = 256):
+        self.audit_steps, self.min_pair_steps = audit_steps, min_pair_steps
+        self._pairs: list[list] = []      # [layer, in, out, predicted per step, steps seen]
+        self._realised = self._predicted = 0.0
+        self._seen = 0
+
+    def add(self, pairs: list[tuple[int, int, int, float]]) -> None:
+        self._pairs.extend([l, e_in, e_out, saving, 0] for l, e_in, e_out, saving in pairs)
+
+    def observe(self, counts: np.ndarray, model: ExpertShape, rates: OffloadRates) -> None:
+        if not self._pairs:
+            return
+        layer, e_in, e_out = (np.array([p[i] for p in self._pairs]) for i in range(3))
+        rows_in, rows_out = counts[layer, e_in].astype(np.float64), counts[layer, e_out].astype(np.float64)
+        realised = (np.where(rows_in > 0, cpu_compute_s(rows_in, model, rates), 0.0)
+                    - np.where(rows_out > 0, cpu_compute_s(rows_out, model, rates), 0.0))
+        self._realised += float(np.sum(realised))
+        self._predicted += float(sum(p[3] for p in self._pairs))
+        self._seen += len(self._pairs)
+        for p in self._pairs:
+            p[4] += 1
+        self._pairs = [p for p in self._pairs if p[4] < self.audit_steps]
+
+    @property
+    def realised_share(self) -> float:
+        if self._seen < self.min_pair_steps or self._predicted <= 0:
+            return 1.0
+        return float(np.clip(self._realised / self._predicted, 0.0, 1.0))
 
 
 def warm_up_plan(run: ServingRun, warm_up_steps: int, scenarios, model: ExpertShape, rates: OffloadRates,
