@@ -213,9 +213,9 @@ def _table(report: dict, plan_name: str, n_cpu_name: str, layers_name: str) -> s
     hw, mem, plan = report["hardware"], report["memory"], report["plan"]
     lines = [f"offload {report['trace']}: {report['model']}, {report['layers']} layers x {report['experts']} experts of "
              f"{report['expert_bytes'] / MIB_BYTES:g} MiB, {report['steps']} steps",
-             f"GPU {hw['gpu']} ({hw['gpu_flops_per_s'] / 1e12:.1f} TFLOP/s, {hw['hbm_bytes_per_s'] / 1e9:.0f} GB/s), "
-             f"CPU {hw['cpu']} {hw['cpu_kernel']} ({hw['cpu_flops_per_s'] / 1e12:.1f} TFLOP/s, "
-             f"{hw['dram_bytes_per_s'] / 1e9:.0f} GB/s), link {hw['link_bytes_per_s'] / 1e9:g} GB/s, "
+             f"GPU {hw['gpu']} ({hw['gpu_flops_per_s'] / 1e12:.4g} TFLOP/s, {hw['hbm_bytes_per_s'] / 1e9:.4g} GB/s), "
+             f"CPU {hw['cpu']} {hw['cpu_kernel']} ({hw['cpu_flops_per_s'] / 1e12:.4g} TFLOP/s, "
+             f"{hw['dram_bytes_per_s'] / 1e9:.4g} GB/s), link {hw['link_bytes_per_s'] / 1e9:g} GB/s, "
              f"alpha {hw['alpha_s'] * 1e6:g} us",
              f"GPU memory {mem['gpu_memory_bytes'] / GIB_BYTES:.2f} GiB - KV {mem['kv_reserve_bytes'] / GIB_BYTES:.2f} GiB"
              + (f" - prefill layer {mem['layerwise_prefill_bytes'] / GIB_BYTES:.2f} GiB" if mem["layerwise_prefill_bytes"] else "")
@@ -254,7 +254,7 @@ def _table(report: dict, plan_name: str, n_cpu_name: str, layers_name: str) -> s
     lines.append("prefill: the full-GPU pass of every layer (copy its CPU experts, run all on the GPU) is faster from "
                  + (f"{threshold:,} tokens" if threshold else "no batch size up to 4M tokens")
                  + " (formula 8 per expert: from "
-                 + (f"{crossover:,} rows" if crossover else "never") + ")"
+                 + (f"{crossover:,} row{'s' if crossover != 1 else ''}" if crossover else "never") + ")"
                  + ("" if report["memory"]["layerwise_prefill_bytes"] or not threshold else
                     f"; --kt-gpu-prefill-token-threshold {threshold} needs one MoE layer of GPU memory "
                     f"({report['experts'] * report['expert_bytes'] / GIB_BYTES:.2f} GiB): --layerwise-prefill keeps it"))
