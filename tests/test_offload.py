@@ -277,6 +277,7 @@ def _main(capsys, *args):
     (["--gpu-memory", "twelve"], "argument --gpu-memory: expected bytes like"),
     (["--gpu-memory", "12GiB", "--stats-out", "stats.json"], "--stats-out stats.json: expected a file name ending in .pt"),
     (["--gpu-memory", "12GiB", "--batch-sizes", "8,0"], "argument --batch-sizes: expected a positive integer"),
+    (["--gpu-memory", "12GiB", "--batches", "100000"], "--batches: expected at most 65,536"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, message, tmp_path, monkeypatch, capsys):
     bundled = str(__import__("pathlib").Path(BUNDLED).resolve())
@@ -285,6 +286,13 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message, tmp_path, monkeypat
     assert code == 2, err
     assert err.count("\n") == 1 and message in err, err
     assert not list(tmp_path.iterdir())                  # nothing written
+
+
+def test_batch_limit_agrees_with_the_library():
+    from moe_place.cli.offload import MAX_BATCHES
+    from moe_place.engines import offload_compare
+
+    assert MAX_BATCHES == offload_compare.MAX_BATCHES
 
 
 def test_cli_model_without_preset(tmp_path, capsys):

@@ -27,6 +27,7 @@ DEFAULT_GPU = "H100"
 DEFAULT_ALPHA_US = 5.0       # per transfer, as row C10
 PLAN_FORMAT = "moe-place-offload"
 PLAN_VERSION = 1
+MAX_BATCHES = 65536  # = moe_place.engines.offload_compare.MAX_BATCHES (that module loads the solvers; a test keeps them equal)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU-GPU link per direction (default: the GPU's PCIe)")
     parser.add_argument("--alpha-us", type=non_negative_float, default=DEFAULT_ALPHA_US, metavar="US",
                         help=f"start-up per transfer, microseconds (default {DEFAULT_ALPHA_US:g})")
-    parser.add_argument("--parts", metavar="FILE", help="TOML/JSON of more hardware parts (see `moe-place predict --schema`)")
+    parser.add_argument("--parts", metavar="FILE", help="TOML/JSON of more hardware parts, e.g. bench/bench_cpu_expert.py --parts-out (default: none)")
     parser.add_argument("--batch-sizes", type=int_list, default=[8, 32], metavar="N1,N2",
                         help="decode batch sizes to plan and judge for, one step each (default 8,32)")
     parser.add_argument("--prefill-tokens", type=non_negative_int, metavar="N",
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-weight", type=non_negative_float, default=1.0, metavar="W",
                         help="weight of one prefill step against one decode step of each size (default 1)")
     parser.add_argument("--batches", type=positive_int, default=512, metavar="B",
-                        help="decode batches drawn per judged step and batch size (default 512)")
+                        help="decode batches drawn per judged step and batch size, at most 65,536 (default 512)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the drawn batches (default 0)")
     parser.add_argument("--time-limit", type=non_negative_float, default=10.0, metavar="S",
                         help="CP-SAT time per plan for layers whose gap stays open (default 10)")
@@ -80,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draw the held-out step times per set (PNG; default: none)")
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
+def _check_options(args: argparse.Namespace) -> None:
+    """The option problems found before the trace is read (one line each)."""
     if args.stats_out and not args.stats_out.endswith(".pt"):
         raise InputError(f"--stats-out {args.stats_out}", "a file name ending in .pt (sglang-kt loads it with torch.load)")
     if args.stats_out:
@@ -88,6 +90,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
             import torch  # noqa: F401 - checked before the work: writing the stats file needs it
         except ImportError:
             raise InputError("--stats-out", "torch installed (pip install torch)", "no torch") from None
+    if args.batches > MAX_BATCHES:
+        raise InputError("--batches", f"at most {MAX_BATCHES:,}", f"{args.batches:,}")
     if args.kv_reserve >= args.gpu_memory:
         raise InputError("--kv-reserve", f"less than --gpu-memory ({args.gpu_memory:,} bytes)", f"{args.kv_reserve:,}")
 
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.solvers.offload import plan_offload, whole_layer_plan
     from moe_place.traces import load_trace
 
-    _check_outputs(args)
+    _check_options(args)
     catalog = load_catalog(args.parts)
     gpu, cpu = catalog.gpu(args.hardware), catalog.cpu(args.cpu)
     kernel = args.cpu_kernel or ("amx" if "amx" in cpu.kernels else cpu.kernels[0])

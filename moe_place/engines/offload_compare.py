@@ -35,6 +35,8 @@ HINDSIGHT = "hindsight (plan on the judged step)"
 N_CPU_MOE = "llama.cpp --n-cpu-moe"
 LAYERS_FROM_TRACE = "llama.cpp -ot (layers from the trace)"
 PREFILL = "prefill"
+BATCH_CHUNK = 64       # decode batches drawn and priced at once
+MAX_BATCHES = 65536    # --batches: the time grows with it (memory does not: chunks)
 
 
 @dataclass(frozen=True)
@@ -134,9 +136,17 @@ def judge(trace: Trace, step: int, sets: dict[str, np.ndarray], scenarios: Scena
         recorded = name == PREFILL and scenarios.prefill_tokens is None
         if recorded:
             rows, batch = step_counts[None], np.array([tokens])
-        elif trace.is_token_level:
+        elif trace.is_token_level:  # in chunks of batches, so that memory stays bounded
             rng = np.random.default_rng([seed, step, i])
-            rows, batch = sample_rows(trace.topk_ids[step], size, batches, trace.num_experts, rng), np.array([size])
+            sums = dict.fromkeys(sets, 0.0)
+            for start in range(0, batches, BATCH_CHUNK):
+                rows = sample_rows(trace.topk_ids[step], size, min(BATCH_CHUNK, batches - start), trace.num_experts,
+                                   rng)
+                for key, mask in sets.items():
+                    sums[key] += float(tiered_times(rows, mask[None], size, model, rates).layer_s.sum())
+            for key in sets:
+                out[key].append(sums[key] / batches)
+            continue
         else:
             costs = expected_costs(step_counts / tokens, size, model, rates)
             for key, mask in sets.items():
@@ -187,8 +197,8 @@ def compare_held_out(trace: Trace, scenarios: Scenarios, model: ExpertShape, rat
     if trace.num_steps < 2:
         raise InputError("held-out evaluation", "a trace of at least 2 steps (plan on some, judge on another)",
                          f"{trace.num_steps} step")
-    if batches < 1:
-        raise InputError("--batches", "an integer >= 1", batches)
+    if not 1 <= batches <= MAX_BATCHES:
+        raise InputError("--batches", f"an integer in [1, {MAX_BATCHES:,}]", batches)
     layer_ids = tuple(trace.meta.layer_ids)
     folds = []
     bar = ProgressBar(trace.num_steps, "offload held-out", "folds", enabled=progress)
