@@ -1,11 +1,11 @@
-"""Sliding window and the double-buffered map switch."""
+"""Sliding window, hot-spot persistence and the double-buffered map switch."""
 
 import numpy as np
 import pytest
 
 from moe_place.errors import InputError
 from moe_place.online.switch import MapSwitch
-from moe_place.online.window import SlidingWindow
+from moe_place.online.window import HotSpotTracker, SlidingWindow
 from moe_place.placement import Placement
 
 
@@ -19,6 +19,24 @@ def test_sliding_window_keeps_the_last_steps_in_order():
     np.testing.assert_array_equal(w.total(), [[9, 90]])
     with pytest.raises(InputError):
         w.push(np.zeros((2, 2)))
+
+
+def test_hot_spot_persistence_is_measured_from_runs():
+    tracker = HotSpotTracker(hot_factor=2.0, prior_steps=50, min_runs=2, interval_steps=10)
+    load = np.ones((1, 4))
+    # expert 0 hot for steps 0..30 (checked every 10 steps), then cold; twice
+    step = 0
+    for _ in range(2):
+        for _ in range(4):
+            tracker.update(step, np.array([[10.0, 1, 1, 1]]))
+            step += 10
+        tracker.update(step, load)
+        step += 10
+    runs = tracker.runs
+    np.testing.assert_array_equal(runs, [40, 40])  # hot at 4 checks 10 steps apart
+    assert tracker.expected_remaining_steps(0.0) == pytest.approx(runs[0])
+    assert tracker.expected_remaining_steps(runs[0] / 2) == pytest.approx(runs[0] / 2)
+    assert HotSpotTracker(prior_steps=77).expected_duration_steps() == 77
 
 
 def _placement(row, gpus=2):

@@ -34,7 +34,7 @@ from moe_place.cost.models import ExpertShape
 from moe_place.cost.offload import OffloadRates, cpu_compute_s, expert_copy_s, full_gpu_layer_s, tiered_times
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
-from moe_place.online.window import HotSpotTracker, Predictor, SlidingWindow
+from moe_place.online.window import HotSpotTracker, SlidingWindow
 from moe_place.solvers.offload import OffloadProblem, plan_offload
 from moe_place.traces.synthetic import ProfileSteps, inclusion_probabilities, sample_counts
 
@@ -172,7 +172,7 @@ def replay_offload(run: ServingRun, policy: str, initial: np.ndarray, model: Exp
         # steps, at most the window), over their tokens, so a prefill batch weighs by its tokens
         life = tracker.expected_duration_steps()
         horizon = int(np.clip(life / 2, settings.horizon_min, settings.window))
-        mean_counts = Predictor("last", horizon).predict(window)[0]
+        mean_counts = window.last(horizon).mean(axis=0)
         tokens = mean_counts.sum(axis=1, keepdims=True) / run.top_k
         predicted = np.clip(mean_counts / np.maximum(tokens, 1e-12), 0.0, 1.0)
         hot = tracker.update(step, predicted)
@@ -181,7 +181,7 @@ def replay_offload(run: ServingRun, policy: str, initial: np.ndarray, model: Exp
         # a copy over the link only for experts hot over the horizon and still hot over the last check
         # interval (an expert whose hot spot just ended is still hot on average over the horizon);
         # right after a full-GPU pass every expert is on the GPU: any may come in at almost no cost
-        recent = Predictor("last", settings.check_every).predict(window)[0]
+        recent = window.last(settings.check_every).mean(axis=0)
         recent_share = recent / np.maximum(recent.sum(axis=1, keepdims=True) / run.top_k, 1e-12)
         still_hot = recent_share > settings.hot_factor * recent_share.mean(axis=1, keepdims=True)
         candidates = np.ones_like(hot) if full else hot & still_hot
