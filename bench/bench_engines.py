@@ -12,11 +12,12 @@ start map at its own cadence, with its default policy and with moe-place's (`ins
    on the stationary calls after the first (sampling noise alone), every group inside one node on a
    hierarchical size;
 2. the replay's drifting traces (`--drift`, bench_replay.py SCENARIOS, `--steps` long), priced on the cost
-   model (expert-layer time + what serving pays for migration under the engine's model + the policy's own
-   time): both policies at the engine's default cadence (target: moe-place at most the default's total time
-   on every run, with fewer bytes), and moe-place at the cadence given by `--step-interval` / `--window`
-   (vLLM) or `--sglang-iterations` (SGLang), against the default at its own cadence (target: mean ratio
-   <= 0.90).
+   model (expert-layer time + what serving pays for migration under the engine's model, a layer's copies
+   batched + the policy's own wall time): both policies at the engine's default cadence (target: moe-place
+   at most the default's total time on every run, with fewer bytes), and both at the cadence given by
+   `--step-interval` / `--window` (vLLM) or `--sglang-iterations` (SGLang) (default: bench_replay.py's
+   RECOMMENDED, the cadence moe-place recommends), moe-place's against the default at its own cadence
+   (target: mean ratio <= 0.90).
 Each target is printed PASS/FAIL with its numbers; exit status 1 if any fails. `--out` writes the record
 (JSON, with the engine, torch and numpy versions); it refuses to overwrite a file unless `--force`.
 
@@ -42,7 +43,7 @@ from moe_place.progress import ProgressBar
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_harness as harness  # noqa: E402  (bench/ is not a package)
 
-GIVEN_CADENCE = dict(step_interval=128, window=128)  # a placeholder until moe-place documents its cadence
+RECOMMENDED = harness.bench_replay().RECOMMENDED  # the cadence moe-place recommends, (step_interval, window)
 VLLM_MODES = ("async", "sync")
 
 
@@ -123,7 +124,7 @@ def workload_table(label: str, size, workload, cadence: dict, rows: dict) -> str
 
 def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[list, list]:
     default_cadence = harness.default_cadence(engine)
-    iterations = args.sglang_iterations or args.step_interval
+    iterations = args.sglang_iterations
     given = (dict(step_interval=iterations, window=iterations) if "sglang" in engine  # SGLang's buffer = interval
              else dict(step_interval=args.step_interval, window=args.window))
     label = _label(engine, use_async)
@@ -182,23 +183,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changed-calls", type=int, default=4, help="policy calls after the change")
     parser.add_argument("--drift", default="all", help="bench_replay scenarios (comma list), all or none")
     parser.add_argument("--steps", type=int, default=6000, help="steps of each drifting trace (default 6000)")
-    parser.add_argument("--step-interval", type=int, default=GIVEN_CADENCE["step_interval"],
-                        help="vLLM step_interval of the given cadence (drift; default %(default)s)")
-    parser.add_argument("--window", type=int, default=GIVEN_CADENCE["window"],
+    parser.add_argument("--step-interval", type=int, default=RECOMMENDED["vllm"][0],
+                        help="vLLM step_interval of the given cadence (drift; default %(default)s, bench_replay's "
+                             "RECOMMENDED)")
+    parser.add_argument("--window", type=int, default=RECOMMENDED["vllm"][1],
                         help="vLLM window_size of the given cadence (drift; default %(default)s)")
-    parser.add_argument("--sglang-iterations", type=int, default=None,
-                        help="SGLang --eplb-rebalance-num-iterations of the given cadence (default: --step-interval)")
+    parser.add_argument("--sglang-iterations", type=int, default=RECOMMENDED["sglang"][0],
+                        help="SGLang --eplb-rebalance-num-iterations of the given cadence (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", metavar="FILE.json", help="write the record here (refused if it exists)")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    scenarios = harness.bench_replay_scenarios()
+    scenarios = harness.bench_replay().SCENARIOS
     try:
         args.drift = _list(list(scenarios), allow_none=True)(args.drift)
     except argparse.ArgumentTypeError as exc:
         parser.error(f"--drift: {exc}")
-    for name in ("stationary_calls", "changed_calls", "steps", "step_interval", "window"):
+    for name in ("stationary_calls", "changed_calls", "steps", "step_interval", "window", "sglang_iterations"):
         if getattr(args, name) < (2 if name == "stationary_calls" else 1):
             parser.error(f"--{name.replace('_', '-')}: expected an integer >= {2 if name == 'stationary_calls' else 1}")
     if args.window > args.step_interval:

@@ -59,6 +59,7 @@ import torch
 from moe_place.cost.migration import plan_copies
 from moe_place.engines.sglang import install_rebalance_hook, uninstall_rebalance_hook
 from moe_place.engines.vllm import install, uninstall
+from moe_place.online.controller import EngineCadence
 from moe_place.online.costing import ReplayCost, cluster_cost
 from moe_place.online.replay import parse_synthetic
 from moe_place.placement import Placement, even_split_gpu_loads
@@ -73,12 +74,13 @@ VLLM_DEFAULT_CADENCE = dict(step_interval=3000, window=1000)  # vLLM 0.33 EPLBCo
 SGLANG_DEFAULT_CADENCE = dict(step_interval=1000, window=1000)  # --eplb-rebalance-num-iterations, buffer = it
 
 
-def bench_replay_scenarios() -> dict:
-    """The drifting traces and clusters of bench/bench_replay.py (its `SCENARIOS`)."""
+def bench_replay():
+    """bench/bench_replay.py as a module: its `SCENARIOS` (the drifting traces and clusters) and `RECOMMENDED`
+    (the cadence moe-place recommends per engine, `(step_interval, window_size)`)."""
     spec = importlib.util.spec_from_file_location("bench_replay_for_engines", BENCH / "bench_replay.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.SCENARIOS
+    return module
 
 
 # ---------------------------------------------------------------------- sizes and workloads
@@ -115,7 +117,10 @@ class Size:
         return 1 if self.groups is None else self.groups
 
     def cost(self, migration: str = "stall") -> ReplayCost:
-        return cluster_cost(self.gpus, self.nodes, "H100", self.model, migration=migration)
+        """The cluster on H100s, a rebalance's copies batched (`EngineCadence.copy_schedule`, "parallel": both
+        engines issue a layer's transfers as one batch), serving paying for them as `migration` says."""
+        return cluster_cost(self.gpus, self.nodes, "H100", self.model, migration=migration,
+                            copy_schedule=EngineCadence().copy_schedule)
 
 
 SIZES = {
@@ -721,7 +726,8 @@ def rebalance_rows(run: EngineRun, workload: Workload, size: Size) -> list[dict]
 
 def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
     """Total time of a run on the cost model (module note): expert-layer time per step of the map in use, what
-    serving pays for each map change under the run's migration model, and the policy's own wall time."""
+    serving pays for each map change under the run's migration model, and the policy's own wall time.
+    `model_s` is the first two (deterministic), `total_s` all three."""
     cost = size.cost(run.migration)
     placements = [_placement(m, size) for m in run.maps]
     expert_s = np.array([cost.step_time_s(placements[i], counts[t]) for t, i in enumerate(run.map_of_step)])
@@ -730,11 +736,12 @@ def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
     for t in np.flatnonzero(np.diff(run.map_of_step)) + 1:
         old, new = placements[run.map_of_step[t - 1]], placements[run.map_of_step[t]]
         copies = cost.copies(old, new)
-        migration_s += cost.charge(copies, old, counts[t]).charged_s
+        migration_s += float(cost.charge(copies, old, counts[t]).charged_s)
         moved += int(sum(c.num_bytes for c in copies if not c.local))
     policy_s = float(sum(c.wall_s for c in run.calls))
+    model_s = float(expert_s.sum()) + migration_s
     return {"expert_s": float(expert_s.sum()), "migration_s": migration_s, "policy_s": policy_s,
-            "total_s": float(expert_s.sum()) + migration_s + policy_s, "bytes_moved": moved,
+            "model_s": model_s, "total_s": model_s + policy_s, "bytes_moved": moved,
             "calls": len(run.calls), "map_changes": int(np.count_nonzero(np.diff(run.map_of_step)))}
 
 
@@ -785,17 +792,18 @@ def judge_workload(label: str, default_rows: list[dict], ours_rows: list[dict], 
 
 
 def judge_drift(label: str, at_default: list[tuple[dict, dict]], at_given: list[tuple[dict, dict]],
-                given: dict) -> list[Target]:
+                given: dict, time_key: str = "total_s") -> list[Target]:
     """Drift targets: `at_default` (default, ours) priced runs at the engine's cadence; `at_given` (default at
-    its cadence, ours at the cadence given)."""
-    worse = [f"{d['scenario']}: {o['total_s']:.2f} vs {d['total_s']:.2f} s, {o['bytes_moved'] / 2**30:.2f} vs "
+    its cadence, ours at the cadence given). `time_key`: "total_s" (the policy's wall time included, as the
+    issue counts it) or "model_s" (without it: what a test can assert, timings being noisy)."""
+    worse = [f"{d['scenario']}: {o[time_key]:.2f} vs {d[time_key]:.2f} s, {o['bytes_moved'] / 2**30:.2f} vs "
              f"{d['bytes_moved'] / 2**30:.2f} GiB" for d, o in at_default
-             if not (o["total_s"] <= d["total_s"] and o["bytes_moved"] < d["bytes_moved"])]
+             if not (o[time_key] <= d[time_key] and o["bytes_moved"] < d["bytes_moved"])]
     targets = [Target(f"{label}: drift, default cadence: total time <= default's on every run, fewer bytes",
                       not worse and bool(at_default), f"{len(at_default) - len(worse)}/{len(at_default)} runs"
                       + (f"; not: {'; '.join(worse)}" if worse else ""))]
     if at_given:
-        ratios = [o["total_s"] / d["total_s"] for d, o in at_given]
+        ratios = [o[time_key] / d[time_key] for d, o in at_given]
         mean = float(np.mean(ratios))
         targets.append(Target(f"{label}: drift, cadence {given}: mean total time <= {DRIFT_RECOMMENDED_RATIO} x "
                               "default at its cadence", mean <= DRIFT_RECOMMENDED_RATIO,

@@ -7,9 +7,8 @@ async one layer per step) and SGLang 0.5.23's `EPLBManager` (trivial start, reco
 each engine's environment). The harness (`bench/engine_harness.py`) drives them as it drives the real
 engines; the issue-21 targets are asserted for moe-place's policy at the engines' own cadence.
 
-The target tests are strict xfails while the current policy fails them (issue 21: it climbs from the start
-map a few slots per call); when the new policy lands they pass, strict xfail turns that into a failure,
-and the marker is to be removed.
+The drift test judges expert-layer time plus migration on the cost model; the policy's own wall time, which
+the issue counts too, is judged by `bench/bench_engines.py` only (tests assert no timings).
 """
 
 import importlib.util
@@ -43,8 +42,6 @@ Size = harness.Size
 
 SMALL = Size("test-1x8-e32", 32, 8, 8, 1, 2, None, 512, 4, "Qwen3-30B-A3B")
 HIER = Size("test-2x4-e64-hier", 64, 8, 8, 2, 2, 8, 512, 4, "DeepSeek-V3")
-CURRENT_POLICY_FAILS = pytest.mark.xfail(strict=True, reason="issue 21: the current online policy fails the "
-                                         "in-engine targets; remove this marker with the new policy")
 
 
 @pytest.fixture(autouse=True)
@@ -276,7 +273,6 @@ def _workload_targets(engine: str, size: Size, use_async: bool = True, stationar
     return harness.judge_workload(engine, rows["default"], rows["moe-place"], size, stationary)
 
 
-@CURRENT_POLICY_FAILS
 @pytest.mark.parametrize("engine", ["standin-vllm", "standin-sglang"])
 def test_inengine_targets_on_a_stationary_load_and_a_change(engine):
     targets = _workload_targets(engine, SMALL)
@@ -284,15 +280,15 @@ def test_inengine_targets_on_a_stationary_load_and_a_change(engine):
     assert all(t.passed for t in targets), "\n".join(t.line() for t in targets)
 
 
-@CURRENT_POLICY_FAILS
 def test_inengine_targets_hierarchical_groups_stay_inside_nodes():
     targets = _workload_targets("standin-vllm", HIER, use_async=False)
     assert any("inside one node" in t.name for t in targets)
     assert all(t.passed for t in targets), "\n".join(t.line() for t in targets)
 
 
-@CURRENT_POLICY_FAILS
 def test_inengine_drift_at_the_engines_cadence():
+    # expert-layer time + migration on the cost model; the policy's own wall time is left to the bench
+    # (bench_engines.py counts it): a test asserts no timings
     from moe_place.online.replay import parse_synthetic
 
     counts, _ = parse_synthetic("drift:steps=4000,layers=2,experts=32,tokens=1024,domains=4,seed=0")
@@ -303,7 +299,7 @@ def test_inengine_drift_at_the_engines_cadence():
                                             workload.counts, SMALL)
                   for policy in harness.POLICIES}
         pairs.append(({"scenario": engine, **priced["default"]}, {"scenario": engine, **priced["moe-place"]}))
-    targets = harness.judge_drift("stand-ins", pairs, [], {})
+    targets = harness.judge_drift("stand-ins", pairs, [], {}, time_key="model_s")
     assert all(t.passed for t in targets), "\n".join(t.line() for t in targets)
 
 
