@@ -13,7 +13,7 @@ start map at its own cadence, with its default policy and with moe-place's (`ins
    hierarchical size;
 2. the replay's drifting traces (`--drift`, bench_replay.py SCENARIOS, `--steps` long), priced on the cost
    model (expert-layer time + what serving pays for migration under the engine's model, a layer's copies
-   batched + the policy's own wall time): both policies at the engine's default cadence (target: moe-place
+   batched + the policy's own CPU time): both policies at the engine's default cadence (target: moe-place
    at most the default's total time on every run, with fewer bytes), and both at the cadence given by
    `--step-interval` / `--window` (vLLM) or `--sglang-iterations` (SGLang) (default: bench_replay.py's
    RECOMMENDED, the cadence moe-place recommends), moe-place's against the default at its own cadence
@@ -103,8 +103,8 @@ def workload_table(label: str, size, workload, cadence: dict, rows: dict) -> str
     lines = [f"{label}: {size.experts} experts + {size.redundant} redundant on {size.gpus} GPUs ({size.nodes} "
              f"node{'s' if size.nodes > 1 else ''}), {size.layers} layers, {kind}; cadence {cadence}; "
              f"{workload.description}",
-             f"{'call':>4} {'step':>6} | {'default: b/m':>12} {'slots':>6} {'MiB':>8} {'s':>6} | "
-             f"{'moe-place: b/m':>14} {'slots':>6} {'MiB':>8} {'s':>6} | note"]
+             f"{'call':>4} {'step':>6} | {'default: b/m':>12} {'slots':>6} {'MiB':>8} {'cpu s':>6} | "
+             f"{'moe-place: b/m':>14} {'slots':>6} {'MiB':>8} {'cpu s':>6} | note"]
     for d, o in zip(rows["default"], rows["moe-place"]):
         note = []
         if d["stale"]:
@@ -130,7 +130,7 @@ def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[
     label = _label(engine, use_async)
     records, at_default, at_given = [], [], []
     print(f"{label}: drifting traces, {args.steps} steps, seed {args.seed}; total = expert-layer time + migration "
-          f"({'async' if use_async else 'stall'}) + policy time")
+          f"({'async' if use_async else 'stall'}) + the policy's CPU time")
     print(f"{'scenario':<22} {'policy':<10} {'cadence':<26} {'expert s':>9} {'migr. s':>8} {'policy s':>9} "
           f"{'total s':>9} {'GiB':>7} {'calls':>6} {'vs default':>10}")
     for scenario in args.drift:

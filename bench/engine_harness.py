@@ -33,12 +33,13 @@ Workloads: `skewed_workload` (stationary Dirichlet-skewed popularity, then a new
 replay's drifting traces (`drift_workload`, the specs of `bench/bench_replay.py` SCENARIOS). Per policy
 call (`rebalance_rows`): its step, the busiest/mean GPU load (even split, mean over layers) of the steps
 it serves until the next call (summed), slots changed, bytes copied between GPUs
-(`moe_place.cost.migration.plan_copies` with the size's expert bytes), the policy's wall time and, for a
+(`moe_place.cost.migration.plan_copies` with the size's expert bytes), the policy's CPU time and, for a
 hierarchical size, whether every expert group and its replicas sit inside one node. On drift traces
 `price_run` adds, per step, the expert-layer time of the map the engine runs
 (`ReplayCost.step_time_s`), what serving pays for each map change under the engine's migration model
 (vLLM async: per committed layer, `ReplayCost.charge` with migration "async"; sync vLLM and SGLang's
-default all-layers update: "stall") and the policy's own wall time per call.
+default all-layers update: "stall") and the policy's own CPU time per call (`time.thread_time` in the
+thread that calls it; its wall time is recorded beside).
 """
 
 from __future__ import annotations
@@ -216,10 +217,14 @@ def drift_workload(scenario: str, scenarios: dict, steps: int, seed: int) -> Wor
 # ---------------------------------------------------------------------- what a run records
 @dataclass
 class PolicyCall:
-    """One call of the policy: the forward pass it ran after, its wall time, the map in use it was given and
-    the map it returned (int64 `[layers, P]`)."""
+    """One call of the policy: the forward pass it ran after, its CPU time (the calling thread's: vLLM's async
+    worker or the serving thread) and wall time, the map in use it was given and the map it returned
+    (int64 `[layers, P]`). The CPU time is what the totals count: on a shared machine the wall time also
+    holds the waits for a core (work a policy hands to other threads, e.g. torch's intra-op pool, is not in
+    the CPU time)."""
 
     step: int
+    cpu_s: float
     wall_s: float
     before: np.ndarray
     after: np.ndarray
@@ -237,10 +242,10 @@ class Clock:
 
         def run(*args, **kwargs):
             old = np.array(_numpy(before(args, kwargs)), dtype=np.int64)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             out = call(*args, **kwargs)
-            wall = time.perf_counter() - start
-            self.calls.append(PolicyCall(self.step, wall, old, np.array(_numpy(after(out)), dtype=np.int64)))
+            cpu, wall = time.thread_time() - cpu, time.perf_counter() - start
+            self.calls.append(PolicyCall(self.step, cpu, wall, old, np.array(_numpy(after(out)), dtype=np.int64)))
             return out
 
         return run
@@ -714,7 +719,7 @@ def rebalance_rows(run: EngineRun, workload: Workload, size: Size) -> list[dict]
                "busiest_over_mean": busiest_over_mean(call.after, served, size.gpus) if end > call.step else None,
                "slots_changed": int((call.after != call.before).sum()),
                "bytes_moved": copy_bytes(call.before, call.after, size, cost),
-               "policy_s": call.wall_s,
+               "policy_s": call.cpu_s, "policy_wall_s": call.wall_s,
                "stale": workload.change_step is not None and call.step < workload.change_step <= end,
                "applied": bool(np.array_equal(run.maps[run.map_of_step[settle]], call.after)) if settle > call.step
                else None}
@@ -726,8 +731,8 @@ def rebalance_rows(run: EngineRun, workload: Workload, size: Size) -> list[dict]
 
 def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
     """Total time of a run on the cost model (module note): expert-layer time per step of the map in use, what
-    serving pays for each map change under the run's migration model, and the policy's own wall time.
-    `model_s` is the first two (deterministic), `total_s` all three."""
+    serving pays for each map change under the run's migration model, and the policy's own CPU time.
+    `model_s` is the first two (deterministic), `total_s` all three (`policy_wall_s`: its wall time)."""
     cost = size.cost(run.migration)
     placements = [_placement(m, size) for m in run.maps]
     expert_s = np.array([cost.step_time_s(placements[i], counts[t]) for t, i in enumerate(run.map_of_step)])
@@ -738,10 +743,11 @@ def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
         copies = cost.copies(old, new)
         migration_s += float(cost.charge(copies, old, counts[t]).charged_s)
         moved += int(sum(c.num_bytes for c in copies if not c.local))
-    policy_s = float(sum(c.wall_s for c in run.calls))
+    policy_s = float(sum(c.cpu_s for c in run.calls))
     model_s = float(expert_s.sum()) + migration_s
     return {"expert_s": float(expert_s.sum()), "migration_s": migration_s, "policy_s": policy_s,
-            "model_s": model_s, "total_s": model_s + policy_s, "bytes_moved": moved,
+            "model_s": model_s, "total_s": model_s + policy_s,
+            "policy_wall_s": float(sum(c.wall_s for c in run.calls)), "bytes_moved": moved,
             "calls": len(run.calls), "map_changes": int(np.count_nonzero(np.diff(run.map_of_step)))}
 
 
@@ -794,7 +800,7 @@ def judge_workload(label: str, default_rows: list[dict], ours_rows: list[dict], 
 def judge_drift(label: str, at_default: list[tuple[dict, dict]], at_given: list[tuple[dict, dict]],
                 given: dict, time_key: str = "total_s") -> list[Target]:
     """Drift targets: `at_default` (default, ours) priced runs at the engine's cadence; `at_given` (default at
-    its cadence, ours at the cadence given). `time_key`: "total_s" (the policy's wall time included, as the
+    its cadence, ours at the cadence given). `time_key`: "total_s" (the policy's CPU time included, as the
     issue counts it) or "model_s" (without it: what a test can assert, timings being noisy)."""
     worse = [f"{d['scenario']}: {o[time_key]:.2f} vs {d[time_key]:.2f} s, {o['bytes_moved'] / 2**30:.2f} vs "
              f"{d['bytes_moved'] / 2**30:.2f} GiB" for d, o in at_default

@@ -7,7 +7,7 @@ async one layer per step) and SGLang 0.5.23's `EPLBManager` (trivial start, reco
 each engine's environment). The harness (`bench/engine_harness.py`) drives them as it drives the real
 engines; the issue-21 targets are asserted for moe-place's policy at the engines' own cadence.
 
-The drift test judges expert-layer time plus migration on the cost model; the policy's own wall time, which
+The drift test judges expert-layer time plus migration on the cost model; the policy's own CPU time, which
 the issue counts too, is judged by `bench/bench_engines.py` only (tests assert no timings).
 """
 
@@ -287,7 +287,7 @@ def test_inengine_targets_hierarchical_groups_stay_inside_nodes():
 
 
 def test_inengine_drift_at_the_engines_cadence():
-    # expert-layer time + migration on the cost model; the policy's own wall time is left to the bench
+    # expert-layer time + migration on the cost model; the policy's own CPU time is left to the bench
     # (bench_engines.py counts it): a test asserts no timings
     from moe_place.online.replay import parse_synthetic
 
