@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.interrupts import children, stop_children, worker_ignores_interrupts
 from moe_place.placement import Placement, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
@@ -271,6 +272,35 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], deadli
     return out
 
 
+def _run_in_processes(problem: PlacementProblem, name: str, layers: list[int], jobs: int, bar: ProgressBar | None,
+                      results: dict[int, LayerSolution], deadline: float | None,
+                      starts: dict[int, LayerSolution] | None, limits: dict[int, float] | None,
+                      min_wall_s: float) -> None:
+    """`_run_layers` on `jobs` worker processes, about 4 chunks of layers each; fills `results`.
+
+    The workers ignore SIGINT; when this process is interrupted (or a worker fails) they are
+    terminated at once instead of finishing their chunk (`moe_place.interrupts`)."""
+    size = max(1, -(-len(layers) // (4 * jobs)))  # ~4 chunks per worker: progress without much pickling
+    chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
+    before = children()
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=worker_ignores_interrupts)
+    try:
+        futures = [pool.submit(_solve_chunk, problem, name, chunk, deadline,
+                               None if starts is None else {i: starts[i] for i in chunk if i in starts},
+                               limits, None, None, min_wall_s) for chunk in chunks]
+        for chunk, future in zip(chunks, futures):
+            for layer, solution in zip(chunk, future.result()):
+                if solution is not None:
+                    results[layer] = solution
+            if bar:
+                bar.advance(len(chunk))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_children(before)
+        raise
+    pool.shutdown()
+
+
 def _run_layers(problem: PlacementProblem, name: str, layers: list[int], jobs: int, progress: bool,
                 deadline: float | None = None, starts: dict[int, LayerSolution] | None = None,
                 limits: dict[int, float] | None = None, min_wall_s: float = 0.0) -> dict[int, LayerSolution]:
@@ -279,28 +309,19 @@ def _run_layers(problem: PlacementProblem, name: str, layers: list[int], jobs: i
         return {}
     bar = ProgressBar(len(layers), f"plan {name}", "layers") if progress else None
     results: dict[int, LayerSolution] = {}
-    if jobs == 1 or len(layers) == 1:
-        instances: dict = {}
-        for layer in layers:
-            solution = _solve_chunk(problem, name, [layer], deadline, starts, limits, layers, instances,
-                                    min_wall_s)[0]
-            if solution is not None:
-                results[layer] = solution
-            if bar:
-                bar.advance(1)
-    else:
-        size = max(1, -(-len(layers) // (4 * jobs)))  # ~4 chunks per worker: progress without much pickling
-        chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_solve_chunk, problem, name, chunk, deadline,
-                                   None if starts is None else {i: starts[i] for i in chunk if i in starts},
-                                   limits, None, None, min_wall_s) for chunk in chunks]
-            for chunk, future in zip(chunks, futures):
-                for layer, solution in zip(chunk, future.result()):
-                    if solution is not None:
-                        results[layer] = solution
+    try:
+        if jobs == 1 or len(layers) == 1:
+            instances: dict = {}
+            for layer in layers:
+                solution = _solve_chunk(problem, name, [layer], deadline, starts, limits, layers, instances,
+                                        min_wall_s)[0]
+                if solution is not None:
+                    results[layer] = solution
                 if bar:
-                    bar.advance(len(chunk))
-    if bar:
-        bar.close()
+                    bar.advance(1)
+        else:
+            _run_in_processes(problem, name, layers, jobs, bar, results, deadline, starts, limits, min_wall_s)
+    finally:  # also when interrupted: the message that follows starts on its own line
+        if bar:
+            bar.close()
     return results

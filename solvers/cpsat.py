@@ -67,6 +67,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from moe_place.errors import InfeasibleError, InputError
+from moe_place.interrupts import run_stoppable
 from moe_place.placement import has_colocation, keep_unchanged_slots
 from moe_place.problem import PlacementProblem, combine_windows
 from moe_place.solvers.base import LayerSolution, register
@@ -466,7 +467,7 @@ def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
         else float(wall_limit_s)
     params.log_search_progress = False
     start = time.perf_counter()
-    status = solver.solve(layer_model.model)
+    status = stoppable_solve(solver, layer_model.model)
     wall = time.perf_counter() - start
     name = solver.status_name(status)
     plan = None
@@ -480,6 +481,15 @@ def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
     wall_limit_hit = status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and dtime < 0.99 * time_limit_s
     return ModelResult(plan, name, objective, bound, dtime, wall, wall_limit_hit, solver.num_branches,
                        solver.num_conflicts)
+
+
+def stoppable_solve(solver: cp_model.CpSolver, model: cp_model.CpModel):
+    """`solver.solve(model)` that an interrupt (Ctrl-C, SIGTERM) stops through CP-SAT's own
+    `stop_search`, raising `Interrupted` at once instead of after the search (`moe_place.interrupts`).
+    CP-SAT's own SIGINT handler is turned off: it swallowed the interrupt and, after several solves,
+    aborted the process (`std::bad_function_call`)."""
+    solver.parameters.catch_sigint_signal = False
+    return run_stoppable(lambda: solver.solve(model), solver.stop_search)
 
 
 def _read_plan(layer_model: LayerModel, solver: cp_model.CpSolver) -> np.ndarray:

@@ -4,7 +4,9 @@ Each subcommand lives in `moe_place.cli.<name>` and defines
     HELP: str                              one line for `moe-place --help`
     add_arguments(parser) -> None          its options (argparse only, no heavy imports)
     run(args) -> int                       imports the library lazily, does the work
-Exit codes: 0 ok, 1 a result failed a requested threshold, 2 bad input or usage.
+Exit codes: 0 ok, 1 a benchmark missed its target (`bench`), 2 bad input or usage, 130 / 143
+interrupted by SIGINT (Ctrl-C) / SIGTERM: one line on stderr, no traceback, no file left half
+written (`moe_place.interrupts`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 
 from moe_place import __version__
 from moe_place.errors import MoePlaceError
+from moe_place.interrupts import Interrupted, signals_raise
 
 COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
             "report")
@@ -44,14 +47,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
-    try:
-        return int(args._run(args) or 0)
-    except MoePlaceError as exc:
-        print(f"moe-place {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    with signals_raise():
+        try:
+            args = build_parser(command).parse_args(argv)
+            return int(args._run(args) or 0)
+        except MoePlaceError as exc:
+            print(f"moe-place {command}: error: {exc}", file=sys.stderr)
+            return 2
+        except BrokenPipeError:
+            return 0
+        except KeyboardInterrupt as exc:  # Interrupted (SIGINT, SIGTERM), or a KeyboardInterrupt of our own
+            if sys.stderr.isatty():  # over a progress bar's unfinished line (and the terminal's ^C)
+                sys.stderr.write("\r\033[K")
+            print(f"moe-place{' ' + command if command else ''}: interrupted", file=sys.stderr)
+            return exc.exit_code if isinstance(exc, Interrupted) else 130
 
 
 def _version() -> str:

@@ -121,10 +121,12 @@ def run(args: argparse.Namespace) -> int:
     controller = make_controller(args.controller, cost, layers, experts, **options)
     start = initial_placement(counts, args.gpus, physical, args.nodes, window=args.window)
     bar = None if args.no_progress else ProgressBar(steps, f"replay {args.controller}", "steps")
-    result = replay(counts, controller, cost, start, drain_steps=args.drain_steps,
-                    on_step=None if bar is None else lambda _: bar.advance())
-    if bar is not None:
-        bar.close()
+    try:
+        result = replay(counts, controller, cost, start, drain_steps=args.drain_steps,
+                        on_step=None if bar is None else lambda _: bar.advance())
+    finally:  # also when interrupted: the message that follows starts on its own line
+        if bar is not None:
+            bar.close()
     doc = {**result.to_json(per_step=not args.no_per_step), "trace": source, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "hardware": cost.gpu.name,
            "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": args.copy_schedule,
