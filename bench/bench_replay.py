@@ -52,6 +52,7 @@ import time
 import numpy as np
 
 from moe_place.analysis.persistence import run_lengths
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cost.models import ExpertShape
 from moe_place.io import write_json_atomic
 from moe_place.online.controller import PaybackController, make_controller
@@ -238,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(PaybackController fields; tuples with /)")
     parser.add_argument("--migration", default="stall,async",
                         help="migration models to replay, a comma list of stall and async (default both)")
-    parser.add_argument("--output-json", metavar="PATH", help=f"e.g. {RESULTS_JSON} (the committed record)")
-    parser.add_argument("--plot", metavar="PNG", help=f"e.g. {RESULTS_PNG} (the committed record)")
+    add_record_options(parser, plot=True, committed=(RESULTS_JSON, RESULTS_PNG))
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
@@ -265,7 +266,12 @@ def main(argv: list[str] | None = None) -> int:
                                              "runs": [s for s, _ in runs]})
     if args.plot:
         plot(args.plot, runs, migrations[0])
-    return 0 if all(m["targets_met"] for s, _ in runs for m in s["migration"].values()) else 1
+    missed = [f"{s['scenario']} seed {s['trace']['seed']} [{migration}]" for s, _ in runs
+              for migration, m in s["migration"].items() if not m["targets_met"]]
+    if missed:  # the tables above say by how much
+        print(f"bench_replay.py: targets not met on {len(missed)} of {len(runs) * len(migrations)} runs: "
+              f"{', '.join(missed)} (exit 1)", file=sys.stderr)
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

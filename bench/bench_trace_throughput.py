@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.cli.main import main as cli_main
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.traces.count import THREADS_ENV, DispatchCounter, chunk_tokens_for, resolve_workers
 from moe_place.traces.load import DEFAULT_MAX_TOKEN_BYTES
@@ -139,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                         "MOE_PLACE_THREADS, else min(2, cores))")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-json", metavar="PATH")
+    add_record_options(parser)
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     threads = resolve_workers(args.threads)
     load_before = os.getloadavg()  # other jobs on the machine slow the long rows more than the baseline
 

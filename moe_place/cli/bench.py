@@ -1,4 +1,4 @@
-"""`moe-place bench [SECTION] [--dry-run] [--output-json PATH]`: run the kernel microbenchmarks.
+"""`moe-place bench [SECTION] [--dry-run] [--out PATH]`: run the kernel microbenchmarks.
 
 Forwards to `bench/microbench.py` of the source checkout moe-place is installed from (editable
 install): the benchmarks are not part of the installed library.
@@ -32,8 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="BLOCK_M values of the padding sweep, e.g. 16,32,64,128 (default: 16,32,64,128 on a GPU)")
     parser.add_argument("--reps", type=positive_int, default=None, metavar="N",
                         help="timed repetitions per measurement (default 10 on a GPU, 2 in a dry run)")
-    parser.add_argument("--output-json", type=output_file, default=None, metavar="FILE",
-                        help="write the results here (JSON; default: print only)")
+    parser.add_argument("--out", "--output-json", dest="out", type=output_file, default=None, metavar="FILE",
+                        help="write the results here (JSON; --output-json is the same); an existing file is kept "
+                             "unless --force (default: print only)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
 
 def run(args) -> int:
@@ -45,9 +47,9 @@ def run(args) -> int:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    argv = [args.section] + (["--dry-run"] if args.dry_run else [])
+    argv = [args.section] + (["--dry-run"] if args.dry_run else []) + (["--force"] if args.force else [])
     for flag, value in (("--gpu", args.gpu), ("--block-m", args.block_m), ("--reps", args.reps),
-                        ("--output-json", args.output_json)):
+                        ("--out", args.out)):
         if value is not None:
             argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     return module.main(argv)

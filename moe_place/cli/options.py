@@ -61,6 +61,30 @@ def output_file(text: str) -> str:
     return text
 
 
+def add_record_options(parser: argparse.ArgumentParser, plot: bool = False, committed: tuple[str, ...] = ()) -> None:
+    """A benchmark's output files: `--out FILE` (alias `--output-json`, the older name; dest
+    `output_json`) for its JSON record, `--plot FILE.png` if `plot`, and `--force`. After
+    `parse_args`, `refuse_overwrite(parser, args)` keeps existing files (the committed records in
+    bench/results/, named in the help by `committed`) unless `--force`."""
+    record = f"; the committed record: {', '.join(committed)}" if committed else ""
+    parser.add_argument("--out", "--output-json", dest="output_json", type=output_file, metavar="FILE",
+                        help="write the results as JSON to FILE (--output-json is the same); an existing file is "
+                             f"kept unless --force (default: print only{record})")
+    if plot:
+        parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+                            help="also write a PNG; an existing file is kept unless --force (default: none)")
+    parser.add_argument("--force", action="store_true", help="overwrite existing --out/--plot files")
+
+
+def refuse_overwrite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 with one line, before any work, when an output file of `add_record_options` exists and
+    `--force` is not given: rerunning a benchmark must not silently replace a committed record."""
+    for flag, path in (("--out", args.output_json), ("--plot", getattr(args, "plot", None))):
+        if path and Path(path).exists() and not args.force:
+            parser.exit(2, f"{parser.prog}: error: {flag} {path}: the file exists (a committed record?); give "
+                           f"another path, or --force to overwrite it\n")
+
+
 def output_dir(text: str) -> str:
     """A folder to write into: an existing writable folder, or a new one in an existing writable folder."""
     path = Path(text)
