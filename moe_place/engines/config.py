@@ -30,7 +30,7 @@ from typing import Any, Mapping
 from moe_place.cost.files import read_table_file
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS
 from moe_place.cost.models import ExpertShape, get_model, model_from_table
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 from moe_place.online.controller import EngineRebalancer, PaybackController
 from moe_place.online.costing import cluster_cost
 from moe_place.online.window import HotSpotTracker
@@ -113,8 +113,5 @@ def load_engine_config(environ: Mapping[str, str] | None = None) -> EngineConfig
 
 def _read_file(path: Path) -> dict:
     data = read_table_file(path)
-    known = {f.name for f in fields(EngineConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise InputError(f"{path}: {unknown[0]}", f"one of the keys {', '.join(sorted(known))}")
+    check_keys(data, {f.name for f in fields(EngineConfig)}, f"{path}:")
     return data
