@@ -51,12 +51,17 @@ def files(tmp_path):
              counts=np.array([[[600, 560, 120, 120, 20, 10, 10, 10], [200, 200, 200, 200, 200, 200, 200, 200]]]))
     plan = tmp_path / "p.json"
     assert run("plan", trace, "--gpus", "4", "--redundant", "4", "--out", plan)[0] == 0
+    trace35 = tmp_path / "t35.npz"  # layers 3 and 5 of a model
+    np.savez(trace35, format_version=1, num_experts=8, top_k=2, layer_ids=np.array([3, 5]),
+             counts=np.array([[[600, 560, 120, 120, 20, 10, 10, 10], [200, 200, 200, 200, 200, 200, 200, 200]]]))
+    plan35 = tmp_path / "p35.json"
+    assert run("plan", trace35, "--gpus", "4", "--redundant", "4", "--out", plan35)[0] == 0
     folder = tmp_path / "folder"
     folder.mkdir()
     loop = tmp_path / "loop"
     os.symlink(tmp_path / "loop2", loop)
     os.symlink(loop, tmp_path / "loop2")
-    return {"trace": trace, "plan": plan, "folder": folder, "loop": loop, "tmp": tmp_path}
+    return {"trace": trace, "plan": plan, "plan35": plan35, "folder": folder, "loop": loop, "tmp": tmp_path}
 
 
 # ---------------------------------------------------------------------- output paths
@@ -153,8 +158,8 @@ def test_options_that_were_silently_accepted(files):
         (("evaluate", plan, trace, "--quantile", "0.5"), ("--quantile", "--window-objective quantile")),
         (("replay", trace, "--window", "5"), ("--window", "at most the 1 steps")),
         (("payback", SCENARIOS / "c9_payback.toml", "--saving-ms", "1"), ("--saving-ms", "SCENARIO")),
-        (("export", plan, "--engine", "sglang", "--out", tmp / "s.json", "--dense-layers", "0-1"),
-         ("--dense-layers", "layer 0")),
+        (("export", files["plan35"], "--engine", "sglang", "--out", tmp / "s.json", "--dense-layers", "3"),
+         ("--dense-layers", "layer 3")),  # model layers 3 and 5 have experts: 3 cannot be dense
         (("bench", "--block-m", "x"), ("--block-m", "positive integer")),
         (("bench", "--reps", "0"), ("--reps",)),
         (("plan", trace, "--gpus", "4", "--solver", "magic", "--out", tmp / "q.json"), ("--solver", "auto")),

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import moe_place
-from moe_place.cli.options import int_list, output_file, positive_int
+from moe_place.cli.options import add_out_argument, int_list, json_file, positive_int
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.errors import InputError
 from moe_place.kernels.report import SECTIONS as MICROBENCH_SECTIONS
@@ -32,9 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="BLOCK_M values of the padding sweep, e.g. 16,32,64,128 (default: 16,32,64,128 on a GPU)")
     parser.add_argument("--reps", type=positive_int, default=None, metavar="N",
                         help="timed repetitions per measurement (default 10 on a GPU, 2 in a dry run)")
-    parser.add_argument("--out", "--output-json", dest="out", type=output_file, default=None, metavar="FILE",
-                        help="write the results here (JSON; --output-json is the same); an existing file is kept "
-                             "unless --force (default: print only)")
+    add_out_argument(parser, json_file, "FILE.json", "write the results as JSON to FILE; an existing file is kept "
+                     "unless --force", aliases=("--output-json",), default_text="print only")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
 

@@ -7,8 +7,9 @@ import argparse
 import json
 from pathlib import Path
 
-from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_int, output_file, positive_float,
-                                   positive_int, trace_load_options)
+from moe_place.cli.options import (add_out_argument, add_trace_options, json_file, layer_selection, non_negative_int,
+                                   png_file, positive_float, positive_int, share_below_one, trace_load_options)
+from moe_place.cli.output import wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS, infer_model_name
 from moe_place.errors import InputError
@@ -34,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--nodes", type=positive_int, default=1, help="servers (default 1)")
     cluster.add_argument("--redundant", type=non_negative_int, default=None,
                          help="redundant slots per layer (default: one per GPU)")
-    cluster.add_argument("--hardware", default="H100",
-                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])} (default H100)")
+    cluster.add_argument("--hardware", default="H100-SXM",
+                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])}, or an alias such as H100 "
+                              "(default H100-SXM)")
     cluster.add_argument("--model", default=None,
                          help=f"expert shape preset for time and copy size: one of {', '.join(PRESETS)} "
                               "(default: from the trace, else Qwen3-30B-A3B)")
@@ -53,13 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(default 1000, or all steps of a shorter trace)")
     ctl.add_argument("--step-interval", type=positive_int, default=3000, help="periodic-eplb: steps between re-plans (default 3000)")
     ctl.add_argument("--check-every", type=positive_int, default=16, help="ours: steps between checks (default 16)")
-    ctl.add_argument("--horizon", type=positive_int, default=32, help="ours: steps the predictor looks back (default 32)")
+    ctl.add_argument("--horizon", type=positive_int, default=None,
+                     help="ours: steps the predictor looks back, at most the trace's steps (default 32)")
     ctl.add_argument("--predictor", choices=("last", "ema", "scenarios"), default="last",
                      help="ours: how the next steps' load is predicted from the last ones (default last)")
     ctl.add_argument("--hysteresis", type=positive_float, default=1.0,
                      help="ours: a move must pay back within 1/H of the hot spots' expected life (default 1)")
-    ctl.add_argument("--min-saving", type=positive_float, default=0.005,
-                     help="ours: ignore a layer whose predicted saving is below this share of its time (default 0.005)")
+    ctl.add_argument("--min-saving", type=share_below_one, default=0.005,
+                     help="ours: ignore a layer whose predicted saving is below this share of its time, in [0, 1) "
+                          "(default 0.005: 0.5%%)")
     ctl.add_argument("--max-moved-slots", type=non_negative_int, default=2,
                      help="ours: slot changes per layer and rebalance at most; budgets 1, 2, 4, ... up to it are "
                           "tried and each layer takes the one with the largest net gain that pays back (default 2)")
@@ -68,8 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="batches in flight that finish on the old map before a switch (default 1)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
-    parser.add_argument("--out", type=output_file, metavar="FILE", help="also write the JSON result to FILE (default: none)")
-    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+    add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
+    parser.add_argument("--plot", type=png_file, metavar="FILE.png",
                         help="also write a PNG: per-step balancedness and cumulative time (default: none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -114,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
     if args.controller == "periodic-eplb":
         options = dict(window_size=args.window, step_interval=args.step_interval)
     elif args.controller == "ours":
-        options = dict(check_every=args.check_every, predictor=Predictor(args.predictor, horizon=args.horizon),
+        if args.horizon is not None and args.horizon > steps:  # its history buffer is sized by it
+            raise InputError("--horizon", f"at most the {steps} steps of the trace", args.horizon)
+        horizon = 32 if args.horizon is None else args.horizon
+        options = dict(check_every=args.check_every, predictor=Predictor(args.predictor, horizon=horizon),
                        hysteresis=args.hysteresis, min_relative_saving=args.min_saving,
                        max_moved_slots=args.max_moved_slots,
                        max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
@@ -133,9 +140,11 @@ def run(args: argparse.Namespace) -> int:
            "migration": args.migration}
     if args.out:
         write_json_atomic(args.out, doc)
+        wrote("json", args.out)
     if args.plot:
         title = f"{args.synthetic or Path(args.trace).name}, {args.gpus} GPUs"
         write_atomic(args.plot, render_replay_png([(title, {args.controller: result})]))
+        wrote("plot", args.plot)
     if args.format == "json":
         print(json.dumps(doc))
         return 0
