@@ -206,7 +206,7 @@ def test_a_json_name_gets_json_with_a_note(tmp_path, counts_trace):
     code, stdout, err = run("analyze", counts_trace, "--out", out)
     assert code == 0 and stdout == ""
     assert json.loads(out.read_text())["num_experts"] == 8
-    assert "note: writing JSON" in err
+    assert f"wrote json (as its suffix says) {out}" in err
 
 
 # ---------------------------------------------------------------------- ranges, huge ids

@@ -46,14 +46,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--top-n", f"at most num_experts={trace.num_experts}", args.top_n)
     if args.window is not None and args.window > trace.num_steps:
         raise InputError("--window", f"at most the {trace.num_steps} steps of the trace", args.window)
-    fmt = report_format(args.format, args.out, "analyze")
+    fmt, label = report_format(args.format, args.out)
     analysis = analyze_trace(trace, ep_sizes, args.top_n, args.window)
     report = analysis_to_json(analysis)
     text = json.dumps(report, indent=1, allow_nan=False) + "\n" if fmt == "json" else format_table(report)
     if args.plot:
         write_atomic(args.plot, render_png(analysis))
         wrote("plot", args.plot)
-    emit(text, args.out, fmt)
+    emit(text, args.out, label)
     return 0
 
 

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.cost.report import format_report
     from moe_place.cost.scenario import load_scenario, payback_report, scenario_from_table
 
-    fmt = report_format(args.format, args.out, "payback")
+    fmt, label = report_format(args.format, args.out)
     table = _command_line_scenario(args)
     if table is None:
         scenario = load_scenario(args.scenario)
@@ -122,5 +122,5 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         write_atomic(args.plot, render_payback_png(result))
         wrote("plot", args.plot)
-    emit(text, args.out, fmt)
+    emit(text, args.out, label)
     return 0

@@ -31,12 +31,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.scenario is None:
         raise InputError("SCENARIO", "a scenario file (or --schema)", "nothing")
-    fmt = report_format(args.format, args.out, "predict")
+    fmt, label = report_format(args.format, args.out)
     report = predict(load_scenario(args.scenario))
     if report.get("workload_from_plan"):
         taken = ", ".join(f"{key} = {value!r}" for key, value in report["workload_from_plan"].items())
         print(f"moe-place predict: note: as the workload's plan was made: {taken} (keys in [workload] win)",
               file=sys.stderr)
     text = json.dumps(report, indent=1) + "\n" if fmt == "json" else format_report(report)
-    emit(text, args.out, fmt)
+    emit(text, args.out, label)
     return 0
