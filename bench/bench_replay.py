@@ -40,7 +40,7 @@ moves fewer bytes than periodic-eplb.
 The committed record (bench/results/replay.json and .png) comes from:
 
     python bench/bench_replay.py --seeds 0,1,2 --jobs 2 \
-        --output-json bench/results/replay.json --plot bench/results/replay.png
+        --output-json bench/results/replay.json --plot bench/results/replay.png --force
 """
 
 from __future__ import annotations
