@@ -42,6 +42,13 @@ def _float_where(text: str, ok, expected: str) -> float:
     return value
 
 
+def redundant_count(text: str) -> int | str:
+    """`--redundant` of `plan`: an integer >= 0, or `auto` (size it: moe_place.solvers.sizing)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return _int_at_least(text, 0, "an integer >= 0 or auto")
+
+
 def positive_float(text: str) -> float:
     return _float_where(text, lambda v: v > 0, "a positive finite number")
 
@@ -263,3 +270,20 @@ def time_model_defaults(args: argparse.Namespace) -> None:
     for key, value in TIME_MODEL_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+
+
+# ---------------------------------------------------------------------- redundancy sizing
+def add_sizing_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `plan --redundant auto` (`moe_place.solvers.sizing`)."""
+    group = parser.add_argument_group("redundancy sizing (--redundant auto)")
+    group.add_argument("--min-gain-per-gib", type=non_negative_float, metavar="F",
+                       help="with --redundant auto: the least relative drop in held-out busiest/mean that one GiB of "
+                            "replicas per GPU must buy (default 0.01, i.e. 1%%)")
+    group.add_argument("--max-redundant", type=non_negative_int, metavar="R",
+                       help="with --redundant auto: the largest R to size (default 2E, at most E(G-1))")
+    group.add_argument("--max-replica-bytes", type=positive_int, metavar="BYTES",
+                       help="with --redundant auto: the most bytes per GPU the redundant experts may take "
+                            "(default: no cap)")
+    group.add_argument("--plot", type=png_file, metavar="FILE.png",
+                       help="with --redundant auto: also write a PNG of held-out busiest/mean and KV tokens lost "
+                            "against R (default: none)")
