@@ -42,23 +42,35 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+class Received:
+    """What `signals_raise` saw: `signum`, the first signal (None: none came)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+
 @contextmanager
-def signals_raise() -> Iterator[None]:
+def signals_raise() -> Iterator[Received]:
     """Within the block, SIGINT and SIGTERM raise `Interrupted` in this (the main) thread, once;
-    the previous handlers come back after it. Outside the main thread it changes nothing."""
+    the previous handlers come back after it. Outside the main thread it changes nothing.
+
+    The `Received` it yields says whether a signal came, for the caller to report an interrupt
+    whatever exception it became: raised inside a C extension's initialisation (an import of
+    OR-Tools, say) it surfaces as `ImportError: initialization failed`.
+    """
+    received = Received()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
-    raised = []
 
     def handler(signum, _frame):
-        if not raised:
-            raised.append(signum)
+        if received.signum is None:
+            received.signum = signum
             raise Interrupted(signum)
 
     previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
     try:
-        yield
+        yield received
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)

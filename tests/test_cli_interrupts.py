@@ -201,3 +201,21 @@ def test_a_second_signal_does_not_cut_the_cleanup_short(tmp_path):
         os.kill(os.getpid(), signal.SIGINT)  # the second one, after: ignored
         time.sleep(0.05)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_that_became_another_exception_is_still_reported_as_one(monkeypatch, capsys):
+    """Raised inside a C extension's initialisation (Ctrl-C while OR-Tools is imported), the
+    interrupt surfaces as `ImportError: initialization failed`: a traceback and exit 1 before."""
+    from moe_place.cli import main as cli_main
+    from moe_place.cli import synth
+
+    def interrupted_import(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise ImportError("initialization failed") from None
+
+    monkeypatch.setattr(synth, "run", interrupted_import)
+    assert cli_main.main(["synth", "drift:steps=3", "--out", "/tmp/never-written.npz"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["moe-place synth: interrupted"]

@@ -17,7 +17,7 @@ import sys
 
 from moe_place import __version__
 from moe_place.errors import MoePlaceError
-from moe_place.interrupts import Interrupted, signals_raise
+from moe_place.interrupts import signals_raise
 
 COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
             "report")
@@ -48,20 +48,31 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
-    with signals_raise():
+    with signals_raise() as received:
         try:
             args = build_parser(command).parse_args(argv)
             return int(args._run(args) or 0)
-        except MoePlaceError as exc:
-            print(f"moe-place {command}: error: {exc}", file=sys.stderr)
-            return 2
-        except BrokenPipeError:
-            return 0
-        except KeyboardInterrupt as exc:  # Interrupted (SIGINT, SIGTERM), or a KeyboardInterrupt of our own
-            if sys.stderr.isatty():  # over a progress bar's unfinished line (and the terminal's ^C)
-                sys.stderr.write("\r\033[K")
-            print(f"moe-place{' ' + command if command else ''}: interrupted", file=sys.stderr)
-            return exc.exit_code if isinstance(exc, Interrupted) else 130
+        except BaseException as exc:
+            code = _exit_code(exc, received.signum, command)
+            if code is None:
+                raise
+            return code
+
+
+def _exit_code(exc: BaseException, signum: int | None, command: str | None) -> int | None:
+    """The exit code for an exception that ended a subcommand, after its one line on stderr; None to let
+    it propagate (argparse's SystemExit, a bug's traceback)."""
+    if signum is not None or isinstance(exc, KeyboardInterrupt):  # whatever the interrupt became on its way
+        if sys.stderr.isatty():  # over a progress bar's unfinished line (and the terminal's ^C)
+            sys.stderr.write("\r\033[K")
+        print(f"moe-place{' ' + command if command else ''}: interrupted", file=sys.stderr)
+        return 128 + signum if signum is not None else 130
+    if isinstance(exc, MoePlaceError):
+        print(f"moe-place {command}: error: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, BrokenPipeError):
+        return 0
+    return None
 
 
 def _version() -> str:
