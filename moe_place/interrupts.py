@@ -49,6 +49,21 @@ class Received:
         self.signum: int | None = None
 
 
+# The signals_raise blocks open now. Process-wide state, as signal handlers are: an interrupt that a
+# library swallowed (raised inside an optional C extension's import, it can become an ImportError that
+# a fallback catches) must still stop the command before it writes a file (`raise_if_interrupted`).
+_OPEN: list[Received] = []
+
+
+def raise_if_interrupted() -> None:
+    """Raise `Interrupted` if a signal came within an open `signals_raise` block, even when whatever
+    it interrupted caught the exception. Called before files are written and between units of long
+    work (layers, replay steps)."""
+    for received in _OPEN:
+        if received.signum is not None:
+            raise Interrupted(received.signum)
+
+
 @contextmanager
 def signals_raise() -> Iterator[Received]:
     """Within the block, SIGINT and SIGTERM raise `Interrupted` in this (the main) thread, once;
@@ -69,9 +84,11 @@ def signals_raise() -> Iterator[Received]:
             raise Interrupted(signum)
 
     previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
+    _OPEN.append(received)
     try:
         yield received
     finally:
+        _OPEN.remove(received)
         for signum, old in previous.items():
             signal.signal(signum, old)
 

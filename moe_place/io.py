@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from moe_place.errors import InputError
-from moe_place.interrupts import signals_held
+from moe_place.interrupts import raise_if_interrupted, signals_held
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> None:
     """Write `data` to `path` so readers see the old file or the whole new one, never a part; the
     temporary file is removed whatever stops the write (an error, Ctrl-C, SIGTERM)."""
+    raise_if_interrupted()  # an interrupt some library swallowed: write nothing
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data

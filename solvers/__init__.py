@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.interrupts import children, stop_children, worker_ignores_interrupts
+from moe_place.interrupts import children, raise_if_interrupted, stop_children, worker_ignores_interrupts
 from moe_place.placement import Placement, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
@@ -284,6 +284,7 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], deadli
         instances[name].prepare(problem, prepare_layers or layers)
     out: list[LayerSolution | None] = []
     for layer in layers:
+        raise_if_interrupted()  # between layers, also when the interrupt was swallowed inside one
         if deadline is not None and time.monotonic() >= deadline - min_wall_s:
             out.append(None)
             continue

@@ -219,3 +219,44 @@ def test_an_interrupt_that_became_another_exception_is_still_reported_as_one(mon
     monkeypatch.setattr(synth, "run", interrupted_import)
     assert cli_main.main(["synth", "drift:steps=3", "--out", "/tmp/never-written.npz"]) == 130
     assert capsys.readouterr().err.splitlines() == ["moe-place synth: interrupted"]
+
+
+def test_an_interrupt_a_library_swallowed_still_stops_the_command_before_it_writes(monkeypatch, capsys, tmp_path):
+    """A C extension's import turned the interrupt into an ImportError that an optional-import
+    fallback caught: the run went on and wrote its files (exit 0, seen once in the suite)."""
+    from moe_place.cli import main as cli_main
+    from moe_place.cli import synth
+
+    real_run = synth.run
+
+    def swallowing_run(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            pass  # what `try: import optional_extension / except ImportError` amounts to
+        return real_run(args)
+
+    monkeypatch.setattr(synth, "run", swallowing_run)
+    out = tmp_path / "s.npz"
+    assert cli_main.main(["synth", "drift:steps=3", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.splitlines() == ["moe-place synth: interrupted"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_scip_does_not_swallow_an_interrupt():
+    """SCIP (the pairing IP of solvers/bounds.py, at 2 slots per GPU) caught Ctrl-C itself: the
+    solve ended as 'unknown' and the command went on. Now the interrupt stops it after the solve."""
+    from moe_place.solvers import bounds
+    from moe_place.traces.synthetic import deepseek_r1_like
+
+    loads = deepseek_r1_like(num_steps=8).total_counts().astype(float)[0]
+    target = 1.01 * bounds.pairing_lp_bound(loads, 144, 288, loads.sum() / 144, loads.max())
+    start = time.perf_counter()
+    bounds.pairing_ip(loads, 144, 288, target, 10.0)
+    solve_s = time.perf_counter() - start  # 0.1-0.5 s: most of it inside SCIP
+    with signals_raise():
+        _signal_self_after(solve_s / 2)
+        with pytest.raises(Interrupted):
+            bounds.pairing_ip(loads, 144, 288, target, 10.0)
+            time.sleep(1)  # a signal that came before SCIP started is raised here; one SCIP swallowed is not

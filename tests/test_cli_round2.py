@@ -4,8 +4,6 @@ ignored the plan, and output a person reads. Each test names what used to happen
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import sys
 import zipfile
@@ -14,32 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_place.cli.main import COMMANDS, build_parser, main
+from moe_place.cli.main import COMMANDS, build_parser
 from moe_place.cli.options import MAX_LAYERS, usable_cores
 from moe_place.traces.load import load_trace
 from moe_place.traces.npz import save_npz
 from moe_place.traces.synthetic import domain_mixture_trace
+from test_cli_reliability import one_line_error, run  # the in-process CLI run and the one-line check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "bench" / "scenarios"
 H200 = ROOT / "bench" / "results" / "NVIDIA_H200_20261130T210929Z"
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
-
-
-def one_line_error(code, err, *fragments):
-    lines = err.splitlines()
-    assert code == 2 and len(lines) == 1, err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 @pytest.fixture

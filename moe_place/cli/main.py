@@ -17,7 +17,7 @@ import sys
 
 from moe_place import __version__
 from moe_place.errors import MoePlaceError
-from moe_place.interrupts import signals_raise
+from moe_place.interrupts import raise_if_interrupted, signals_raise
 
 COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
             "report")
@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     with signals_raise() as received:
         try:
             args = build_parser(command).parse_args(argv)
-            return int(args._run(args) or 0)
+            code = int(args._run(args) or 0)
+            raise_if_interrupted()  # the run ended although an interrupt came (something swallowed it)
+            return code
         except BaseException as exc:
             code = _exit_code(exc, received.signum, command)
             if code is None:

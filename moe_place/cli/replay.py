@@ -13,6 +13,7 @@ from moe_place.cli.output import wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS, infer_model_name
 from moe_place.errors import InputError
+from moe_place.interrupts import raise_if_interrupted
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.progress import ProgressBar
 
@@ -128,9 +129,14 @@ def run(args: argparse.Namespace) -> int:
     controller = make_controller(args.controller, cost, layers, experts, **options)
     start = initial_placement(counts, args.gpus, physical, args.nodes, window=args.window)
     bar = None if args.no_progress else ProgressBar(steps, f"replay {args.controller}", "steps")
+
+    def after_step(_step: int) -> None:
+        raise_if_interrupted()  # between steps, also when an interrupt was swallowed inside one
+        if bar is not None:
+            bar.advance()
+
     try:
-        result = replay(counts, controller, cost, start, drain_steps=args.drain_steps,
-                        on_step=None if bar is None else lambda _: bar.advance())
+        result = replay(counts, controller, cost, start, drain_steps=args.drain_steps, on_step=after_step)
     finally:  # also when interrupted: the message that follows starts on its own line
         if bar is not None:
             bar.close()
