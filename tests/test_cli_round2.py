@@ -388,3 +388,16 @@ def test_every_option_help_still_names_its_default():
             if not action.required and "default" not in text and "required" not in text:
                 missing.append(f"{command} {action.option_strings}")
     assert not missing, missing
+
+
+def test_readme_states_the_facts_this_round_corrected():
+    """README cited SPEC.md (not in the repository), an exit code 1 for a 'threshold' option no
+    subcommand has, and bench commands that overwrite the committed replay record."""
+    readme = (ROOT / "README.md").read_text()
+    assert "SPEC" not in readme and not (ROOT / "SPEC.md").exists()
+    assert "threshold" not in readme
+    errors = readme[readme.index("## Errors and exit codes"):]
+    assert all(fact in errors for fact in ("exits with 2", "130 or 143", "--out", "never exit with 1"))
+    for line in readme.splitlines():  # every command that writes the committed replay record says --force
+        if "bench_replay.py" in line and "bench/results/replay.json" in line:
+            assert "--force" in line or "--force" in readme[readme.index(line):readme.index(line) + 300], line
