@@ -7,12 +7,14 @@ with a `name`, registered with `@register`; the CLI and the engine plugin pick i
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.interrupts import run_stoppable
 from moe_place.problem import PlacementProblem
 
 STATUSES = ("optimal", "feasible", "heuristic")
@@ -81,6 +83,20 @@ def register(cls):
     return cls
 
 
+def register_factory(name: str, factory: Callable[[], Solver]) -> None:
+    """Make a solver available by `name` through `factory` (called at each `get_solver`): for solvers
+    whose module needs an optional package, imported only when the solver is asked for."""
+    assert name not in _REGISTRY, f"solver {name!r} registered twice"
+    _REGISTRY[name] = factory
+
+
+def require_ortools(what: str) -> None:
+    """InputError unless OR-Tools is importable: it is optional (`pip install 'moe-place[solver]'`),
+    so that the engine plugin installs beside engines that pin a protobuf OR-Tools cannot use."""
+    if importlib.util.find_spec("ortools") is None:
+        raise InputError("OR-Tools", f"installed for {what} (pip install 'moe-place[solver]')", "not installed")
+
+
 def solver_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
@@ -90,3 +106,13 @@ def get_solver(name: str) -> Solver:
     if name not in _REGISTRY:
         raise InputError("solver", f"one of {', '.join(solver_names())}", name)
     return _REGISTRY[name]()
+
+
+def stoppable_solve(solver, model):
+    """CP-SAT's `solver.solve(model)` (a `CpSolver` and a `CpModel`; OR-Tools itself is imported by the
+    caller, as it is optional) that an interrupt (Ctrl-C, SIGTERM) stops through CP-SAT's own
+    `stop_search`, raising `Interrupted` at once instead of after the search (`moe_place.interrupts`).
+    CP-SAT's own SIGINT handler is turned off: it swallowed the interrupt and, after several solves,
+    aborted the process (`std::bad_function_call`)."""
+    solver.parameters.catch_sigint_signal = False
+    return run_stoppable(lambda: solver.solve(model), solver.stop_search)

@@ -67,10 +67,9 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from moe_place.errors import InfeasibleError, InputError
-from moe_place.interrupts import run_stoppable
 from moe_place.placement import has_colocation, keep_unchanged_slots
 from moe_place.problem import PlacementProblem, combine_windows
-from moe_place.solvers.base import LayerSolution, register
+from moe_place.solvers.base import LayerSolution, stoppable_solve
 from moe_place.solvers.bounds import windows_lower_bound
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.solvers.fast import FastSolver
@@ -483,15 +482,6 @@ def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
                        solver.num_conflicts)
 
 
-def stoppable_solve(solver: cp_model.CpSolver, model: cp_model.CpModel):
-    """`solver.solve(model)` that an interrupt (Ctrl-C, SIGTERM) stops through CP-SAT's own
-    `stop_search`, raising `Interrupted` at once instead of after the search (`moe_place.interrupts`).
-    CP-SAT's own SIGINT handler is turned off: it swallowed the interrupt and, after several solves,
-    aborted the process (`std::bad_function_call`)."""
-    solver.parameters.catch_sigint_signal = False
-    return run_stoppable(lambda: solver.solve(model), solver.stop_search)
-
-
 def _read_plan(layer_model: LayerModel, solver: cp_model.CpSolver) -> np.ndarray:
     """phy2log `[P]` of CP-SAT's solution; in migration mode kept experts stay in their old slots."""
     inst = layer_model.instance
@@ -574,9 +564,11 @@ def placement_literals(num_experts: int, num_gpus: int, max_state_literals: int 
     return cells * (min(max(2, max_state_literals // max(1, cells)), num_gpus) + 2)
 
 
-@register
 class CpSatSolver:
-    """CP-SAT on one layer, hinted with `fast` (or the current plan); deterministic; proves when it can."""
+    """CP-SAT on one layer, hinted with `fast` (or the current plan); deterministic; proves when it can.
+
+    Registered as "cpsat" by `moe_place.solvers` through a factory, so that OR-Tools (optional:
+    `pip install 'moe-place[solver]'`) is imported only when cpsat is asked for."""
 
     name: ClassVar[str] = "cpsat"
 

@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 
 from moe_place.interrupts import Interrupted, run_stoppable, signals_raise
 from moe_place.io import write_atomic
-from moe_place.solvers.cpsat import stoppable_solve
+from moe_place.solvers.base import stoppable_solve
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = ROOT / "traces" / "data" / "qwen3-30b-a3b_prefill_topk.npz"

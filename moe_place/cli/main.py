@@ -20,7 +20,7 @@ from moe_place.errors import MoePlaceError
 from moe_place.interrupts import raise_if_interrupted, signals_raise
 
 COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
-            "report")
+            "report", "offload")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from pathlib import Path
 
 from moe_place.io import output_problem
@@ -181,6 +182,22 @@ def output_dir(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"expected a writable folder, got {text!r} ({problem})")
     return text
+
+
+BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # GB decimal, GiB binary (cost/units.py)
+
+
+def byte_size(text: str) -> int:
+    """Bytes as `24GiB`, `80GB`, `512 MiB`, `2.5e10` or a plain integer (rounded down to whole bytes)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in BYTE_UNITS:
+        raise argparse.ArgumentTypeError(f"expected bytes like 24GiB, 80GB or 25769803776, got {text!r}")
+    value = float(match.group(1)) * BYTE_UNITS[unit]
+    if not math.isfinite(value) or value >= 2**62:
+        raise argparse.ArgumentTypeError(f"expected a byte count below 2^62, got {text!r}")
+    return int(value)
 
 
 def int_list(text: str) -> list[int]:

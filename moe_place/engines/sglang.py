@@ -44,7 +44,7 @@ from moe_place.engines.config import EngineConfig, load_engine_config
 from moe_place.eplb import placement_tensors, plan_placement
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
-from moe_place.online.controller import EngineRebalancer
+from moe_place.online.policy import RebalanceRule
 from moe_place.placement import Placement
 
 MAP_KEY = "physical_to_logical_map"
@@ -166,6 +166,15 @@ def sglang_current_map():
     return None if metadata is None else metadata.physical_to_logical_map_cpu
 
 
+def sglang_rebalance_interval() -> int | None:
+    """SGLang's `--eplb-rebalance-num-iterations` of the running server, or None outside one."""
+    try:
+        module = importlib.import_module("sglang.srt.runtime_context")
+        return int(module.get_exec().moe.eplb_rebalance_num_iterations)
+    except Exception:  # noqa: BLE001 - no SGLang, or no server context in this process: use the config
+        return None
+
+
 @dataclass
 class PaybackRebalance:
     """SGLang's `rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts,
@@ -200,12 +209,12 @@ class PaybackRebalance:
             placement = plan_placement(loads.sum(axis=0), num_physical_experts, num_groups, nodes, gpus)
         else:
             key = (num_layers, num_experts, num_physical_experts, gpus, nodes)
+            config = self.config or load_engine_config()
             if key not in self.sessions:
                 groups = num_groups if num_groups and num_experts % num_groups == 0 else None
-                self.sessions[key] = (self.config or load_engine_config()).rebalancer(gpus, nodes, num_layers,
-                                                                                       num_experts, groups)
-            rebalancer: EngineRebalancer = self.sessions[key]
-            decision = rebalancer.rebalance(loads, current)
+                self.sessions[key] = config.rule(gpus, nodes, num_layers, num_experts, groups)
+            rule: RebalanceRule = self.sessions[key]
+            decision = rule.decide(loads, current, sglang_rebalance_interval() or config.step_interval)
             placement = current if decision is None else decision.placement
         return placement_tensors(placement)
 

@@ -61,7 +61,7 @@ import numpy as np
 from moe_place.engines.config import EngineConfig, load_engine_config
 from moe_place.eplb import placement_tensors, plan_placement, weight_to_numpy
 from moe_place.errors import InputError
-from moe_place.online.controller import EngineRebalancer
+from moe_place.online.policy import RebalanceRule
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.planfile import read_plan
 from moe_place.solvers.deepseek import check_eplb_arguments
@@ -82,6 +82,14 @@ SETTINGS = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_w
 
 
 # ---------------------------------------------------------------------- the decision
+@dataclass
+class RuleSession:
+    """One model's rule and how many calls it has answered (the first call's window is shorter)."""
+
+    rule: RebalanceRule
+    calls: int = 0
+
+
 class _PolicyCore:
     """Settings and the decision shared by both interfaces (class attributes; see `make_policy`).
 
@@ -136,16 +144,20 @@ class _PolicyCore:
         if cls.mode != "payback":
             raise InputError("mode", f"one of {', '.join(MODES)}", cls.mode)
         key = (num_layers, num_experts, num_replicas, num_ranks, num_nodes)
+        config = cls.engine_config()
         if key not in sessions:
             groups = num_groups if num_groups and num_experts % num_groups == 0 else None
             nodes = num_nodes if num_nodes >= 1 and num_ranks % num_nodes == 0 else 1
-            sessions[key] = cls.engine_config().rebalancer(num_ranks, nodes, num_layers, num_experts, groups)
-        rebalancer: EngineRebalancer = sessions[key]
-        if current.num_nodes != rebalancer.controller.cost.topology.num_servers:
-            current = Placement(current.phy2log, num_experts, num_ranks, rebalancer.controller.cost.topology.num_servers,
-                                allow_colocated=True)
-        steps = cls.engine_config().window_steps if loads.ndim == 2 and window_steps is None else window_steps
-        decision = rebalancer.rebalance(loads, current, steps)
+            sessions[key] = RuleSession(config.rule(num_ranks, nodes, num_layers, num_experts, groups))
+        session: RuleSession = sessions[key]
+        servers = session.rule.cost.topology.num_servers
+        if current.num_nodes != servers:
+            current = Placement(current.phy2log, num_experts, num_ranks, servers, allow_colocated=True)
+        if window_steps is None:  # a summed window: vLLM 0.33's first call comes a quarter interval in
+            window_steps = config.window_steps if session.calls else min(config.window_steps,
+                                                                          max(1, config.step_interval // 4))
+        session.calls += 1
+        decision = session.rule.decide(loads, current, config.step_interval, window_steps)
         return current if decision is None else decision.placement
 
     @classmethod
@@ -165,6 +177,8 @@ class _PolicyCore:
             fresh = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, **settings)
         if current is None:
             return fresh
+        if cls.max_moved_slots is not None and settings["solver"] is None:
+            settings["solver"] = "fast"  # a cap on moved slots needs the migration-aware search
         aware = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, current=current,
                                max_moved_slots=cls.max_moved_slots, move_cost_weight=cls.move_cost_weight, **settings)
         if fresh is None:
