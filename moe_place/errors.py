@@ -54,11 +54,11 @@ def check_keys(table: dict, known, where: str) -> None:
     ...     check_keys({"micro_batchez": 4}, ("micro_batches", "breakeven"), "s.toml: pipeline")
     ... except InputError as exc:
     ...     print(exc)
-    s.toml: pipeline.micro_batchez: expected one of the keys breakeven, micro_batches (closest: micro_batches), got an unknown key
+    s.toml: pipeline.micro_batchez: expected one of the keys breakeven, micro_batches (did you mean micro_batches?), got an unknown key
     """
     unknown = sorted(str(key) for key in table if key not in known)
     if unknown:
         closest = difflib.get_close_matches(unknown[0], [str(k) for k in known], n=1, cutoff=0.6)
-        hint = f" (closest: {closest[0]})" if closest else ""
+        hint = f" (did you mean {closest[0]}?)" if closest else ""
         field = f"{where} {unknown[0]}" if where.endswith(":") else f"{where}.{unknown[0]}"
         raise InputError(field, f"one of the keys {', '.join(sorted(known))}{hint}", "an unknown key")

@@ -83,12 +83,15 @@ def signals_raise() -> Iterator[Received]:
             received.signum = signum
             raise Interrupted(signum)
 
-    previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
-    _OPEN.append(received)
-    try:
+    previous = {}
+    try:  # a signal that came before the handler (at start-up) may be raised by it as it is installed
+        for signum in SIGNALS:
+            previous[signum] = signal.signal(signum, handler)
+        _OPEN.append(received)
         yield received
     finally:
-        _OPEN.remove(received)
+        if received in _OPEN:
+            _OPEN.remove(received)
         for signum, old in previous.items():
             signal.signal(signum, old)
 

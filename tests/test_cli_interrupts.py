@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QWEN = ROOT / "traces" / "data" / "qwen3-30b-a3b_prefill_topk.npz"
 CLI = [sys.executable, "-m", "moe_place.cli.main"]
 LONG_PLAN = ["plan", str(QWEN), "--gpus", "64", "--redundant", "64", "--time-limit", "60"]  # 30-60 s of work
-LONG_REPLAY = ["replay", "--synthetic", "drift:steps=6000,seed=0", "--gpus", "8"]
+LONG_REPLAY = ["replay", "--synthetic", "drift:steps=40000,seed=0", "--gpus", "8"]  # about 20 s
 GRACE_S = 30  # a run not stopped by the signal would go on for longer than this (liveness, not speed)
 
 
@@ -40,14 +40,14 @@ def _start(argv: list[str], folder: Path) -> subprocess.Popen:
 # the command alone (`kill PID`: it must stop its workers itself).
 CASES = [(f"plan-{signal.Signals(signum).name}-{after_s}s{'-jobs2' if jobs else ''}",
           LONG_PLAN + (["--jobs", "2"] if jobs else []) + ["--out", "plan.json"], signum, after_s)
-         for signum, after_s, jobs in [(signal.SIGINT, 0.3, False), (signal.SIGINT, 1.5, False),
+         for signum, after_s, jobs in [(signal.SIGINT, 0.8, False), (signal.SIGINT, 1.5, False),
                                        (signal.SIGINT, 4.0, False), (signal.SIGINT, 9.0, False),
                                        (signal.SIGINT, 12.0, False), (signal.SIGTERM, 2.5, False),
                                        (signal.SIGTERM, 10.0, False), (signal.SIGINT, 9.0, True),
                                        (signal.SIGTERM, 9.0, True)]]
 CASES += [(f"replay-{signal.Signals(signum).name}-{after_s}s",
            LONG_REPLAY + ["--out", "replay.json", "--plot", "replay.png"], signum, after_s)
-          for signum, after_s in [(signal.SIGINT, 0.5), (signal.SIGINT, 3.0), (signal.SIGTERM, 3.0)]]
+          for signum, after_s in [(signal.SIGINT, 1.0), (signal.SIGINT, 3.0), (signal.SIGTERM, 3.0)]]
 # `--objective time` runs its own CP-SAT models (solvers/comm.py)
 CASES += [("plan-time-objective-SIGINT-8.0s", ["plan", str(QWEN), "--gpus", "32", "--nodes", "4", "--redundant",
                                                "32", "--objective", "time", "--time-limit", "60", "--out",

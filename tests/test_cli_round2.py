@@ -60,15 +60,15 @@ def test_a_misspelled_scenario_key_names_the_closest_known_one(tmp_path, section
         text + f"\n[{section}]\n{line}\n"
     path = _scenario(tmp_path, text)
     code, out, err = run("predict", path)
-    one_line_error(code, err, str(path), line.split()[0], f"closest: {closest}")
+    one_line_error(code, err, str(path), line.split()[0], f"did you mean {closest}")
     assert out == ""
 
 
 def test_unknown_keys_in_payback_cases_topology_specs_and_top_level(tmp_path):
     base = (SCENARIOS / "c9_payback.toml").read_text()
     for edit, fragments in [(lambda t: t.replace("[[payback.cases]]\n", "[[payback.cases]]\ncopy_too = [1]\n", 1),
-                             ("payback.cases[0].copy_too", "closest: copy_to")),
-                            (lambda t: "pipline = 3\n" + t, ("pipline", "closest: pipeline"))]:
+                             ("payback.cases[0].copy_too", "did you mean copy_to")),
+                            (lambda t: "pipline = 3\n" + t, ("pipline", "did you mean pipeline"))]:
         path = _scenario(tmp_path, edit(base))
         one_line_error(*run("predict", path)[::2], *fragments)
     path = _scenario(tmp_path, '[model]\npreset = "Qwen3-235B-A22B"\n[topology]\nspec = "1 node x 8 H100"\n'
@@ -84,19 +84,19 @@ def test_a_parts_file_and_an_engine_config_name_the_closest_key(tmp_path, monkey
     parts = tmp_path / "parts.toml"
     parts.write_text("[gpu.MyGPU]\nbf16_tflops = 100\nhbm_gb_per_s = 1000\nmemory_gb = 80\npcie_gb_per_s = 64\n"
                      "nvlink_gbps = 400\n")
-    with pytest.raises(InputError, match="nvlink_gbps.*closest: nvlink_gb_per_s"):
+    with pytest.raises(InputError, match="nvlink_gbps.*did you mean nvlink_gb_per_s"):
         load_catalog(parts)
     config = tmp_path / "moe-place.toml"
     config.write_text("max_moved_slot = 4\n")
-    with pytest.raises(InputError, match="max_moved_slot.*closest: max_moved_slots"):
+    with pytest.raises(InputError, match="max_moved_slot.*did you mean max_moved_slots"):
         load_engine_config({"MOE_PLACE_CONFIG": str(config)})
 
 
 def test_json_traces_and_synthetic_specs_name_the_closest_key(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"counts": [[[3, 1]]], "top_K": 2}))  # top_k was ignored
-    one_line_error(*run("analyze", path)[::2], "top_K", "closest: top_k")
-    one_line_error(*run("replay", "--synthetic", "drift:stepz=10")[::2], "stepz", "closest: steps")
+    one_line_error(*run("analyze", path)[::2], "top_K", "did you mean top_k")
+    one_line_error(*run("replay", "--synthetic", "drift:stepz=10")[::2], "stepz", "did you mean steps")
 
 
 def test_every_bundled_scenario_still_loads():

@@ -48,17 +48,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
-    with signals_raise() as received:
-        try:
-            args = build_parser(command).parse_args(argv)
-            code = int(args._run(args) or 0)
-            raise_if_interrupted()  # the run ended although an interrupt came (something swallowed it)
-            return code
-        except BaseException as exc:
-            code = _exit_code(exc, received.signum, command)
-            if code is None:
-                raise
-            return code
+    try:
+        with signals_raise() as received:
+            try:
+                args = build_parser(command).parse_args(argv)
+                code = int(args._run(args) or 0)
+                raise_if_interrupted()  # the run ended although an interrupt came (something swallowed it)
+                return code
+            except BaseException as exc:
+                code = _exit_code(exc, received.signum, command)
+                if code is None:
+                    raise
+                return code
+    except KeyboardInterrupt as exc:  # raised as the handlers were being installed or put back
+        return _exit_code(exc, getattr(exc, "signum", None), command)
 
 
 def _exit_code(exc: BaseException, signum: int | None, command: str | None) -> int | None:
