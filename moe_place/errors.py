@@ -30,6 +30,10 @@ class InputError(MoePlaceError, ValueError):
             message += f", got {got}"
         super().__init__(message)
 
+    def __reduce__(self):
+        # an error raised in a worker process (solve(jobs=N), the benches' --jobs) must unpickle in the parent
+        return type(self), (self.where, self.expected, self.got)
+
 
 class ParameterError(InputError, AssertionError):
     """A bad argument of an engine-compatible signature (DeepSeek EPLB's `rebalance_experts`, a vLLM

@@ -135,10 +135,13 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     layers = list(range(problem.num_layers))
     notes: list[str] = []
     cpsat_summary = None
+    # EPLB's plan, computed once for the anytime plan (a candidate there) and the co-located candidate
+    needs_eplb = solver != "eplb" and (solver == "quick" or time_limit_s is not None or problem.allow_colocated)
+    eplb_rows = _eplb_rows(problem) if needs_eplb else None
     if solver == "eplb":
         results = _run_layers(problem, "eplb", layers, jobs, progress)
     elif solver == "quick":
-        results = anytime_layers(problem, fresh=True)
+        results = anytime_layers(problem, fresh=True, eplb_rows=eplb_rows)
     elif time_limit_s is None:
         results = _run_layers(problem, "fast", layers, jobs, progress)
         if solver == "cpsat":
@@ -148,7 +151,7 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     else:
         # the deadline keeps back what assembling the plan takes after it (a few ms to 0.1 s)
         deadline = start + time_limit_s - min(DEADLINE_RESERVE_S, DEADLINE_RESERVE * time_limit_s)
-        results = anytime_layers(problem, deadline)
+        results = anytime_layers(problem, deadline, eplb_rows=eplb_rows)
         _note_cut(notes, problem, "the anytime plan", layers, results, time_limit_s)
         if time_limit_s < FAST_MIN_S_PER_LAYER * problem.num_layers:
             notes.append(f"time limit {time_limit_s:g} s is below what fast needs ({FAST_MIN_S_PER_LAYER:g} s a "
@@ -172,7 +175,7 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
                 if chosen:
                     cpsat_summary = _cpsat_note(before, results, chosen, time.monotonic() - begun)
     if problem.allow_colocated and solver != "eplb":
-        _improve(results, _colocated_eplb(problem))
+        _improve(results, _colocated_eplb(problem, eplb_rows))
     solutions = tuple(results[i] for i in layers)
     phy2log = np.stack([s.phy2log for s in solutions])
     colocated = any(s.detail.get("colocated", False) for s in solutions)
@@ -207,8 +210,14 @@ def _solve_by_node(problem: PlacementProblem, solver: str, time_limit_s: float |
     return Solution(placement, tuple(layers), solver, wall, notes)
 
 
-def anytime_layers(problem: PlacementProblem, deadline: float | None = None,
-                   fresh: bool = False) -> dict[int, LayerSolution]:
+def _eplb_rows(problem: PlacementProblem) -> np.ndarray:
+    """int64 `[layers, P]`: DeepSeek EPLB's plan of every layer of `problem` (co-located replicas and all)."""
+    return deepseek.eplb_rebalance(problem.planning_loads(), problem.num_physical, problem.num_groups or 1,
+                                   problem.num_nodes, problem.num_gpus)
+
+
+def anytime_layers(problem: PlacementProblem, deadline: float | None = None, fresh: bool = False,
+                   eplb_rows: np.ndarray | None = None) -> dict[int, LayerSolution]:
     """Step 1 of the module docstring for every layer: {layer: solution}, in milliseconds to tens.
 
     Migration mode: the current placement (it moves nothing), unless `fresh`. Otherwise the better
@@ -216,6 +225,7 @@ def anytime_layers(problem: PlacementProblem, deadline: float | None = None,
     placement, that plan with its GPUs and slots matched to the current map (`align_slots`: the
     same loads, fewer moved slots). Bounds 1-2 only (cheap).
     deadline: `time.monotonic()` seconds; quick_plan's swap rounds stop there (marked `cut`).
+    eplb_rows: EPLB's plan if the caller has it (`_eplb_rows`), else it is computed here.
     """
     started = time.perf_counter()
     bounds = model_lower_bounds(problem, quick=True)
@@ -228,7 +238,7 @@ def anytime_layers(problem: PlacementProblem, deadline: float | None = None,
         stop = None if deadline is None else started + (deadline - time.monotonic())
         candidates.append(("quick", quick_plan(loads, problem.num_gpus, problem.num_physical, deadline=stop)))
         cut = stop is not None and time.perf_counter() > stop
-        eplb = deepseek.eplb_rebalance(loads, problem.num_physical, 1, 1, problem.num_gpus)
+        eplb = _eplb_rows(problem) if eplb_rows is None else eplb_rows
         colocated = np.array([has_colocation(row, problem.num_gpus) for row in eplb])
         candidates.append(("eplb", np.where(colocated[:, None], candidates[0][1], eplb)))
     values = np.stack([model_objectives(problem, plans) for _, plans in candidates])   # [candidates, layers]
@@ -253,10 +263,9 @@ def anytime_layers(problem: PlacementProblem, deadline: float | None = None,
     return out
 
 
-def _colocated_eplb(problem: PlacementProblem) -> dict[int, LayerSolution]:
-    """EPLB's plan of every layer, co-located replicas and all (`problem.allow_colocated`)."""
-    rows = deepseek.eplb_rebalance(problem.planning_loads(), problem.num_physical, problem.num_groups or 1,
-                                problem.num_nodes, problem.num_gpus)
+def _colocated_eplb(problem: PlacementProblem, rows: np.ndarray | None = None) -> dict[int, LayerSolution]:
+    """EPLB's plan of every layer (`rows`, or `_eplb_rows`), co-located replicas and all (`problem.allow_colocated`)."""
+    rows = _eplb_rows(problem) if rows is None else rows
     values = model_objectives(problem, rows)
     bounds = model_lower_bounds(problem, quick=True)
     return {layer: LayerSolution(rows[layer], "heuristic", float(values[layer]), min(float(bounds[layer]),

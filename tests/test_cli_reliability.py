@@ -156,8 +156,8 @@ def test_options_that_were_silently_accepted(files):
           tmp / "q.json"), ("--move-cost", "finite")),
         (("plan", trace, "--gpus", "4", "--expert-bytes", "100", "--out", tmp / "q.json"), ("--expert-bytes", "budget")),
         (("evaluate", plan, trace, "--quantile", "0.5"), ("--quantile", "--window-objective quantile")),
-        (("replay", trace, "--controller", "static", "--start", "offline", "--window", "5"),
-         ("--window", "at most the 1 steps")),
+        (("replay", trace, "--start", "offline", "--window", "5"), ("--window", "at most the 1 steps")),
+        (("replay", trace), ("--step-interval", "first call")),
         (("payback", SCENARIOS / "c9_payback.toml", "--saving-ms", "1"), ("--saving-ms", "SCENARIO")),
         (("export", files["plan35"], "--engine", "sglang", "--out", tmp / "s.json", "--dense-layers", "3"),
          ("--dense-layers", "layer 3")),  # model layers 3 and 5 have experts: 3 cannot be dense

@@ -117,13 +117,13 @@ def run(args: argparse.Namespace) -> int:
         counts = counts[:, args.layers]
     steps, layers, experts = counts.shape
     cadence = EngineCadence.of(args.engine, args.step_interval, args.window)
+    if args.start == "offline" and cadence.window_size > steps:
+        raise InputError("--window", f"at most the {steps} steps of the trace (the offline start plan is made on them)",
+                         cadence.window_size)
     if args.controller != "static" and cadence.first_call > steps:
         raise InputError("--step-interval", f"a cadence whose first call falls within the trace's {steps} steps "
                          f"({args.engine} calls its policy first after {cadence.first_call})",
                          cadence.step_interval)
-    if args.start == "offline" and cadence.window_size > steps:
-        raise InputError("--window", f"at most the {steps} steps of the trace (the offline start plan is made on them)",
-                         cadence.window_size)
     redundant = args.gpus if args.redundant is None else args.redundant
     physical = experts + redundant
     if physical % args.gpus:

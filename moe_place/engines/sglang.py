@@ -18,15 +18,18 @@ Launch: `python -m sglang.launch_server ... --ep-size G --ep-num-redundant-exper
 (planning input for `moe-place plan`).
 
 Online (`--enable-eplb`): SGLang's `EPLBManager` rebalances every
-`--eplb-rebalance-num-iterations` passes through
-`sglang.srt.eplb.eplb_algorithms.rebalance_experts(tokens_per_expert [passes, layers, E], ...)`
-and copies the changed layers `--eplb-rebalance-layers-per-chunk` at a time while serving goes on.
+`--eplb-rebalance-num-iterations` passes through `ExpertLocationMetadata.init_by_eplb`, which calls
+`sglang.srt.eplb.eplb_algorithms.rebalance_experts(tokens_per_expert [passes, layers, E], ...)`,
+and copies the changed layers (all at once unless `--eplb-rebalance-layers-per-chunk`).
 `install_rebalance_hook()` puts `PaybackRebalance` in that function's place (reversibly): the
-payback controller of `replay --controller ours` decides, from the map SGLang runs, whether a
-migration-aware move pays back, and otherwise returns that map unchanged (SGLang then copies
-nothing). Settings: `moe_place.engines.config` (`MOE_PLACE_CONFIG` or `MOE_PLACE_*`; set
-`step_interval` to `--eplb-rebalance-num-iterations`). Call it in the server process before the
-first rebalance (e.g. a sitecustomize module, or a launcher that imports it then runs SGLang).
+rebalance rule (`moe_place.online.policy.RebalanceRule`, what `replay --engine sglang --controller
+ours` runs) decides, from the map SGLang runs, which layers take DeepSeek EPLB's plan of the
+window aligned to the map in use (a gap above the noise floor that pays back), and otherwise
+returns that map unchanged (SGLang then copies nothing). It reads the running server's
+`--eplb-rebalance-num-iterations` for its horizon; the other settings come from
+`moe_place.engines.config` (`MOE_PLACE_CONFIG` or `MOE_PLACE_*`; `migration = "stall"` matches
+SGLang's default all-layers update). Call it in the server process before the first rebalance
+(e.g. a sitecustomize module, or a launcher that imports it then runs SGLang).
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ def read_init_expert_location(path: str | Path) -> np.ndarray:
     return matrix.astype(np.int64)
 
 
-# ---------------------------------------------------------------------- online: the payback controller
+# ---------------------------------------------------------------------- online: the rebalance rule
 def sglang_current_map():
     """SGLang's map in use, CPU `[layers, P]` (`get_global_expert_location_metadata()`), or None."""
     try:
@@ -178,10 +181,10 @@ def sglang_rebalance_interval() -> int | None:
 @dataclass
 class PaybackRebalance:
     """SGLang's `rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts,
-    num_groups, num_nodes, algorithm)` decided by the payback controller (module note).
+    num_groups, num_nodes, algorithm)` decided by the rebalance rule (module note).
 
-    config: the controller's settings (None: `load_engine_config()`). current_map: returns the map in
-    use `[layers, P]` (default: SGLang's global expert location). The controller's state lives here,
+    config: the rule's settings (None: `load_engine_config()`). current_map: returns the map in
+    use `[layers, P]` (default: SGLang's global expert location). The rule's state lives here,
     one per model shape, between SGLang's calls.
     Returns `(phy2log, log2phy, logcnt)` CPU int64 tensors, as SGLang's own algorithms do.
     """

@@ -18,14 +18,16 @@ path) asks its policy for a new map every `step_interval` steps. Two interfaces 
 (legacy when vLLM is absent), as `returns="auto"` reads the return style.
 
 What the policy decides (`mode`):
-- "payback" (default): the payback controller `replay --controller ours` runs
-  (`moe_place.online.controller.EngineRebalancer`): it re-plans migration-aware from the map in
-  use, moves at most `max_moved_slots` slots per layer, and returns the map in use unchanged when
-  the move does not pay back its copies (formula 7 with the migration model, `async` by default
-  as vLLM's `use_async`). Its state (load history, hot-spot lifetimes) lives in the policy between
-  calls: per model in the class for the legacy interface, in `policy_state` for the context one.
-  Expert bytes, hardware and topology: `moe_place.engines.config` (`MOE_PLACE_CONFIG` file or
-  `MOE_PLACE_*` variables); the GPUs and nodes are vLLM's own.
+- "payback" (default): the rebalance rule (`moe_place.online.policy.RebalanceRule`, docs/MODEL.md
+  "The rebalance rule"), the same decision `moe-place replay --controller ours` makes at vLLM's
+  cadence: from the map in use, DeepSeek EPLB's plan of the window aligned to it, taken for the
+  layers where the gap is above the measured noise floor and the copies pay back before the next
+  call or the pattern's age (formula 7 with the migration model, `async` as vLLM's `use_async`),
+  whole; otherwise the map in use unchanged (vLLM then copies nothing). Its state (the pattern
+  ages, the last window) lives in the policy between calls: per model in the class for the legacy
+  interface, in `policy_state` for the context one. Expert bytes, hardware and topology, and
+  vLLM's `step_interval` / `window_size` if not the defaults: `moe_place.engines.config`
+  (`MOE_PLACE_CONFIG` file or `MOE_PLACE_*` variables); the GPUs and nodes are vLLM's own.
 - "replan": a fresh plan at every call (migration-aware when the map in use is given).
 - a static plan: with `MOE_PLACE_STATIC_PLAN=FILE` (a plan file, e.g. from `moe-place export
   --engine vllm`) the policy returns that placement at every rebalance: vLLM moves to it once.
@@ -36,11 +38,12 @@ patches both, in place and reversibly (`uninstall(handle)` or the `registered()`
 
     from moe_place.engines.vllm import install
     install()                        # policy "default" now runs moe-place (works with use_async)
-    install(name="moe_place")        # or: a new name, --eplb-config '{"policy": "moe_place"}'
+    install(name="moe_place")        # a new name; vLLM 0.33 accepts it only with use_async off
+                                     # ("Async EPLB is only supported with the default policy")
 
 vLLM starts worker processes that must patch too: put the call in every process through vLLM's
 plugin entry point group `vllm.general_plugins` (`register_plugin`, enabled by setting
-`MOE_PLACE_VLLM_POLICY=default` or `=moe_place`). torch and vLLM are imported lazily.
+`MOE_PLACE_VLLM_POLICY=default`). torch and vLLM are imported lazily.
 """
 
 from __future__ import annotations
@@ -94,8 +97,8 @@ class _PolicyCore:
     """Settings and the decision shared by both interfaces (class attributes; see `make_policy`).
 
     returns: "auto" | "tuple" | "phy2log" (legacy interface only).
-    mode: "payback" (the controller) or "replan" (module note).
-    config: the controller's settings (None: `load_engine_config()` at first use).
+    mode: "payback" (the rebalance rule) or "replan" (module note).
+    config: the rule's settings (None: `load_engine_config()` at first use).
     solver / time_limit_s: moe-place solver for fresh plans (None: `MOE_PLACE_SOLVER`, default "fast").
     max_moved_slots: "replan": cap on slots whose expert changes per layer (None: no cap);
         "payback": the config's cap is used unless this is set.
