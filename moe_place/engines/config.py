@@ -25,7 +25,6 @@ An environment variable set to "none" clears a cap the file sets.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
