@@ -37,7 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from moe_place.io import output_problem, write_json_atomic
+from moe_place.cli.options import add_record_options, refuse_overwrite
+from moe_place.io import write_json_atomic
 from moe_place.progress import ProgressBar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -191,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sglang-iterations", type=int, default=RECOMMENDED["sglang"][0],
                         help="SGLang --eplb-rebalance-num-iterations of the given cadence (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", metavar="FILE.json", help="write the record here (refused if it exists)")
-    parser.add_argument("--force", action="store_true", help="overwrite --out")
+    add_record_options(parser, committed=("bench/results/engines_vllm.json", "bench/results/engines_sglang.json"))
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     scenarios = harness.bench_replay().SCENARIOS
     try:
         args.drift = _list(list(scenarios), allow_none=True)(args.drift)
@@ -205,13 +206,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')}: expected an integer >= {2 if name == 'stationary_calls' else 1}")
     if args.window > args.step_interval:
         parser.error("--window: expected at most --step-interval (vLLM records the last window of each interval)")
-    if args.out:
-        problem = output_problem(args.out)
-        if problem is None and Path(args.out).exists() and not args.force:
-            problem = "exists (pass --force to overwrite)"
-        if problem:
-            print(f"bench_engines: --out {args.out}: {problem}", file=sys.stderr)
-            return 2
     missing = [e for e in args.engine if not harness.importable(e)]
     if missing:
         print(f"bench_engines: --engine {missing[0]}: not importable in this Python ({sys.executable})",
@@ -233,11 +227,11 @@ def main(argv: list[str] | None = None) -> int:
           f"({time.perf_counter() - start:.0f} s)")
     for target in targets:
         print("  " + target.line())
-    if args.out:
-        write_json_atomic(args.out, {
+    if args.output_json:
+        write_json_atomic(args.output_json, {
             "command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv)),
             "moe_place_commit": _commit(), "versions": harness.engine_versions(args.engine),
-            "settings": {k: v for k, v in vars(args).items() if k not in ("out", "force", "quiet")},
+            "settings": {k: v for k, v in vars(args).items() if k not in ("output_json", "force", "quiet")},
             "workloads": workloads, "drift": drifts, "targets": [t.__dict__ for t in targets],
             "summary": {"met": len(targets) - len(failed), "targets": len(targets)}})
     return 1 if failed else 0

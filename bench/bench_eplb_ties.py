@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.placement import keep_unchanged_slots
 from moe_place.solvers.deepseek import eplb_maps, eplb_rebalance
@@ -75,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog="\n".join(__doc__.splitlines()[1:]))
     parser.add_argument("--cases", type=int, default=200)
     parser.add_argument("--seed", type=int, default=167)
-    parser.add_argument("--out", metavar="FILE.json")
+    add_record_options(parser, committed=("bench/results/eplb_ties.json",))
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     try:
         import vllm
         from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
@@ -100,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':<14}{'map in use':<12}{'exact':>8}{'same GPU sets':>15}")
     for (name, with_old), (exact, sets) in tally.items():
         print(f"{name:<14}{'given' if with_old else 'none':<12}{exact:>8}{sets:>15}")
-    if args.out:
-        write_json_atomic(args.out, {"cases": cases, "seed": args.seed, "vllm": vllm.__version__,
+    if args.output_json:
+        write_json_atomic(args.output_json, {"cases": cases, "seed": args.seed, "vllm": vllm.__version__,
                                      "numpy": np.__version__, "torch": torch.__version__,
                                      "results": [{"variant": n, "map_in_use": w, "exact": e, "same_gpu_sets": s}
                                                  for (n, w), (e, s) in tally.items()]})
