@@ -46,7 +46,7 @@ from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.solvers.comm import STRENGTHS, plan_time
-from moe_place.solvers.eplb import eplb_rebalance
+from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
 
