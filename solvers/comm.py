@@ -96,6 +96,7 @@ SEARCH_CANDIDATES = 32                # swaps tried per round, best first-order 
 SWAPS_PER_ROUND = 4                   # swaps taken per round before the ranking is recomputed
 MEAN_WEIGHT = 1.0                     # weight of the mean NIC's term in the search surrogate
 PRICE_TEMPERATURE = 0.02              # softmax temperature of the NIC prices, relative to the busiest NIC
+JUDGES = ("comm", "layer")            # step 5 judges dispatch + combine (the default) or the whole layer time
 MIN_COMM_GAIN = 0.0                   # step 5: dispatch + combine beat the balance-only plan's by this share, every window
 COMMUNITY_NEIGHBOURS = 16            # co-activation graph: each expert joined to its 16 most frequent partners
 FLOOR_HEADROOM = 0.25                 # caps are at least a quarter of the rows at which FLOPs outlast weight reads
@@ -745,9 +746,9 @@ class TimeLayer:
     the predicted layer time on the training tokens; lower_bound_s: `layer_lower_bound_s`.
     held_out_s / balance_held_out_s: layer time summed over the held-out windows of step 5, of the
     grouped plans and of the balance-only plans (None without cross-validation).
-    comm_gains: per window, the share of the balance-only plan's dispatch + combine time the
-    grouped plan saved there (the guard's evidence; empty without cross-validation).
-    replica_status: step 3's status.
+    windows / balance_windows: per held-out window, the grouped plan's and the balance-only plan's
+    figures there (`HeldOut`, the guard's evidence; empty without cross-validation); `comm_gains`
+    and `layer_gains` are the shares they saved. replica_status: step 3's status.
     """
 
     phy2log: np.ndarray
@@ -757,7 +758,16 @@ class TimeLayer:
     held_out_s: float | None
     balance_held_out_s: float | None
     replica_status: str = "node-closed"
-    comm_gains: tuple[float, ...] = ()
+    windows: tuple["HeldOut", ...] = ()
+    balance_windows: tuple["HeldOut", ...] = ()
+
+    @property
+    def comm_gains(self) -> tuple[float, ...]:
+        return comm_gains(self.windows, self.balance_windows)
+
+    @property
+    def layer_gains(self) -> tuple[float, ...]:
+        return layer_gains(self.windows, self.balance_windows)
 
 
 @dataclass(frozen=True)
@@ -797,17 +807,26 @@ class HeldOut:
         return self.comm_s + self.compute_s
 
 
-def comm_gains(grouped: list[HeldOut], balance: list[HeldOut]) -> tuple[float, ...]:
+def comm_gains(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...]) -> tuple[float, ...]:
     """Per window, the share of the balance-only plan's dispatch + combine time the grouped plan saves
     (0 where the balance-only plan has none)."""
     return tuple(1.0 - g.comm_s / b.comm_s if b.comm_s > 0 else 0.0 for g, b in zip(grouped, balance))
 
 
-def guard(grouped: list[HeldOut], balance: list[HeldOut]) -> bool:
-    """Step 5's decision for one layer: group it only if its grouped plan's dispatch + combine beat the
-    balance-only plan's on every held-out window by more than `MIN_COMM_GAIN`. Compute is not judged
-    here (module docstring, step 5). No window: no evidence, no grouping."""
-    gains = comm_gains(grouped, balance)
+def layer_gains(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...]) -> tuple[float, ...]:
+    """Per window, the share of the balance-only plan's layer time the grouped plan saves."""
+    return tuple(1.0 - g.layer_time_s / b.layer_time_s if b.layer_time_s > 0 else 0.0
+                 for g, b in zip(grouped, balance))
+
+
+def guard(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...], judge: str = "comm") -> bool:
+    """Step 5's decision for one layer: group it only if its grouped plan beats the balance-only plan on
+    every held-out window by more than `MIN_COMM_GAIN`: in dispatch + combine (`judge="comm"`, the
+    default; compute is hedged by steps 2 and 4, module docstring) or in the whole layer time
+    (`judge="layer"`, what judging compute on the windows too does). No window: no grouping."""
+    if judge not in JUDGES:
+        raise InputError("judge", f"one of {', '.join(JUDGES)}", judge)
+    gains = layer_gains(grouped, balance) if judge == "layer" else comm_gains(grouped, balance)
     return bool(gains) and min(gains) > MIN_COMM_GAIN
 
 
@@ -863,7 +882,7 @@ def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel,
 
 def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommModel,
               time_limit_s: float | None = None, progress: bool = False, strength: int | None = None,
-              start: str = "communities") -> TimePlan:
+              start: str = "communities", judge: str = "comm") -> TimePlan:
     """Plan every layer of `problem` for the predicted layer time (module docstring).
 
     steps: the training trace, one int `[tokens, layers, k]` array per step (the problem's layers).
@@ -873,11 +892,14 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
         what grouping does when nothing holds it back, e.g. in benchmarks); None: `GROUP_STRENGTH`
         with the guard of step 5.
     start: `communities` (`community_nodes`, the default) or `balanced` (`balanced_nodes`): step 1.
+    judge: what step 5 judges on the windows (`guard`): `comm` (the default) or `layer`.
     Each layer's plan depends on that layer's tokens only: a plan of some of the layers has the
     rows the whole model's plan has for them (unless the time limit cut the whole model's).
     """
     if start not in ("balanced", "communities"):
         raise InputError("start", "balanced or communities", start)
+    if judge not in JUDGES:
+        raise InputError("judge", f"one of {', '.join(JUDGES)}", judge)
     began = time.monotonic()
     deadline = None if time_limit_s is None else began + time_limit_s
     model.check_placement(problem.num_gpus, problem.num_nodes, "topology")
@@ -940,7 +962,7 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
                 held_balance.append(HeldOut.of(cost(i, fold_balance[w][i], validation)))
             cv["grouped"] += sum(h.layer_time_s for h in held)
             cv["balance"] += sum(h.layer_time_s for h in held_balance)
-        grouped = not stopped and (guard(held, held_balance) if guarded else True)
+        grouped = not stopped and (guard(held, held_balance, judge) if guarded else True)
         if grouped:
             row, status = plan_layer(tokens_of(i, steps), problem, model, (strength,), True, start,
                                      balance_rows[i])[strength]
@@ -951,7 +973,7 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
                                  cost(i, row, steps).layer_time_s, bound(i),
                                  sum(h.layer_time_s for h in held) if held else None,
                                  sum(h.layer_time_s for h in held_balance) if held else None, status,
-                                 comm_gains(held, held_balance)))
+                                 tuple(held), tuple(held_balance)))
         if bar:
             bar.advance(1)
     if bar:

@@ -190,8 +190,14 @@ def test_guard_groups_only_on_a_traffic_gain_seen_on_every_window():
     assert not guard([HeldOut(6.0, 5.0), HeldOut(10.5, 5.0)], balance)        # 40% on one window, lost on the other
     assert not guard([HeldOut(6.0, 5.0), HeldOut(10.0, 5.0)], balance)        # no gain on one window
     assert not guard([], [])                                                  # no window, no evidence
-    # compute is hedged by the plan, not judged on one or two windows (module docstring, step 5)
+    # compute is hedged by the plan, not judged on one or two windows (module docstring, step 5) ...
     assert guard([HeldOut(8.0, 5.5), HeldOut(9.0, 4.0)], balance)
+    assert guard([HeldOut(8.0, 8.0), HeldOut(9.0, 5.0)], balance)
+    # ... unless asked to judge the whole layer time: 16 against 15 on the first window
+    assert not guard([HeldOut(8.0, 8.0), HeldOut(9.0, 5.0)], balance, judge="layer")
+    assert guard([HeldOut(8.0, 5.5), HeldOut(9.0, 4.0)], balance, judge="layer")
+    with pytest.raises(InputError, match="judge"):
+        guard(balance, balance, judge="compute")
 
 
 def misleading_steps(rng, tokens=160):

@@ -44,7 +44,8 @@ def plan_for_time(args: argparse.Namespace, problem, trace, options: dict) -> in
                      "predicted_time_s": layer.predicted_s, "balance_predicted_time_s": balance_s,
                      "time_lower_bound_s": layer.lower_bound_s, "held_out_s": layer.held_out_s,
                      "balance_held_out_s": layer.balance_held_out_s,
-                     "held_out_comm_gains": list(layer.comm_gains), "replicas": layer.replica_status})
+                     "held_out_comm_gains": list(layer.comm_gains), "held_out_layer_gains": list(layer.layer_gains),
+                     "replicas": layer.replica_status})
     predicted = sum(r["predicted_time_s"] for r in rows)
     report = {"objective": "time", "solver": "time", "status": "heuristic", "wall_s": round(result.wall_s, 6),
               "split": args.split, "layers": rows,
