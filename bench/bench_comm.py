@@ -68,8 +68,10 @@ CHECKED_SUBSETS = 2                                        # per case and sample
 MEAN_TARGETS = {(32, 32): 0.97, (64, 64): 0.95}            # time/fast over all layers, mean over folds
 
 
-def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model: CommModel) -> dict:
-    """{method: (phy2log [L, P], plan seconds, extra)} for one case and training sample."""
+def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model: CommModel,
+          layer_ids: list[int]) -> dict:
+    """{method: (phy2log [L, P], plan seconds, extra)} for one case and training sample (layers: the model's
+    `layer_ids`)."""
     layers, experts = train[0].shape[1], 128
     loads = np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=experts) for s in train)
                       for i in range(layers)]).astype(np.float64)
@@ -81,7 +83,7 @@ def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model:
     out["eplb"] = (eplb_rebalance(loads, physical, 1, nodes, gpus), time.perf_counter() - start, {})
     start = time.perf_counter()
     out["eplb-hier"] = (eplb_rebalance(loads, physical, nodes, nodes, gpus), time.perf_counter() - start, {})
-    problem = PlacementProblem(loads, gpus, physical, num_nodes=nodes)
+    problem = PlacementProblem(loads, gpus, physical, num_nodes=nodes, layer_ids=tuple(layer_ids))
     start = time.perf_counter()
     out["fast"] = (solve(problem, "fast").placement.phy2log, time.perf_counter() - start, {})
     results = {}
@@ -104,9 +106,11 @@ def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model:
     return out
 
 
-def judge(phy2log: np.ndarray, test: list[np.ndarray], gpus: int, nodes: int, model: CommModel) -> dict:
-    """The figures of one plan on the judged batches, summed (or averaged) over layers."""
-    costs = [layer_cost(model, [s[:, i, :] for s in test], SlotTable(phy2log[i], gpus, nodes, 128), i)
+def judge(phy2log: np.ndarray, test: list[np.ndarray], gpus: int, nodes: int, model: CommModel,
+          layer_ids: list[int]) -> dict:
+    """The figures of one plan on the judged batches, summed (or averaged) over layers (each seeded by its
+    id in the model, as `moe-place evaluate` does)."""
+    costs = [layer_cost(model, [s[:, i, :] for s in test], SlotTable(phy2log[i], gpus, nodes, 128), layer_ids[i])
              for i in range(phy2log.shape[0])]
     nic = min(d["capacity"] for _, _, d in model.topology.graph.edges(data=True) if d["kind"] == "nic")
     rdma = sum(c.rdma_bytes for c in costs)
@@ -129,7 +133,7 @@ def subset_list(num_layers: int) -> list[list[int]]:
 
 
 def check_subsets(train: list[np.ndarray], made: dict, gpus: int, nodes: int, redundant: int,
-                  model: CommModel) -> list[dict]:
+                  model: CommModel, layer_ids: list[int]) -> list[dict]:
     """Plan the first `CHECKED_SUBSETS` subsets alone (`time` and `fast` on those layers' tokens only) and
     compare their rows with the whole model's: the subset figures are then what planning the subset gives."""
     out = []
@@ -137,10 +141,11 @@ def check_subsets(train: list[np.ndarray], made: dict, gpus: int, nodes: int, re
         part = [s[:, subset, :] for s in train]
         loads = np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=128) for s in part)
                           for i in range(len(subset))]).astype(np.float64)
-        problem = PlacementProblem(loads, gpus, 128 + redundant, num_nodes=nodes)
+        problem = PlacementProblem(loads, gpus, 128 + redundant, num_nodes=nodes,
+                                   layer_ids=tuple(layer_ids[i] for i in subset))
         same = {"time": np.array_equal(plan_time(problem, part, model).placement.phy2log, made["time"][0][subset]),
                 "fast": np.array_equal(solve(problem, "fast").placement.phy2log, made["fast"][0][subset])}
-        out.append({"subset": subset, **same})
+        out.append({"layers": [layer_ids[i] for i in subset], **same})
     return out
 
 
@@ -153,13 +158,14 @@ def run(steps: list[np.ndarray], layers: list[int]) -> tuple[list[dict], list[di
         samples = [("in", list(range(3)), list(range(3)))] + [(f"hold {k}", [i for i in range(3) if i != k], [k])
                                                               for k in range(3)]
         for sample, train_ids, test_ids in samples:
-            made = plans([steps[i] for i in train_ids], gpus, nodes, redundant, model)
+            made = plans([steps[i] for i in train_ids], gpus, nodes, redundant, model, layers)
             if sample != "in":
                 checks += [{"ep": gpus, "redundant": redundant, "sample": sample, **c}
-                           for c in check_subsets([steps[i] for i in train_ids], made, gpus, nodes, redundant, model)]
+                           for c in check_subsets([steps[i] for i in train_ids], made, gpus, nodes, redundant, model,
+                                                  layers)]
             for method in METHODS:
                 phy2log, plan_s, extra = made[method]
-                figures = judge(phy2log, [steps[i] for i in test_ids], gpus, nodes, model)
+                figures = judge(phy2log, [steps[i] for i in test_ids], gpus, nodes, model, layers)
                 rows.append({"ep": gpus, "nodes": nodes, "redundant": redundant, "sample": sample, "method": method,
                              "layers": len(layers), "plan_s": plan_s, **figures, **extra})
                 print(f"EP{gpus}+{redundant} {sample:<6} {method:<10} {figures['layer_time_s'] * 1e3:8.4f} ms "

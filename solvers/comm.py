@@ -920,8 +920,8 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
                     "fast").placement
     balance_rows = balance.phy2log
 
-    def cost(i: int, row: np.ndarray, on: list[np.ndarray]):
-        return layer_cost(model, [s[:, i, :] for s in on], SlotTable(row, gpus, nodes, experts), i)
+    def cost(i: int, row: np.ndarray, on: list[np.ndarray]):   # seeded by the layer's id, not its position
+        return layer_cost(model, [s[:, i, :] for s in on], SlotTable(row, gpus, nodes, experts), problem.layer_id(i))
 
     def bound(i: int) -> float:
         return layer_lower_bound_s([s[:, i, :] for s in steps], model, experts, gpus, nodes, physical)

@@ -37,11 +37,11 @@ def clustered_steps(rng, experts=16, layers=2, k=4, tokens=160, steps=3, groups=
     return out
 
 
-def problem_for(steps, gpus, nodes, redundant=0):
+def problem_for(steps, gpus, nodes, redundant=0, layer_ids=()):
     experts = 16
     loads = np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=experts) for s in steps)
                       for i in range(steps[0].shape[1])]).astype(float)
-    return PlacementProblem(loads, gpus, experts + redundant, num_nodes=nodes)
+    return PlacementProblem(loads, gpus, experts + redundant, num_nodes=nodes, layer_ids=tuple(layer_ids))
 
 
 def layer_time(model, steps, row, layer, gpus, nodes):
@@ -229,12 +229,23 @@ def test_a_layer_whose_gain_one_window_contradicts_keeps_the_balance_plan():
     assert min(misled.comm_gains[:2]) > 0 > misled.comm_gains[2]      # wins on two windows, loses on the third
     assert misled.choice == "balance"
     assert np.array_equal(result.placement.phy2log[1], result.balance.phy2log[1])
-    # each layer's plan is its own: planning one layer alone gives the same row and choice
+
+
+
+@pytest.mark.parametrize("redundant", [0, 8])
+def test_each_layer_is_planned_alone(redundant):
+    # planning one layer alone (its id kept: SGLang's fair draw of replicas is seeded by the layer's id)
+    # gives the row, choice and held-out figures the whole model's plan has for it
+    rng = np.random.default_rng(11)
+    steps = misleading_steps(rng)
+    model = CommModel(default_topology(8, 4), SHAPE)
+    whole = plan_time(problem_for(steps, 8, 4, redundant), steps, model)
     for i in range(2):
         part = [s[:, i:i + 1, :] for s in steps]
-        alone = plan_time(problem_for(part, 8, 4), part, model)
-        assert alone.layers[0].choice == result.layers[i].choice
-        assert np.array_equal(alone.placement.phy2log[0], result.placement.phy2log[i])
+        alone = plan_time(problem_for(part, 8, 4, redundant, layer_ids=(i,)), part, model)
+        assert alone.layers[0].choice == whole.layers[i].choice
+        assert alone.layers[0].windows == whole.layers[i].windows
+        assert np.array_equal(alone.placement.phy2log[0], whole.placement.phy2log[i])
 
 
 def test_within_cap_lowers_the_rows_over_the_node_cap_and_the_search_never_raises_them():
