@@ -27,15 +27,21 @@ on the same torch, all three tensors, ties included: it runs the faithful reimpl
 (`moe_place.solvers.deepseek`) with torch's own sort, as the original sorts, and accepts what
 the original accepts, more slots per GPU than experts (replicas forced onto one GPU) included.
 
-The other solvers plan with `moe_place.solvers.solve` (the fast heuristic by default; "cpsat"
-proves optimality on small layers); no GPU holds two replicas of one expert, so they refuse
-more than `E` slots per GPU with a `ParameterError` saying so. The policy choice follows EPLB's
-rule (hierarchical when `num_groups` is a multiple of `num_nodes`, global otherwise) only
-through the problem's `num_groups`. The solver and its time limit are chosen by keyword or by the
-environment: `MOE_PLACE_SOLVER` (default "fast") and `MOE_PLACE_TIME_LIMIT` (seconds). A limit is
-kept: below 0.01 s per layer the answer is the anytime plan (`moe_place.solvers.quick`,
-vectorised across layers: about 45-55 ms for 58 layers x 288 slots on one core), deterministic;
-with more time, fast and then the solver asked for improve on it (see `moe_place.solvers.solve`).
+The other solvers plan with `moe_place.solvers.solve`, with EPLB's plan a candidate on every
+layer (`allow_colocated=True`, the default), so the answer is never worse than `eplb.py`'s; it
+then holds two replicas of an expert on one GPU only where EPLB's does and wins
+(`allow_colocated=False`: never). They refuse more than `E` slots per GPU with a
+`ParameterError` saying so. The default is
+"quick", the anytime plan (`moe_place.solvers.quick`, vectorised across layers): deterministic,
+no time limit needed, about 50 ms for DeepSeek-V3's 58 layers x 288 slots on one core, since an
+engine stalls while its balancer runs. "fast" (no limit: seconds to minutes at large EP), "cpsat"
+(OR-Tools, proves optimality on small layers) and a `time_limit_s` are there by keyword or by
+the environment: `MOE_PLACE_SOLVER` and `MOE_PLACE_TIME_LIMIT` (seconds; kept: below 0.01 s per
+layer the answer is the anytime plan, with more time fast and then the solver asked for improve
+on it, see `moe_place.solvers.solve`). The policy choice follows EPLB's rule: hierarchical when
+`num_groups` is a multiple of `num_nodes` (then every expert group and its replicas stay inside
+one node, as DeepSeek's hierarchical EPLB keeps them: `moe_place.solvers.hierarchical`), global
+otherwise.
 
 torch is imported lazily: importing this module needs only numpy.
 """
@@ -59,7 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SOLVER_ENV = "MOE_PLACE_SOLVER"
 TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"
-DEFAULT_SOLVER = "fast"
+DEFAULT_SOLVER = "quick"  # deterministic and bounded: an engine waits for it (module note)
 
 
 def solver_settings(solver: str | None = None, time_limit_s: float | None = None) -> tuple[str, float | None]:
@@ -114,10 +120,12 @@ def effective_topology(num_experts: int, num_groups: int | None, num_nodes: int,
 def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None, num_nodes: int, num_gpus: int, *,
                    solver: str | None = None, time_limit_s: float | None = None,
                    current: Placement | None = None, max_moved_slots: int | None = None,
-                   move_cost_weight: float = 0.0, seed: int = 0) -> Placement:
+                   move_cost_weight: float = 0.0, seed: int = 0, allow_colocated: bool = False) -> Placement:
     """Plan a placement for `loads` (float64 `[layers, E]` or `[windows, layers, E]`) with our solvers.
 
     With `current`, the solver keeps unchanged experts in their slots (migration-aware mode).
+    allow_colocated: EPLB's plan, co-located replicas and all, is a candidate on every layer
+        (`PlacementProblem.allow_colocated`): the plan is then never worse than EPLB's.
     """
     loads = np.asarray(loads, dtype=np.float64)
     if loads.ndim == 2:
@@ -130,7 +138,7 @@ def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None,
     try:  # PlacementProblem validates; its size names become the engines' here
         problem = PlacementProblem(loads=loads, num_gpus=num_gpus, num_physical=num_replicas, num_nodes=nodes,
                                    num_groups=groups, current=current, max_moved_slots=max_moved_slots,
-                                   move_cost_weight=move_cost_weight, seed=seed)
+                                   move_cost_weight=move_cost_weight, seed=seed, allow_colocated=allow_colocated)
     except InputError as exc:
         raise InputError({"num_physical": "num_replicas"}.get(exc.where, exc.where), exc.expected, exc.got) from None
     solution = solve(problem, solver=name, time_limit_s=limit)
@@ -158,7 +166,8 @@ def placement_tensors(placement: Placement, log2phy_width: int | None = None):
 
 
 def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
-                      *, solver: str | None = None, time_limit_s: float | None = None, seed: int = 0):
+                      *, solver: str | None = None, time_limit_s: float | None = None, seed: int = 0,
+                      allow_colocated: bool = True):
     """DeepSeek EPLB's entry point, planned by moe-place.
 
     Parameters:
@@ -169,6 +178,9 @@ def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int
         num_gpus: GPUs (EP ranks).
         solver / time_limit_s: override `MOE_PLACE_SOLVER` / `MOE_PLACE_TIME_LIMIT`.
         seed: for randomised solver choices; same inputs and seed give the same plan.
+        allow_colocated: EPLB's own plan is a candidate on every layer, so the answer is never worse
+            than what `eplb.py` returns; it may then hold two replicas of an expert on one GPU where
+            EPLB's plan does and is better (False: never, at the price of that guarantee).
 
     Returns:
         phy2log: int64 `[layers, num_replicas]`, the logical expert of each slot.
@@ -191,7 +203,7 @@ def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int
                              f"puts two replicas of one expert on one GPU; solver='eplb' does, as DeepSeek EPLB)",
                              f"{num_replicas} on {num_gpus} GPUs")
     placement = plan_placement(loads, num_replicas, num_groups, num_nodes, num_gpus,
-                               solver=name, time_limit_s=limit, seed=seed)
+                               solver=name, time_limit_s=limit, seed=seed, allow_colocated=allow_colocated)
     return placement_tensors(placement)
 
 

@@ -3,7 +3,17 @@
 Registered solvers (`solver_names()`): `eplb` (DeepSeek EPLB, the baseline), `fast`
 (construction + target packing + local search), `cpsat` (OR-Tools CP-SAT, starting from `fast`).
 `solve(problem, solver)` also takes "auto": `fast`, then `cpsat` on the layers whose gap to the
-lower bound is above `AUTO_GAP` when a time limit gives it room.
+lower bound is above `AUTO_GAP` when a time limit gives it room; and "quick": step 1 below alone,
+with no time limit (deterministic; about 50 ms for 58 layers x 288 slots on one core), what an
+engine can afford at every rebalance. With a current placement, "quick" plans afresh and matches
+the plan's GPUs and slots to the current map (`moe_place.placement.align_slots`).
+
+Hierarchical problems (expert groups, several nodes, groups a multiple of nodes: DeepSeek EPLB's
+hierarchical policy) are planned node by node with every group inside one node, whichever solver
+is asked for (`moe_place.solvers.hierarchical`).
+
+OR-Tools is optional (`pip install 'moe-place[solver]'`): `cpsat` loads it when first asked for,
+and without it a request for `cpsat` is an InputError saying what to install.
 
 How a time limit is spent (`solve(..., time_limit_s=T)`), so that the result depends on the
 inputs and `T`, not on the wall clock:
@@ -32,17 +42,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.placement import Placement, has_colocation
+from moe_place.placement import Placement, align_slots, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
-from moe_place.solvers import cpsat as _cpsat
 from moe_place.solvers import deepseek
 from moe_place.solvers import fast as _fast  # noqa: F401  (registers "fast")
-from moe_place.solvers.base import STATUSES, LayerSolution, get_solver, register, solver_names
+from moe_place.solvers.base import (STATUSES, LayerSolution, get_solver, register, register_factory, require_ortools,
+                                    solver_names)
 from moe_place.solvers.bounds import model_lower_bounds
 from moe_place.solvers.evaluate import model_objectives
+from moe_place.solvers.hierarchical import is_hierarchical, split_by_node
 from moe_place.solvers.quick import quick_plan
 
+SOLVE_NAMES = ("auto", "quick")  # what `solve` takes besides the registered solvers
 AUTO_GAP = 1e-4              # "auto" hands layers with a larger relative gap to cpsat
 FAST_MIN_S_PER_LAYER = 0.01  # a time limit below this many seconds per layer returns the anytime plan
 CPSAT_SHARE = 0.6            # share of the time limit planned for CP-SAT (the rest: steps 1-2, I/O)
@@ -51,8 +63,20 @@ CPSAT_BUILD_S_PER_VAR = 3e-5  # wall seconds to build the model, per placement l
 CPSAT_MIN_DET_S = 0.05       # fewer deterministic seconds than this: the layer is not worth a model
 DEADLINE_RESERVE, DEADLINE_RESERVE_S = 0.05, 0.1  # time kept back from the limit for assembling the plan
 
-__all__ = ["AUTO_GAP", "LayerSolution", "Solution", "get_solver", "register", "solve", "solver_names",
+__all__ = ["AUTO_GAP", "SOLVE_NAMES", "LayerSolution", "Solution", "get_solver", "register", "solve", "solver_names",
            "cpsat_schedule"]
+
+
+def _cpsat():
+    """The cpsat module. OR-Tools is optional (`pip install 'moe-place[solver]'`), so the module that
+    imports it is loaded when cpsat is first asked for, not with the package."""
+    require_ortools("solver cpsat")
+    from moe_place.solvers import cpsat  # late on purpose: see the docstring
+
+    return cpsat
+
+
+register_factory("cpsat", lambda: _cpsat().CpSatSolver())
 
 
 @dataclass(frozen=True)
@@ -95,13 +119,24 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
         raise InputError("jobs", "an integer >= 1", jobs)
     if time_limit_s is not None and not time_limit_s > 0:
         raise InputError("time_limit_s", "a positive number of seconds", time_limit_s)
-    if solver != "auto" and solver not in solver_names():
-        raise InputError("solver", f"one of auto, {', '.join(solver_names())}", solver)
+    if solver not in SOLVE_NAMES and solver not in solver_names():
+        raise InputError("solver", f"one of {', '.join(SOLVE_NAMES + solver_names())}", solver)
+    if solver == "cpsat":
+        require_ortools("solver cpsat")
+    if solver == "quick" and problem.max_moved_slots is not None:
+        raise InputError("solver", "fast or cpsat for a cap on moved slots (quick plans afresh)", "quick")
     start = time.monotonic()
+    if is_hierarchical(problem) and solver != "eplb":
+        return _solve_by_node(problem, solver, time_limit_s, jobs, progress, start)
     layers = list(range(problem.num_layers))
     notes: list[str] = []
+    # EPLB's plan, computed once for the anytime plan (a candidate there) and the co-located candidate
+    needs_eplb = solver != "eplb" and (solver == "quick" or time_limit_s is not None or problem.allow_colocated)
+    eplb_rows = _eplb_rows(problem) if needs_eplb else None
     if solver == "eplb":
         results = _run_layers(problem, "eplb", layers, jobs, progress)
+    elif solver == "quick":
+        results = anytime_layers(problem, fresh=True, eplb_rows=eplb_rows)
     elif time_limit_s is None:
         results = _run_layers(problem, "fast", layers, jobs, progress)
         if solver == "cpsat":
@@ -109,7 +144,7 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     else:
         # the deadline keeps back what assembling the plan takes after it (a few ms to 0.1 s)
         deadline = start + time_limit_s - min(DEADLINE_RESERVE_S, DEADLINE_RESERVE * time_limit_s)
-        results = anytime_layers(problem, deadline)
+        results = anytime_layers(problem, deadline, eplb_rows=eplb_rows)
         _note_cut(notes, problem, "the anytime plan", layers, results, time_limit_s)
         if time_limit_s < FAST_MIN_S_PER_LAYER * problem.num_layers:
             notes.append(f"time limit {time_limit_s:g} s is below what fast needs ({FAST_MIN_S_PER_LAYER:g} s a "
@@ -130,7 +165,7 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
                 _improve(results, exact)
                 _note_cut(notes, problem, "cpsat", chosen, exact, time_limit_s)
     if problem.allow_colocated and solver != "eplb":
-        _improve(results, _colocated_eplb(problem))
+        _improve(results, _colocated_eplb(problem, eplb_rows))
     solutions = tuple(results[i] for i in layers)
     phy2log = np.stack([s.phy2log for s in solutions])
     colocated = any(s.detail.get("colocated", False) for s in solutions)
@@ -139,30 +174,69 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     return Solution(placement, solutions, solver, time.monotonic() - start, tuple(notes))
 
 
-def anytime_layers(problem: PlacementProblem, deadline: float | None = None) -> dict[int, LayerSolution]:
+def _solve_by_node(problem: PlacementProblem, solver: str, time_limit_s: float | None, jobs: int, progress: bool,
+                   start: float) -> Solution:
+    """A hierarchical problem (`moe_place.solvers.hierarchical`): groups to nodes, each node planned by
+    `solver` on its own (the time limit shared evenly), the node plans put together. Objective and
+    status per layer are the whole problem's, the lower bound its valid bound 1-2 (any grouping)."""
+    split = split_by_node(problem)
+    share = None if time_limit_s is None else time_limit_s / len(split.problems)
+    node_solutions = [solve(node, solver, share, jobs, progress) for node in split.problems]
+    phy2log = split.assemble([s.placement.phy2log for s in node_solutions])
+    values = model_objectives(problem, phy2log)
+    bounds = np.minimum(model_lower_bounds(problem, quick=True), values)
+    wall = time.monotonic() - start
+    layers = []
+    for layer in range(problem.num_layers):
+        detail = {"solver": solver, "hierarchical": True}
+        if problem.current is not None:
+            detail["moved_slots"] = int((phy2log[layer] != problem.current.phy2log[layer]).sum())
+        status = "optimal" if values[layer] <= bounds[layer] * (1 + 1e-9) else "heuristic"
+        layers.append(LayerSolution(phy2log[layer], status, float(values[layer]), float(bounds[layer]),
+                                    wall / problem.num_layers, detail))
+    notes = tuple(dict.fromkeys(note for s in node_solutions for note in s.notes))
+    placement = Placement(phy2log, problem.num_experts, problem.num_gpus, problem.num_nodes,
+                          allow_colocated=any(s.placement.allow_colocated for s in node_solutions))
+    return Solution(placement, tuple(layers), solver, wall, notes)
+
+
+def _eplb_rows(problem: PlacementProblem) -> np.ndarray:
+    """int64 `[layers, P]`: DeepSeek EPLB's plan of every layer of `problem` (co-located replicas and all)."""
+    return deepseek.eplb_rebalance(problem.planning_loads(), problem.num_physical, problem.num_groups or 1,
+                                   problem.num_nodes, problem.num_gpus)
+
+
+def anytime_layers(problem: PlacementProblem, deadline: float | None = None, fresh: bool = False,
+                   eplb_rows: np.ndarray | None = None) -> dict[int, LayerSolution]:
     """Step 1 of the module docstring for every layer: {layer: solution}, in milliseconds to tens.
 
-    Migration mode: the current placement (it moves nothing). Otherwise the better of
-    `quick_plan` and EPLB's plan (when EPLB co-locates no replicas). Bounds 1-2 only (cheap).
+    Migration mode: the current placement (it moves nothing), unless `fresh`. Otherwise the better
+    of `quick_plan` and EPLB's plan (when EPLB co-locates no replicas); with `fresh` and a current
+    placement, that plan with its GPUs and slots matched to the current map (`align_slots`: the
+    same loads, fewer moved slots). Bounds 1-2 only (cheap).
     deadline: `time.monotonic()` seconds; quick_plan's swap rounds stop there (marked `cut`).
+    eplb_rows: EPLB's plan if the caller has it (`_eplb_rows`), else it is computed here.
     """
     started = time.perf_counter()
     bounds = model_lower_bounds(problem, quick=True)
     candidates: list[tuple[str, np.ndarray]] = []
     cut = False
-    if problem.current is not None:
+    if problem.current is not None and not fresh:
         candidates.append(("current", np.asarray(problem.current.phy2log, dtype=np.int64)))
     else:
         loads = problem.planning_loads()
         stop = None if deadline is None else started + (deadline - time.monotonic())
         candidates.append(("quick", quick_plan(loads, problem.num_gpus, problem.num_physical, deadline=stop)))
         cut = stop is not None and time.perf_counter() > stop
-        eplb = deepseek.eplb_rebalance(loads, problem.num_physical, problem.num_groups or 1, problem.num_nodes,
-                                    problem.num_gpus)
+        eplb = _eplb_rows(problem) if eplb_rows is None else eplb_rows
         colocated = np.array([has_colocation(row, problem.num_gpus) for row in eplb])
         candidates.append(("eplb", np.where(colocated[:, None], candidates[0][1], eplb)))
     values = np.stack([model_objectives(problem, plans) for _, plans in candidates])   # [candidates, layers]
     choice = np.argmin(values, axis=0)                                                # first on ties: quick
+    if problem.current is not None and fresh:
+        rows = np.stack([candidates[int(c)][1][layer] for layer, c in enumerate(choice)])
+        aligned = align_slots(rows, problem.current.phy2log, problem.num_gpus)
+        candidates = [(name, aligned) for name, _ in candidates]   # the same loads per layer, fewer moves
     wall = (time.perf_counter() - started) / problem.num_layers
     out = {}
     for layer in range(problem.num_layers):
@@ -172,17 +246,16 @@ def anytime_layers(problem: PlacementProblem, deadline: float | None = None) -> 
         status = "optimal" if value <= bound * (1 + 1e-9) else "heuristic"
         detail = {"solver": name}
         if problem.current is not None:
-            detail["moved_slots"] = 0
+            detail["moved_slots"] = int((plans[layer] != problem.current.phy2log[layer]).sum())
         if cut:
             detail["cut"] = True
         out[layer] = LayerSolution(np.array(plans[layer], dtype=np.int64), status, value, bound, wall, detail)
     return out
 
 
-def _colocated_eplb(problem: PlacementProblem) -> dict[int, LayerSolution]:
-    """EPLB's plan of every layer, co-located replicas and all (`problem.allow_colocated`)."""
-    rows = deepseek.eplb_rebalance(problem.planning_loads(), problem.num_physical, problem.num_groups or 1,
-                                problem.num_nodes, problem.num_gpus)
+def _colocated_eplb(problem: PlacementProblem, rows: np.ndarray | None = None) -> dict[int, LayerSolution]:
+    """EPLB's plan of every layer (`rows`, or `_eplb_rows`), co-located replicas and all (`problem.allow_colocated`)."""
+    rows = _eplb_rows(problem) if rows is None else rows
     values = model_objectives(problem, rows)
     bounds = model_lower_bounds(problem, quick=True)
     return {layer: LayerSolution(rows[layer], "heuristic", float(values[layer]), min(float(bounds[layer]),
@@ -208,14 +281,14 @@ def cpsat_schedule(problem: PlacementProblem, gaps: dict[int, float], time_limit
     for count in range(len(order), 0, -1):
         det = (budget - count * build) / (CPSAT_WALL_PER_DET * count)
         if det >= CPSAT_MIN_DET_S:
-            det = min(det, _cpsat.DEFAULT_TIME_LIMIT_S)
+            det = min(det, _cpsat().DEFAULT_TIME_LIMIT_S)
             return [(layer, det) for layer in order[:count]]
     return []
 
 
 def cpsat_build_s(problem: PlacementProblem) -> float:
     """Planned wall seconds to build one layer's CP-SAT model (`CPSAT_BUILD_S_PER_VAR` per literal)."""
-    return CPSAT_BUILD_S_PER_VAR * _cpsat.placement_literals(problem.num_experts, problem.num_gpus)
+    return CPSAT_BUILD_S_PER_VAR * _cpsat().placement_literals(problem.num_experts, problem.num_gpus)
 
 
 def merge(first: LayerSolution, second: LayerSolution) -> LayerSolution:

@@ -7,6 +7,7 @@ with a `name`, registered with `@register`; the CLI and the engine plugin pick i
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
@@ -79,6 +80,20 @@ def register(cls):
     assert cls.name not in _REGISTRY, f"solver {cls.name!r} registered twice"
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def register_factory(name: str, factory: Callable[[], Solver]) -> None:
+    """Make a solver available by `name` through `factory` (called at each `get_solver`): for solvers
+    whose module needs an optional package, imported only when the solver is asked for."""
+    assert name not in _REGISTRY, f"solver {name!r} registered twice"
+    _REGISTRY[name] = factory
+
+
+def require_ortools(what: str) -> None:
+    """InputError unless OR-Tools is importable: it is optional (`pip install 'moe-place[solver]'`),
+    so that the engine plugin installs beside engines that pin a protobuf OR-Tools cannot use."""
+    if importlib.util.find_spec("ortools") is None:
+        raise InputError("OR-Tools", f"installed for {what} (pip install 'moe-place[solver]')", "not installed")
 
 
 def solver_names() -> tuple[str, ...]:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import numpy as np
 
 from moe_place.problem import PlacementProblem, combine_windows
+from moe_place.solvers.base import require_ortools
 
 _SHRINK = 1.0 - 1e-12  # safety margin on bisection results (never on the exact quotients)
 
@@ -319,7 +320,8 @@ def _pairing_lp_model(w: np.ndarray, num_gpus: int, num_physical: int, target: f
     """(the LP of `pairing_lp_infeasible` as an `MPModelProto`, int64 `[K]` replica count of
     each option variable, int64 `[K]` its expert), or True when the count bounds alone already
     rule `target` out. Built from numpy arrays (no per-option Python objects)."""
-    from ortools.linear_solver import linear_solver_pb2 as pb
+    require_ortools("the pairing bound (2 slots per GPU)")
+    from ortools.linear_solver import linear_solver_pb2 as pb  # OR-Tools is optional: see solvers.base
 
     G, P, T = num_gpus, num_physical, float(target)
     least = np.maximum(1, np.ceil(w / T * (1 - 1e-12))).astype(np.int64)
@@ -368,7 +370,8 @@ def pairing_lp_infeasible(loads: np.ndarray, num_gpus: int, num_physical: int, t
     loads: float64 `[E]`; requires `num_physical == 2 * num_gpus`. See `pairing_lp_bound` for
     the model; False means only that the LP relaxation is feasible (no proof either way).
     """
-    from ortools.linear_solver import pywraplp
+    require_ortools("the pairing bound (2 slots per GPU)")
+    from ortools.linear_solver import pywraplp  # OR-Tools is optional: see solvers.base
 
     w = np.asarray(loads, dtype=np.float64)
     if float(target) <= 0:
@@ -448,7 +451,8 @@ def pairing_ip(loads: np.ndarray, num_gpus: int, num_physical: int, target: floa
     SCIP is deterministic, and the EP144 layers take 0.1-0.6 s). Costs 10-50x one LP test, so
     `fast` uses it only on layers whose gap stays above 1% after bound 4.
     """
-    from ortools.linear_solver import pywraplp
+    require_ortools("the integer pairing test (2 slots per GPU)")
+    from ortools.linear_solver import pywraplp  # OR-Tools is optional: see solvers.base
 
     w = np.asarray(loads, dtype=np.float64)
     if float(target) <= 0:

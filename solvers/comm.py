@@ -78,7 +78,6 @@ from functools import cached_property
 
 import networkx as nx
 import numpy as np
-from ortools.sat.python import cp_model
 
 from moe_place.analysis.coactivation import coactivation
 from moe_place.cost.comm import CommModel, SlotTable, layer_cost, token_homes
@@ -87,6 +86,7 @@ from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
 from moe_place.solvers import solve
+from moe_place.solvers.base import require_ortools
 from moe_place.solvers.quick import quick_plan
 
 STRENGTHS = (0, 2, 4, 8, 16, 32, 64)  # node swaps away from the start (step 2) that benchmarks and tests try
@@ -570,6 +570,9 @@ def _replica_cpsat(search: NodeSearch, demand: np.ndarray, saving: np.ndarray, s
     base_load = _node_loads(search, demand, present)
     row_unit = max(1.0, demand.sum() / 1e6)          # rows per model unit: loads stay below ~1e6 units
     top = int(demand.sum() / row_unit) + 1
+    require_ortools("plan --objective time (the replica-node model)")
+    from ortools.sat.python import cp_model  # OR-Tools is optional: see solvers.base
+
     model = cp_model.CpModel()
     x = {c: model.NewBoolVar(f"replica_e{c[0]}_n{c[1]}") for c in cand}     # a replica of e on node n
     for n in range(nodes):  # at most the node's spare slots

@@ -69,7 +69,7 @@ from ortools.sat.python import cp_model
 from moe_place.errors import InfeasibleError, InputError
 from moe_place.placement import has_colocation, keep_unchanged_slots
 from moe_place.problem import PlacementProblem, combine_windows
-from moe_place.solvers.base import LayerSolution, register
+from moe_place.solvers.base import LayerSolution
 from moe_place.solvers.bounds import windows_lower_bound
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.solvers.fast import FastSolver
@@ -564,9 +564,11 @@ def placement_literals(num_experts: int, num_gpus: int, max_state_literals: int 
     return cells * (min(max(2, max_state_literals // max(1, cells)), num_gpus) + 2)
 
 
-@register
 class CpSatSolver:
-    """CP-SAT on one layer, hinted with `fast` (or the current plan); deterministic; proves when it can."""
+    """CP-SAT on one layer, hinted with `fast` (or the current plan); deterministic; proves when it can.
+
+    Registered as "cpsat" by `moe_place.solvers` through a factory, so that OR-Tools (optional:
+    `pip install 'moe-place[solver]'`) is imported only when cpsat is asked for."""
 
     name: ClassVar[str] = "cpsat"
 

@@ -31,6 +31,7 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.placement import Placement, balance_ratio, even_split_gpu_loads
 from moe_place.problem import SPLIT_POLICIES, PlacementProblem, combine_windows
+from moe_place.solvers.base import require_ortools
 from moe_place.solvers.bounds import windows_lower_bound
 
 
@@ -83,7 +84,8 @@ def optimal_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> 
 
 def _optimal_max(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> float:
     """Min over splits of the busiest GPU's load: LP on the slots of one layer and window."""
-    from ortools.linear_solver import pywraplp
+    require_ortools("--split optimal")
+    from ortools.linear_solver import pywraplp  # OR-Tools is optional: see solvers.base
 
     total = float(load.sum())
     if total <= 0:

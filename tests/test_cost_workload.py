@@ -104,7 +104,8 @@ def test_presets_expert_bytes():
     assert get_model("Mixtral-8x7B").expert_bytes == 336 * 2**20
     assert get_model("OLMoE-1B-7B").expert_bytes == 12 * 2**20
     assert get_model("Qwen3-30B-A3B").row_bytes == 4096
-    assert len(PRESETS) == 6
+    assert get_model("Kimi-K2").expert_bytes == 42 * 2**20  # FP8, DeepSeek-V3's expert shape
+    assert len(PRESETS) == 7
 
 
 def test_catalog_figures():

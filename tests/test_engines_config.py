@@ -1,4 +1,4 @@
-"""The engine adapters' controller settings: a config file, then environment variables on top."""
+"""The engine adapters' rule settings: a config file, then environment variables on top."""
 
 import pytest
 
@@ -13,10 +13,13 @@ def test_defaults_file_and_environment(tmp_path):
     config = load_engine_config({CONFIG_ENV: str(path), "MOE_PLACE_MAX_MOVED_SLOTS": "1", "MOE_PLACE_NIC_GBIT": "200"})
     assert (config.model, config.migration, config.max_moved_slots, config.nic_gbit) == ("DeepSeek-V3", "stall", 1, 200.0)
     assert config.expert_shape().expert_bytes == 42 * 2**20
-    rebalancer = config.rebalancer(num_gpus=16, num_nodes=2, num_layers=3, num_experts=256)
-    cost = rebalancer.controller.cost
-    assert (cost.num_gpus, cost.topology.num_servers, cost.migration, rebalancer.controller.max_moved_slots) == \
-        (16, 2, "stall", 1)
+    rule = config.rule(num_gpus=16, num_nodes=2, num_layers=3, num_experts=256, num_groups=8)
+    cost = rule.cost
+    assert (cost.num_gpus, cost.topology.num_servers, cost.migration, rule.max_moved_slots, rule.num_groups) == \
+        (16, 2, "stall", 1, 8)
+    assert load_engine_config({CONFIG_ENV: str(path), "MOE_PLACE_MAX_MOVED_SLOTS": "none"}).max_moved_slots is None
+    capped = load_engine_config({"MOE_PLACE_MAX_MIB": "64", "MOE_PLACE_MIN_GAIN": "0.01"})
+    assert capped.rule(8, 1, 2, 64).max_bytes == 64 * 2**20 and capped.rule(8, 1, 2, 64).min_gain == 0.01
     custom = tmp_path / "custom.json"
     custom.write_text('{"model": {"preset": "Qwen3-30B-A3B", "dtype": "fp8"}}')
     assert load_engine_config({CONFIG_ENV: str(custom)}).expert_shape().dtype_bytes == 1
@@ -25,6 +28,8 @@ def test_defaults_file_and_environment(tmp_path):
 @pytest.mark.parametrize("env, field", [
     ({"MOE_PLACE_MIGRATION": "later"}, "migration"),
     ({"MOE_PLACE_MAX_MOVED_SLOTS": "two"}, "MOE_PLACE_MAX_MOVED_SLOTS"),
+    ({"MOE_PLACE_MIN_GAIN": "-1"}, "min_gain"),
+    ({"MOE_PLACE_STEP_INTERVAL": "0"}, "step_interval"),
     ({"MOE_PLACE_MODEL": "GPT-9"}, "GPT-9"),
     ({CONFIG_ENV: "/no/such/moe-place.toml"}, "moe-place.toml"),
 ])
@@ -36,5 +41,5 @@ def test_bad_settings_are_one_input_error_naming_the_field(env, field):
 def test_unknown_key_in_the_file_is_named(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("max_moves = 3\n")
-    with pytest.raises(InputError, match="max_moves"):
+    with pytest.raises(InputError, match="max_moves.*did you mean max_moved_slots"):
         load_engine_config({CONFIG_ENV: str(path)})

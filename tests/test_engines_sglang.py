@@ -85,18 +85,18 @@ def test_bad_suffix_is_an_input_error(tmp_path):
 
 
 # ---------------------------------------------------------------------- online: the payback rebalance hook
-def test_rebalance_hook_keeps_the_map_on_noise_and_moves_within_the_cap(monkeypatch):
-    """Against stand-ins named like SGLang's (`sglang/srt/eplb/eplb_algorithms/__init__.py` @
-    7d81985a32df17c1bb184fdd5ac7560482b58119: `rebalance_experts(tokens_per_expert, num_physical_experts,
-    num_local_physical_experts, num_groups, num_nodes, algorithm)`, called by `expert_location.py` @
-    6270b01498692d05d29267efe96d0eb7d9824545 `init_by_eplb` with per-pass counts `[passes, layers, E]`)."""
+def test_rebalance_hook_balances_from_trivial_keeps_the_map_on_noise_and_follows_a_new_hot_expert(monkeypatch):
+    """Against stand-ins named like SGLang 0.5.23's (`sglang/srt/eplb/eplb_algorithms/__init__.py`:
+    `rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups,
+    num_nodes, algorithm)`, called by `expert_location.py` `ExpertLocationMetadata.init_by_eplb` with the
+    recorder's per-pass counts `[passes, layers, E]`; the start map `init_trivial` is `p % E`)."""
     import sys
     import types
 
     torch = pytest.importorskip("torch")
     from moe_place.engines import sglang as adapter
     from moe_place.engines.config import EngineConfig
-    from moe_place.eplb import plan_placement
+    from moe_place.solvers.deepseek import eplb_rebalance
 
     original = object()
     algorithms = types.ModuleType(adapter.ALGORITHMS_MODULE)
@@ -105,33 +105,42 @@ def test_rebalance_hook_keeps_the_map_on_noise_and_moves_within_the_cap(monkeypa
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, adapter.ALGORITHMS_MODULE, algorithms)
     rng = np.random.default_rng(0)
-    layers, experts, gpus, physical = 3, 64, 8, 72
+    layers, experts, gpus, physical, passes = 3, 64, 8, 72, 200
     w = rng.zipf(1.3, size=(layers, experts)).clip(max=50).astype(float)
-    per_pass = w / w.sum(axis=1, keepdims=True) * 4096 * 8
-    old = np.array(plan_placement(per_pass, physical, None, 1, gpus).phy2log)
-    hook = adapter.PaybackRebalance(EngineConfig(model="Qwen3-30B-A3B", step_interval=1000),
-                                    current_map=lambda: torch.from_numpy(old))
+    share = w / w.sum(axis=1, keepdims=True)
+
+    def window(share, seed):  # per-pass multinomial counts, 4096 tokens x top-8 per pass
+        draw = np.random.default_rng(seed)
+        return torch.from_numpy(np.stack([[draw.multinomial(4096 * 8, p) for p in share] for _ in range(passes)]))
+
+    in_use = {"map": np.tile(np.arange(physical) % experts, (layers, 1))}   # SGLang's trivial start
+    hook = adapter.PaybackRebalance(EngineConfig(model="Qwen3-30B-A3B", step_interval=1000, migration="stall"),
+                                    current_map=lambda: torch.from_numpy(in_use["map"].copy()))
     handle = adapter.install_rebalance_hook(hook)
     assert algorithms.rebalance_experts is hook
-    # the plan for load w: the map the controller settles on for w (a plan for the busiest load
-    # alone can still gain on the cost model's padded tile time, so the controller refines it first)
-    for _ in range(20):
-        settled = algorithms.rebalance_experts(torch.from_numpy(np.stack([per_pass] * 100)), physical, 8, None, 1,
-                                               None)[0].numpy()
-        if np.array_equal(settled, old):
-            break
-        old = settled
-    else:
-        raise AssertionError("the controller kept moving on a constant load")
-    noisy = np.stack([per_pass * (1 + 0.01 * rng.standard_normal(per_pass.shape)) for _ in range(100)])
-    phy2log, log2phy, logcnt = algorithms.rebalance_experts(torch.from_numpy(noisy), physical, 8, None, 1, None)
-    assert np.array_equal(phy2log.numpy(), old)  # SGLang copies nothing
-    hot = noisy.copy()
-    hot[:, :, int(np.argmin(per_pass[0]))] = 5 * per_pass.mean()
-    phy2log, _, logcnt = algorithms.rebalance_experts(torch.from_numpy(hot), physical, 8, None, 1, None)
-    changed = (phy2log.numpy() != old).sum(axis=1)
-    assert changed.sum() > 0 and (changed <= 2).all()
-    assert logcnt.shape == (layers, experts) and phy2log.dtype == torch.int64
+
+    def call(counts):
+        phy2log, log2phy, logcnt = algorithms.rebalance_experts(counts, physical, physical // gpus, None, 1, None)
+        assert logcnt.shape == (layers, experts) and phy2log.dtype == torch.int64
+        in_use["map"] = phy2log.numpy()
+        return in_use["map"]
+
+    def busiest_over_mean(rows, load):
+        gpu = Placement(rows, experts, gpus, allow_colocated=True).gpu_loads(load)
+        return gpu.max(axis=1) / gpu.mean(axis=1)
+
+    first = call(window(share, 1))
+    eplb = eplb_rebalance(window(share, 1).numpy().sum(axis=0).astype(float), physical, 1, 1, gpus)
+    assert (busiest_over_mean(first, share) <= busiest_over_mean(eplb, share) + 0.01).all()
+    for seed in (2, 3):  # the same load, new samples: SGLang copies nothing
+        assert np.array_equal(call(window(share, seed)), first)
+    hot = share.copy()
+    cold = int(np.argmin(share[0]))
+    hot[:, cold] = 5 / experts
+    hot /= hot.sum(axis=1, keepdims=True)
+    moved = call(window(hot, 4))
+    assert (moved != first).sum() > 0
+    assert busiest_over_mean(moved, hot).sum() < busiest_over_mean(first, hot).sum()
     adapter.uninstall_rebalance_hook(handle)
     adapter.uninstall_rebalance_hook(handle)
     assert algorithms.rebalance_experts is original

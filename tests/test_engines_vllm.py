@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 from moe_place.engines import vllm as adapter  # noqa: E402
 from moe_place.placement import Placement, keep_unchanged_slots  # noqa: E402
 from moe_place.planfile import PlanFile, write_plan  # noqa: E402
+from moe_place.solvers.deepseek import eplb_rebalance  # noqa: E402
 
 
 def _fake_vllm(monkeypatch, returns_tuple: bool):
@@ -249,7 +250,7 @@ def test_against_the_real_vllm_policy_class():
     assert registry == before
 
 
-# ---------------------------------------------------------------------- the payback controller inside the policy
+# ---------------------------------------------------------------------- the rebalance rule inside the policy
 GPUS, EXPERTS, REPLICAS, LAYERS = 8, 64, 72, 4
 STEP_TOKENS = 4096 * 8  # dispatches per step (4096 tokens, top-8)
 
@@ -261,76 +262,85 @@ def _step_loads(seed=0):
     return w / w.sum(axis=1, keepdims=True) * STEP_TOKENS
 
 
+def _window(per_step, steps, seed):
+    """A summed window of `steps` multinomial steps of `per_step` loads (what vLLM 0.33 passes)."""
+    rng = np.random.default_rng(seed)
+    share = per_step / per_step.sum(axis=1, keepdims=True)
+    return torch.from_numpy(np.stack([rng.multinomial(int(STEP_TOKENS) * steps, p) for p in share]))
+
+
+def _linear():
+    """vLLM's start map: slot p < E holds expert p, redundant slot E + i holds expert i."""
+    return torch.from_numpy(np.tile(np.arange(REPLICAS) % EXPERTS, (LAYERS, 1)))
+
+
 @pytest.fixture
 def no_vllm(monkeypatch):
     monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
     for var in ("MOE_PLACE_CONFIG", "MOE_PLACE_MIGRATION", "MOE_PLACE_MAX_MOVED_SLOTS", "MOE_PLACE_MODEL",
-                adapter.STATIC_PLAN_ENV):
+                "MOE_PLACE_STEP_INTERVAL", "MOE_PLACE_WINDOW_STEPS", adapter.STATIC_PLAN_ENV):
         monkeypatch.delenv(var, raising=False)
 
 
-def test_policy_keeps_the_map_on_noise_and_moves_within_the_cap_on_a_new_hot_expert(no_vllm):
-    from moe_place.eplb import plan_placement
+def _busiest_over_mean(phy2log, load):
+    gpu = Placement(phy2log.numpy(), EXPERTS, GPUS, allow_colocated=True).gpu_loads(load)
+    return gpu.max(axis=1) / gpu.mean(axis=1)
 
-    config = adapter.EngineConfig(model="Qwen3-30B-A3B", max_moved_slots=2)
+
+def test_policy_balances_from_the_linear_map_keeps_it_on_noise_and_follows_a_new_hot_expert(no_vllm):
+    config = adapter.EngineConfig(model="Qwen3-30B-A3B")
     policy = adapter.make_policy(returns="phy2log", config=config)
     per_step = _step_loads()
-    old = torch.from_numpy(np.array(plan_placement(per_step, REPLICAS, None, 1, GPUS).phy2log))
-    window = config.window_steps
-    # the plan for load w: the map the controller settles on for w (a plan for the busiest load
-    # alone can still gain on the cost model's padded tile time, so the controller refines it first)
-    for _ in range(20):
-        settled = policy.rebalance_experts(torch.from_numpy(per_step * window), REPLICAS, 1, 1, GPUS, old)
-        if torch.equal(settled, old):
-            break
-        old = settled
-    else:
-        raise AssertionError("the controller kept moving on a constant load")
-    rng = np.random.default_rng(1)
-    noisy = per_step * (1 + 0.01 * rng.standard_normal(per_step.shape))
-    same = policy.rebalance_experts(torch.from_numpy(noisy * window), REPLICAS, 1, 1, GPUS, old)
-    assert int((same != old).sum()) == 0  # 1% noise: no move pays back
-    hot = noisy.copy()
+    first = policy.rebalance_experts(_window(per_step, 750, 0), REPLICAS, 1, 1, GPUS, _linear())
+    # as balanced as vLLM's default (EPLB) on the same window, within 1% on every layer
+    eplb = torch.from_numpy(eplb_rebalance(_window(per_step, 750, 0).numpy().astype(float), REPLICAS, 1, 1, GPUS))
+    assert (_busiest_over_mean(first, per_step) <= _busiest_over_mean(eplb, per_step) + 0.01).all()
+    for seed in (1, 2):  # the same load, new samples: nothing moves
+        same = policy.rebalance_experts(_window(per_step, 1000, seed), REPLICAS, 1, 1, GPUS, first)
+        assert torch.equal(same, first)
+    hot = per_step.copy()
     cold = int(np.argmin(per_step[0]))
     hot[:, cold] = 5 * hot.mean(axis=1)  # a new hot expert at 5x the mean
-    moved = policy.rebalance_experts(torch.from_numpy(hot * window), REPLICAS, 1, 1, GPUS, old)
-    changed = (moved != old).sum(dim=1)
-    assert changed.sum() > 0 and (changed <= 2).all()
-    placement = Placement(moved.numpy(), EXPERTS, GPUS)
-    assert (placement.logcnt[:, cold] >= 2).any()  # the hot expert got a replica
-    busiest = lambda m: Placement(m.numpy(), EXPERTS, GPUS).gpu_loads(hot).max(axis=1)  # noqa: E731
-    assert busiest(moved).sum() < busiest(old).sum()
+    moved = policy.rebalance_experts(_window(hot, 1000, 3), REPLICAS, 1, 1, GPUS, first)
+    assert (moved != first).sum() > 0
+    assert (Placement(moved.numpy(), EXPERTS, GPUS, allow_colocated=True).logcnt[:, cold] >= 2).all()
+    assert _busiest_over_mean(moved, hot).sum() < _busiest_over_mean(first, hot).sum()
 
 
 def test_policy_makes_the_replay_controllers_decision(no_vllm):
-    # the same history through `replay --controller ours`'s controller and through the policy
-    from moe_place.eplb import plan_placement
-    from moe_place.online.controller import PaybackController
+    # the same history through `replay --controller ours` at vLLM's cadence and through the policy
+    from moe_place.online.controller import EngineCadence, initial_map, make_controller
     from moe_place.online.costing import cluster_cost
-    from moe_place.online.window import HotSpotTracker
+    from moe_place.online.policy import RebalanceRule
+    from moe_place.online.replay import replay
 
-    config = adapter.EngineConfig(model="Qwen3-30B-A3B", migration="stall", step_interval=64, window_steps=64)
+    config = adapter.EngineConfig(model="Qwen3-30B-A3B", migration="stall", step_interval=64, window_steps=32)
     policy = adapter.make_policy(returns="phy2log", config=config)
-    # whole dispatch counts, the same on every step of a window: the summed window the legacy
-    # interface passes holds the whole history
-    base = np.round(_step_loads(seed=3))
-    steps = np.stack([base] * 128)
-    steps[64:, :, 7] += np.round(2 * base.mean())  # expert 7 turns hot halfway
-    old = plan_placement(base, REPLICAS, None, 1, GPUS)
+    rng = np.random.default_rng(3)
+    base = _step_loads(seed=3)
+    steps = np.stack([[rng.multinomial(int(STEP_TOKENS), p / p.sum()) for p in base] for _ in range(208)])
+    steps[100:, :, 7] += int(2 * base.mean())  # expert 7 turns hot
     cost = cluster_cost(GPUS, 1, "H100", "Qwen3-30B-A3B", migration="stall")
-    ours = PaybackController(cost, LAYERS, EXPERTS, check_every=64, tracker=HotSpotTracker(prior_steps=64))
-    for step, counts in enumerate(steps):
-        ours.observe(step, counts)
-        decision = ours.decide(step, old) if step in (63, 127) else None
-        if step == 63:
-            assert decision is None
-    expected = old.phy2log if decision is None else decision.placement.phy2log
-    policy.rebalance_experts(torch.from_numpy(steps[:64].sum(axis=0)), REPLICAS, 1, 1, GPUS,
-                             torch.from_numpy(np.array(old.phy2log)))
-    got = policy.rebalance_experts(torch.from_numpy(steps[64:].sum(axis=0)), REPLICAS, 1, 1, GPUS,
-                                   torch.from_numpy(np.array(old.phy2log)))
-    assert decision is not None
-    np.testing.assert_array_equal(got.numpy(), expected)
+    cadence = EngineCadence.of("vllm", 64, 32)
+    start = initial_map(LAYERS, EXPERTS, REPLICAS, GPUS)
+    emitted = {}
+    ours = make_controller("ours", cadence, LAYERS, EXPERTS, rule=RebalanceRule(cost, LAYERS, EXPERTS))
+    decide = ours.decide
+
+    def record(step, current):
+        decision = decide(step, current)
+        emitted[step] = current.phy2log if decision is None else decision.placement.phy2log
+        return decision
+
+    ours.decide = record
+    replay(steps.astype(float), ours, cost, start, layer_per_step=True, drain_steps=0)
+    current = torch.from_numpy(np.array(start.phy2log))
+    calls = [s for s in range(len(steps)) if cadence.calls_at(s)]
+    assert calls == [15, 79, 143, 207]
+    for step in calls:
+        window = steps[max(0, step + 1 - 32):step + 1].sum(axis=0)
+        current = policy.rebalance_experts(torch.from_numpy(window), REPLICAS, 1, 1, GPUS, current)
+        np.testing.assert_array_equal(current.numpy(), emitted[step])
 
 
 # ---------------------------------------------------------------------- vLLM's next policy interface
@@ -423,7 +433,7 @@ def test_next_interface_is_detected_and_keeps_state_only_through_commits(monkeyp
 
     vllm = _fake_vllm_next(monkeypatch, transitional)
     assert adapter.interface_of(vllm.AbstractEplbPolicy) == ("plan_rebalance" if transitional else "context")
-    config = adapter.EngineConfig(model="Qwen3-30B-A3B", max_moved_slots=2)
+    config = adapter.EngineConfig(model="Qwen3-30B-A3B")
     cls = adapter.make_policy(config=config)
     assert issubclass(cls, vllm.AbstractEplbPolicy)
     policy = cls()  # vLLM instantiates the registered class
@@ -440,8 +450,7 @@ def test_next_interface_is_detected_and_keeps_state_only_through_commits(monkeyp
     assert isinstance(plan, vllm.EplbPlan)
     new = plan.physical_to_logical_map
     assert new.shape == (LAYERS, REPLICAS) and new.dtype == torch.int64
-    changed = (new != old).sum(dim=1)
-    assert changed.sum() > 0 and (changed <= 2).all()
+    assert (new != old).sum() > 0
     assert state.moe_place.sessions == {}  # planning treats the state as read-only
     for layer in range(LAYERS):
         policy.on_layer_committed(state, plan, layer)

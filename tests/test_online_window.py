@@ -1,11 +1,11 @@
-"""Sliding window, predictors, hot-spot persistence and the double-buffered map switch."""
+"""Sliding window, hot-spot persistence and the double-buffered map switch."""
 
 import numpy as np
 import pytest
 
 from moe_place.errors import InputError
 from moe_place.online.switch import MapSwitch
-from moe_place.online.window import HotSpotTracker, Predictor, SlidingWindow
+from moe_place.online.window import HotSpotTracker, SlidingWindow
 from moe_place.placement import Placement
 
 
@@ -19,25 +19,6 @@ def test_sliding_window_keeps_the_last_steps_in_order():
     np.testing.assert_array_equal(w.total(), [[9, 90]])
     with pytest.raises(InputError):
         w.push(np.zeros((2, 2)))
-
-
-def test_predictors():
-    w = SlidingWindow(16, 1, 2)
-    ema = Predictor("ema", alpha=0.5)
-    for i in range(8):
-        step = np.array([[i, 1.0]])
-        w.push(step)
-        ema.observe(step)
-    np.testing.assert_allclose(Predictor("last", horizon=4).predict(w)[0], [[5.5, 1.0]])
-    # EMA with alpha 1/2 over 0..7 starting at the first value
-    want = 0.0
-    for i in range(1, 8):
-        want = 0.5 * want + 0.5 * i
-    np.testing.assert_allclose(ema.predict(w)[0], [[want, 1.0]])
-    scen = Predictor("scenarios", horizon=2, num_scenarios=3).predict(w)
-    np.testing.assert_allclose(scen[:, 0, 0], [2.5, 4.5, 6.5])
-    with pytest.raises(InputError):
-        Predictor("oracle")
 
 
 def test_hot_spot_persistence_is_measured_from_runs():

@@ -10,7 +10,7 @@ from moe_place.online.replay import parse_synthetic
 from moe_place.traces.bundled import bundled_path
 
 SPEC = "drift:steps=300,layers=2,experts=16,tokens=1024,seed=3"
-COMMON = ["--synthetic", SPEC, "--gpus", "4", "--window", "100", "--format", "json"]
+COMMON = ["--synthetic", SPEC, "--gpus", "4", "--window", "100", "--format", "json", "--no-progress"]
 
 
 def _run(capsys, *extra):
@@ -18,29 +18,43 @@ def _run(capsys, *extra):
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("controller", ["static", "periodic-eplb", "ours"])
-def test_json_contract_and_totals(capsys, controller):
-    doc = _run(capsys, "--controller", controller, "--step-interval", "120")
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("controller", ["static", "engine-default", "ours"])
+def test_json_contract_and_totals(capsys, controller, engine):
+    doc = _run(capsys, "--controller", controller, "--step-interval", "120", "--engine", engine)
     for key in ("controller", "steps", "rebalances", "bytes_moved", "total_expert_time_s", "total_migration_time_s",
-                "total_time_s", "per_step"):
+                "total_policy_time_s", "total_time_s", "per_step", "engine", "step_interval", "window", "start",
+                "migration", "copy_schedule"):
         assert key in doc, key
-    assert doc["controller"] == controller and doc["steps"] == 300 == len(doc["per_step"])
+    name = f"{engine}-default" if controller == "engine-default" else controller
+    assert doc["controller"] == name and doc["steps"] == 300 == len(doc["per_step"])
+    assert (doc["migration"], doc["copy_schedule"]) == ({"vllm": "async", "sglang": "stall"}[engine], "parallel")
     steps = doc["per_step"]
     assert sum(s["expert_time_s"] for s in steps) == pytest.approx(doc["total_expert_time_s"])
     assert sum(s["copy_time_s"] for s in steps) == pytest.approx(doc["total_migration_time_s"])
     assert sum(s["bytes_moved"] for s in steps) == doc["bytes_moved"]
-    assert doc["total_time_s"] == pytest.approx(doc["total_expert_time_s"] + doc["total_migration_time_s"])
+    assert doc["total_time_s"] == pytest.approx(doc["total_expert_time_s"] + doc["total_migration_time_s"]
+                                                + doc["total_policy_time_s"])
     assert sum(s["rebalance"] for s in steps) == doc["rebalances"] == len(doc["rebalance_steps"])
     assert all(s["rebalance"] for s in steps if s["bytes_moved"] or s["copy_time_s"])
     assert all(0 < s["balancedness"] <= 1 for s in steps)
     if controller == "static":
-        assert doc["rebalances"] == 0 and doc["bytes_moved"] == 0
-    if controller == "periodic-eplb":
-        assert doc["rebalance_steps"] == [29, 149, 269]  # a quarter interval, then every 120 steps
+        assert doc["rebalances"] == 0 and doc["bytes_moved"] == 0 and doc["total_policy_time_s"] == 0
+    if controller == "engine-default":
+        # vLLM: a quarter interval, then every 120 steps; SGLang: every 120 passes (both from slot p = p % E)
+        assert doc["rebalance_steps"] == {"vllm": [29, 149, 269], "sglang": [119, 239]}[engine]
+        assert doc["total_policy_time_s"] > 0
+
+
+def test_the_earlier_controller_name_still_works(capsys):
+    assert _run(capsys, "--controller", "periodic-eplb", "--step-interval", "120")["controller"] == "vllm-default"
 
 
 def test_same_input_same_output(capsys):
-    assert _run(capsys, "--controller", "ours") == _run(capsys, "--controller", "ours")
+    first, second = (_run(capsys, "--controller", "ours", "--step-interval", "60") for _ in range(2))
+    for doc in (first, second):   # the policy's own time is measured (CPU time): everything else repeats
+        doc.pop("total_policy_time_s"), doc.pop("total_time_s")
+    assert first == second
 
 
 def test_synthetic_spec_is_the_traces_generator():
@@ -53,8 +67,8 @@ def test_synthetic_spec_is_the_traces_generator():
 
 def test_replays_a_bundled_trace_file(capsys):
     path = bundled_path("olmoe-1b-7b_expert_counts_L0_L7_L15.npz")
-    assert main(["replay", str(path), "--gpus", "8", "--controller", "ours", "--format", "json",
-                 "--no-per-step"]) == 0
+    assert main(["replay", str(path), "--gpus", "8", "--controller", "ours", "--format", "json", "--no-per-step",
+                 "--engine", "sglang", "--step-interval", "2", "--window", "2"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["steps"] == 6 and doc["model"] == "OLMoE-1B-7B" and "per_step" not in doc
 
@@ -63,9 +77,13 @@ def test_replays_a_bundled_trace_file(capsys):
     (["replay"], "exactly one"),
     (["replay", "--synthetic", "drift:steps=x"], "steps"),
     (["replay", "--synthetic", "walk:steps=10"], "--synthetic"),
-    (["replay", "--synthetic", "drift:steps=20,experts=8", "--gpus", "3", "--redundant", "0"], "--redundant"),
+    (["replay", "--synthetic", "drift:steps=20,experts=8", "--gpus", "3", "--redundant", "0", "--step-interval", "4"],
+     "--redundant"),
+    (["replay", "--synthetic", "drift:steps=20,experts=8"], "--step-interval"),
+    (["replay", "--synthetic", "drift:steps=20,experts=8", "--step-interval", "4", "--groups", "3"], "--groups"),
     (["replay", "no/such/trace.npz"], "no such file"),
-    (["replay", "--synthetic", "drift:steps=20,experts=8", "--gpus", "4", "--nodes", "3"], "--nodes"),
+    (["replay", "--synthetic", "drift:steps=20,experts=8", "--gpus", "4", "--nodes", "3", "--step-interval", "4"],
+     "--nodes"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert main(argv) == 2

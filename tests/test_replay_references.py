@@ -72,7 +72,7 @@ def test_cli_replay_plot_and_progress(tmp_path, capsys, monkeypatch):
 
     png = tmp_path / "replay.png"
     argv = ["replay", "--synthetic", "drift:steps=120,layers=2,experts=16,tokens=256,seed=0", "--gpus", "4",
-            "--controller", "ours", "--window", "40"]
+            "--controller", "ours", "--window", "40", "--step-interval", "40"]
     assert main(argv + ["--plot", str(png)]) == 0
     err = capsys.readouterr().err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -17,7 +17,7 @@ from moe_place import __version__
 from moe_place.errors import MoePlaceError
 
 COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
-            "report")
+            "report", "offload")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; files are written atomically, so none is partial
+        print(f"moe-place {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _version() -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 
 from moe_place.io import output_problem
@@ -41,6 +42,13 @@ def _float_where(text: str, ok, expected: str) -> float:
     return value
 
 
+def redundant_count(text: str) -> int | str:
+    """`--redundant` of `plan`: an integer >= 0, or `auto` (size it: moe_place.solvers.sizing)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return _int_at_least(text, 0, "an integer >= 0 or auto")
+
+
 def positive_float(text: str) -> float:
     return _float_where(text, lambda v: v > 0, "a positive finite number")
 
@@ -71,6 +79,22 @@ def output_dir(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"expected a writable folder, got {text!r} ({problem})")
     return text
+
+
+BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # GB decimal, GiB binary (cost/units.py)
+
+
+def byte_size(text: str) -> int:
+    """Bytes as `24GiB`, `80GB`, `512 MiB`, `2.5e10` or a plain integer (rounded down to whole bytes)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in BYTE_UNITS:
+        raise argparse.ArgumentTypeError(f"expected bytes like 24GiB, 80GB or 25769803776, got {text!r}")
+    value = float(match.group(1)) * BYTE_UNITS[unit]
+    if not math.isfinite(value) or value >= 2**62:
+        raise argparse.ArgumentTypeError(f"expected a byte count below 2^62, got {text!r}")
+    return int(value)
 
 
 def int_list(text: str) -> list[int]:
@@ -146,3 +170,20 @@ def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "needs --block-m), l2, none")
     parser.add_argument("--block-m", type=positive_int, metavar="M",
                         help="GEMM tile height, with --weights tiles (default: none)")
+
+
+# ---------------------------------------------------------------------- redundancy sizing
+def add_sizing_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `plan --redundant auto` (`moe_place.solvers.sizing`)."""
+    group = parser.add_argument_group("redundancy sizing (--redundant auto)")
+    group.add_argument("--min-gain-per-gib", type=non_negative_float, metavar="F",
+                       help="with --redundant auto: the least relative drop in held-out busiest/mean that one GiB of "
+                            "replicas per GPU must buy (default 0.01, i.e. 1%%)")
+    group.add_argument("--max-redundant", type=non_negative_int, metavar="R",
+                       help="with --redundant auto: the largest R to size (default 2E, at most E(G-1))")
+    group.add_argument("--max-replica-bytes", type=positive_int, metavar="BYTES",
+                       help="with --redundant auto: the most bytes per GPU the redundant experts may take "
+                            "(default: no cap)")
+    group.add_argument("--plot", type=output_file, metavar="FILE.png",
+                       help="with --redundant auto: also write a PNG of held-out busiest/mean and KV tokens lost "
+                            "against R (default: none)")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import (add_time_model_arguments, add_trace_options, layer_selection, non_negative_float,
-                                   non_negative_int, output_file, positive_float, positive_int)
+from moe_place.cli.options import (add_sizing_arguments, add_time_model_arguments, add_trace_options, layer_selection,
+                                   non_negative_float, non_negative_int, output_file, positive_float, positive_int,
+                                   redundant_count)
 from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
@@ -16,8 +17,9 @@ HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, e
 SOLVER_CHOICES = ("auto", "cpsat", "eplb", "fast")
 
 
-def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by `plan` and `compare`: the trace and the machine."""
+def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool = False) -> None:
+    """Options shared by `plan` and `compare`: the trace and the machine (`redundant_auto`: `--redundant`
+    also takes `auto`)."""
     parser.add_argument("trace", metavar="TRACE", help="routing trace file (.npz, SGLang/vLLM dump, CSV/JSON counts)")
     add_trace_options(parser)
     parser.add_argument("--gpus", type=positive_int, required=True, metavar="G", help="EP size over all nodes")
@@ -25,13 +27,16 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--groups", type=positive_int, metavar="K",
                         help="expert groups, for EPLB's hierarchical policy (default: global policy)")
     slots = parser.add_mutually_exclusive_group()
-    slots.add_argument("--redundant", type=non_negative_int, metavar="R",
-                       help="redundant experts per layer: P = E + R physical experts, P divisible by G (default 0)")
+    slots.add_argument("--redundant", type=redundant_count if redundant_auto else non_negative_int, metavar="R",
+                       help="redundant experts per layer: P = E + R physical experts, P divisible by G (default 0)"
+                            + ("; auto: size R on held-out steps of the trace, print the sizing table and plan the "
+                               "recommended R (moe_place.solvers.sizing)" if redundant_auto else ""))
     slots.add_argument("--expert-memory-budget", type=positive_int, metavar="BYTES",
                        help="per-GPU bytes for the expert weights of all planned layers, instead of --redundant "
                             "(needs --expert-bytes; default: none)")
     parser.add_argument("--expert-bytes", type=positive_int, metavar="B",
-                        help="bytes of one expert's weights, with --expert-memory-budget (default: none)")
+                        help="bytes of one expert's weights, with --expert-memory-budget, or with --redundant auto "
+                             "to price the replicas (default: none; auto: the model preset's)")
     parser.add_argument("--time-limit", type=positive_float, metavar="S",
                         help="wall-clock seconds for the whole plan, kept: the anytime plan of every layer, then "
                              "fast, then (auto, cpsat) CP-SAT on deterministic time from fast's plan, never worse "
@@ -49,12 +54,12 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_problem_arguments(parser)
+    add_problem_arguments(parser, redundant_auto=True)
     parser.add_argument("--objective", choices=("balance", "time"),
                         help="balance: the busiest GPU's rows (the solvers); time: the predicted MoE layer time, "
                              "dispatch + compute + combine, with nodes grouped by co-activation as far as held-out "
                              "windows of the trace say it pays (moe_place.solvers.comm); default: time for a "
-                             "token-level trace on --nodes > 1, else balance")
+                             "token-level trace on --nodes > 1 (not with --redundant auto), else balance")
     add_time_model_arguments(parser)
     parser.add_argument("--solver", default="auto", metavar="NAME",
                         help=f"one of {', '.join(SOLVER_CHOICES)} (default auto: fast, then CP-SAT where --time-limit "
@@ -67,11 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --current: load units a moved slot must save (default 0)")
     parser.add_argument("--out", type=output_file, required=True, metavar="PLAN.json", help="plan file to write")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_sizing_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.cli.plan_time import plan_for_time
     from moe_place.cli.shared import build_problem, report_rows
+    from moe_place.cli.sizing import check_sizing_options, size_for_plan
     from moe_place.placement import Placement
     from moe_place.planfile import BudgetLayers, PlanFile, file_sha256, read_plan, write_plan
     from moe_place.solvers import solve, solver_names
@@ -83,9 +90,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--max-moved-slots/--move-cost", "--current PLAN as well")
     if args.move_cost < 0:
         raise InputError("--move-cost", "a value >= 0", args.move_cost)
+    check_sizing_options(args)
     current_plan = read_plan(args.current) if args.current is not None else None
-    problem, trace, options = build_problem(args, current_plan)
-    objective = args.objective or ("time" if trace.is_token_level and args.nodes > 1 else "balance")
+    sizing = trace = None
+    if args.redundant == "auto":  # size R on held-out steps (moe_place.solvers.sizing), then plan that R
+        args, sizing, trace = size_for_plan(args)
+    problem, trace, options = build_problem(args, current_plan, trace)
+    objective = args.objective or ("time" if trace.is_token_level and args.nodes > 1 and sizing is None else "balance")
     options["objective"] = objective
     if objective == "time":
         return plan_for_time(args, problem, trace, options)
@@ -98,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
               "wall_s": round(solution.wall_s, 6), "split": args.split, "layers": rows}
     if current is not None:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
+    if sizing is not None:
+        report["sizing"] = sizing.to_dict()
     budget_layers = None
     if args.expert_memory_budget is not None:
         budget = allocate_budget(problem.planning_loads(), problem.num_gpus, args.expert_bytes,
@@ -118,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     print_report(report, args.format, header=f"plan {args.trace}: {problem.num_layers} layers, "
                  f"{problem.num_experts} experts, P = {problem.num_physical} on {problem.num_gpus} GPUs "
                  f"({problem.slots_per_gpu} slots each), solver {args.solver}, split {args.split}")
+    if sizing is not None and args.format == "table":
+        sys.stdout.write("\n" + sizing.table())
     return 0
 
 

@@ -1,5 +1,6 @@
-"""`moe-place replay TRACE --controller static|periodic-eplb|ours`: replay a multi-step trace
-through an online controller and the cost model (expert-layer time + migration time)."""
+"""`moe-place replay TRACE --controller static|engine-default|ours`: replay a multi-step trace
+through an online controller at an engine's cadence and the cost model (expert-layer time +
+migration time + the policy's own time)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import argparse
 import json
 from pathlib import Path
 
-from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_int, output_file, positive_float,
-                                   positive_int, trace_load_options)
+from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_float, non_negative_int,
+                                   output_file, positive_float, positive_int, trace_load_options)
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS, infer_model_name
 from moe_place.errors import InputError
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.progress import ProgressBar
 
-HELP = "replay a multi-step trace through a re-planning controller and the cost model"
+HELP = "replay a multi-step trace through an engine's rebalance cadence, a policy and the cost model"
+CONTROLLER_ALIASES = {"periodic-eplb": "engine-default"}  # the earlier name of the engine's default policy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,47 +27,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(keys: steps, layers, experts, top_k, tokens, domains, drift, skew, shared, "
                              "concentration, hot, seed, preset=deepseek-r1; at most 1,000,000 steps and 2**28 "
                              "steps x layers x experts; default: replay TRACE)")
-    parser.add_argument("--controller", choices=("static", "periodic-eplb", "ours"), default="ours",
-                        help="static: planned once; periodic-eplb: vLLM's cadence; ours: the payback controller "
-                             "(default ours)")
+    parser.add_argument("--controller", choices=("static", "engine-default", "ours", "periodic-eplb"), default="ours",
+                        help="static: the start map, never moved; engine-default: the engine's own policy (DeepSeek "
+                             "EPLB; vLLM keeps unmoved experts' slots) at its cadence; ours: moe-place's rebalance "
+                             "rule at the same cadence, as the vLLM policy and SGLang hook run it (default ours; "
+                             "periodic-eplb: the earlier name of engine-default)")
     add_trace_options(parser)
+    engine = parser.add_argument_group("engine protocol (defaults: the engine's own)")
+    engine.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                        help="vllm (0.33): first call after step_interval/4 steps, then every 3000 steps on the last "
+                             "1000, async moves one layer per step; sglang (0.5.23): every 1000 passes on the last "
+                             "1000, all layers at once (stall). Both start from slot p = expert p %% E (default vllm)")
+    engine.add_argument("--step-interval", type=positive_int, default=None,
+                        help="steps between policy calls (vLLM step_interval, SGLang --eplb-rebalance-num-iterations; "
+                             "default: the engine's)")
+    engine.add_argument("--window", type=positive_int, default=None,
+                        help="steps of load a call sees (vLLM window_size; SGLang's recorder buffer; default: the "
+                             "engine's), also the steps an offline start plan is made from")
+    engine.add_argument("--start", choices=("engine", "offline"), default="engine",
+                        help="engine: the engine's start map (default); offline: a plan made from the first --window "
+                             "steps, as a user loading a plan at start-up has")
+    engine.add_argument("--migration", choices=("stall", "async"), default=None,
+                        help="serving stops for the copies, or they run beside it sharing the links with "
+                             "dispatch/combine (default: the engine's, vllm async, sglang stall)")
+    engine.add_argument("--drain-steps", type=non_negative_int, default=1,
+                        help="batches in flight that finish on the old map before a switch (default 1)")
     cluster = parser.add_argument_group("cluster (named as for `plan`)")
     cluster.add_argument("--gpus", type=positive_int, default=8, help="EP size G (default 8)")
     cluster.add_argument("--nodes", type=positive_int, default=1, help="servers (default 1)")
     cluster.add_argument("--redundant", type=non_negative_int, default=None,
                          help="redundant slots per layer (default: one per GPU)")
+    cluster.add_argument("--groups", type=positive_int, default=None,
+                         help="expert groups (hierarchical planning when a multiple of --nodes; default: none)")
     cluster.add_argument("--hardware", default="H100",
                          help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])} (default H100)")
     cluster.add_argument("--model", default=None,
                          help=f"expert shape preset for time and copy size: one of {', '.join(PRESETS)} "
                               "(default: from the trace, else Qwen3-30B-A3B)")
     cluster.add_argument("--nic-gbit", type=positive_float, default=400.0, help="NIC per GPU, Gbit/s (default 400)")
-    cluster.add_argument("--copy-schedule", choices=("serial", "parallel"), default="serial",
-                         help="copies one after another (formula 7, default) or all at once")
-    cluster.add_argument("--migration", choices=("stall", "async"), default="stall",
-                         help="serving stops for the copies (default stall), or they run beside it, sharing the links "
-                              "with dispatch/combine, and the map switches once they are done")
+    engine.add_argument("--copy-schedule", choices=("serial", "parallel"), default=None,
+                        help="a rebalance's copies one after another (formula 7) or all at once, the links setting "
+                             "the time (default: parallel, as both engines batch a layer's transfers)")
     cluster.add_argument("--layers", type=layer_selection, default=None,
                          help="trace layer positions, e.g. 0-3 (default: all)")
-    ctl = parser.add_argument_group("controllers")
-    ctl.add_argument("--window", type=positive_int, default=None,
-                     help="steps of the start-up plan and of periodic-eplb's window, at most the trace's steps "
-                          "(default 1000, or all steps of a shorter trace)")
-    ctl.add_argument("--step-interval", type=positive_int, default=3000, help="periodic-eplb: steps between re-plans (default 3000)")
-    ctl.add_argument("--check-every", type=positive_int, default=16, help="ours: steps between checks (default 16)")
-    ctl.add_argument("--horizon", type=positive_int, default=32, help="ours: steps the predictor looks back (default 32)")
-    ctl.add_argument("--predictor", choices=("last", "ema", "scenarios"), default="last",
-                     help="ours: how the next steps' load is predicted from the last ones (default last)")
-    ctl.add_argument("--hysteresis", type=positive_float, default=1.0,
-                     help="ours: a move must pay back within 1/H of the hot spots' expected life (default 1)")
-    ctl.add_argument("--min-saving", type=positive_float, default=0.005,
-                     help="ours: ignore a layer whose predicted saving is below this share of its time (default 0.005)")
-    ctl.add_argument("--max-moved-slots", type=non_negative_int, default=2,
-                     help="ours: slot changes per layer and rebalance at most; budgets 1, 2, 4, ... up to it are "
-                          "tried and each layer takes the one with the largest net gain that pays back (default 2)")
-    ctl.add_argument("--max-mib", type=positive_float, default=None, help="ours: MiB copied per rebalance at most (default: no cap)")
-    ctl.add_argument("--drain-steps", type=non_negative_int, default=1,
-                     help="batches in flight that finish on the old map before a switch (default 1)")
+    ours = parser.add_argument_group("ours (moe_place.online.policy.RebalanceRule)")
+    ours.add_argument("--min-gain", type=non_negative_float, default=0.005,
+                      help="a layer moves only when its busiest GPU drops by more than this share of the mean GPU "
+                           "load (default 0.005)")
+    ours.add_argument("--noise-margin", type=non_negative_float, default=2.0,
+                      help="... and by more than this many times the measured noise floor (default 2)")
+    ours.add_argument("--max-moved-slots", type=non_negative_int, default=None,
+                      help="a cap the engine states: slots changed per layer and call (default: none)")
+    ours.add_argument("--max-mib", type=positive_float, default=None,
+                      help="a cap on MiB copied per call, e.g. the engine's move buffer (default: none)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
     parser.add_argument("--out", type=output_file, metavar="FILE", help="also write the JSON result to FILE (default: none)")
@@ -77,11 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from moe_place.online.controller import make_controller
+    from moe_place.online.controller import EngineCadence, initial_map, make_controller
     from moe_place.online.costing import cluster_cost
     from moe_place.online.plot import render_replay_png
+    from moe_place.online.policy import RebalanceRule
     from moe_place.online.replay import initial_placement, parse_synthetic, replay
-    from moe_place.online.window import Predictor
     from moe_place.traces.load import load_trace
 
     if (args.trace is None) == (args.synthetic is None):
@@ -98,52 +112,62 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--layers", f"positions in [0, {counts.shape[1]})", bad[0])
         counts = counts[:, args.layers]
     steps, layers, experts = counts.shape
-    if args.window is None:
-        args.window = min(1000, steps)
-    elif args.window > steps:
-        raise InputError("--window", f"at most the {steps} steps of the trace (the start-up plan is made on them)",
-                         args.window)
+    cadence = EngineCadence.of(args.engine, args.step_interval, args.window)
+    if args.start == "offline" and cadence.window_size > steps:
+        raise InputError("--window", f"at most the {steps} steps of the trace (the offline start plan is made on them)",
+                         cadence.window_size)
+    if args.controller != "static" and cadence.first_call > steps:
+        raise InputError("--step-interval", f"a cadence whose first call falls within the trace's {steps} steps "
+                         f"({args.engine} calls its policy first after {cadence.first_call})",
+                         cadence.step_interval)
     redundant = args.gpus if args.redundant is None else args.redundant
     physical = experts + redundant
     if physical % args.gpus:
         raise InputError("--redundant", f"a count making {experts} + R slots divisible by --gpus {args.gpus}", redundant)
+    if args.groups is not None and experts % args.groups:
+        raise InputError("--groups", f"a divisor of the {experts} experts", args.groups)
+    migration = args.migration or cadence.migration
+    schedule = args.copy_schedule or cadence.copy_schedule
     model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"  # the default: the bundled traces' model
     cost = cluster_cost(args.gpus, args.nodes, args.hardware, model,
-                        nic_gbit_per_s=args.nic_gbit, copy_schedule=args.copy_schedule, migration=args.migration)
-    options: dict = {}
-    if args.controller == "periodic-eplb":
-        options = dict(window_size=args.window, step_interval=args.step_interval)
-    elif args.controller == "ours":
-        options = dict(check_every=args.check_every, predictor=Predictor(args.predictor, horizon=args.horizon),
-                       hysteresis=args.hysteresis, min_relative_saving=args.min_saving,
-                       max_moved_slots=args.max_moved_slots,
-                       max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
-    controller = make_controller(args.controller, cost, layers, experts, **options)
-    start = initial_placement(counts, args.gpus, physical, args.nodes, window=args.window)
-    bar = None if args.no_progress else ProgressBar(steps, f"replay {args.controller}", "steps")
+                        nic_gbit_per_s=args.nic_gbit, copy_schedule=schedule, migration=migration)
+    kind = CONTROLLER_ALIASES.get(args.controller, args.controller)
+    rule = RebalanceRule(cost, layers, experts, num_groups=args.groups, min_gain=args.min_gain,
+                         noise_margin=args.noise_margin, max_moved_slots=args.max_moved_slots,
+                         max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
+    controller = make_controller(kind, cadence, layers, experts, rule=rule, num_groups=args.groups)
+    if args.start == "offline":
+        start = initial_placement(counts, args.gpus, physical, args.nodes, window=cadence.window_size,
+                                  num_groups=args.groups)
+    else:
+        start = initial_map(layers, experts, physical, args.gpus, args.nodes)
+    bar = None if args.no_progress else ProgressBar(steps, f"replay {controller.name}", "steps")
     result = replay(counts, controller, cost, start, drain_steps=args.drain_steps,
-                    on_step=None if bar is None else lambda _: bar.advance())
+                    on_step=None if bar is None else lambda _: bar.advance(), layer_per_step=cadence.layer_per_step)
     if bar is not None:
         bar.close()
     doc = {**result.to_json(per_step=not args.no_per_step), "trace": source, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "hardware": cost.gpu.name,
-           "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": args.copy_schedule,
-           "migration": args.migration}
+           "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": schedule,
+           "migration": migration, "engine": args.engine, "step_interval": cadence.step_interval,
+           "window": cadence.window_size, "start": args.start}
     if args.out:
         write_json_atomic(args.out, doc)
     if args.plot:
         title = f"{args.synthetic or Path(args.trace).name}, {args.gpus} GPUs"
-        write_atomic(args.plot, render_replay_png([(title, {args.controller: result})]))
+        write_atomic(args.plot, render_replay_png([(title, {controller.name: result})]))
     if args.format == "json":
         print(json.dumps(doc))
         return 0
-    print(f"controller            {doc['controller']}")
+    print(f"controller            {doc['controller']} ({args.engine} cadence: every {cadence.step_interval} steps "
+          f"on the last {cadence.window_size}, {migration} {schedule} copies, {args.start} start map)")
     print(f"steps                 {doc['steps']} ({layers} layers x {experts} experts on {args.gpus} x "
           f"{cost.gpu.name}, {args.nodes} node(s), {physical} slots)")
     print(f"rebalances            {doc['rebalances']}")
     print(f"bytes moved           {doc['bytes_moved'] / 2**20:.1f} MiB ({doc['slots_moved']} slots changed)")
     print(f"expert-layer time     {doc['total_expert_time_s'] * 1e3:.3f} ms")
     print(f"migration time        {doc['total_migration_time_s'] * 1e3:.3f} ms")
+    print(f"policy time           {doc['total_policy_time_s'] * 1e3:.3f} ms (measured: CPU time of its calls)")
     print(f"total time            {doc['total_time_s'] * 1e3:.3f} ms")
     print(f"mean balancedness     {doc['mean_balancedness']:.4f}")
     return 0

@@ -25,10 +25,19 @@ TIME_KEYS = ("distinct_nodes_per_token", "rdma_bytes", "nvlink_bytes", "dispatch
              "layer_time_s")
 
 
-def build_problem(args: argparse.Namespace, current_plan=None):
+def load_args_trace(args: argparse.Namespace):
+    """The trace the shared options name (`TRACE`, the trace options, `--layers`)."""
+    trace = load_trace(args.trace, **trace_load_options(args))
+    if args.layers is not None:
+        trace = trace.select_layer_ids(args.layers)
+    return trace
+
+
+def build_problem(args: argparse.Namespace, current_plan=None, trace=None):
     """(PlacementProblem, trace, options dict) from the shared options; InputError on bad values.
 
     current_plan: the plan file in use now (`--current`), restricted here to the planned layers.
+    trace: the trace `load_args_trace(args)` read already (None: read it here).
     """
     if args.expert_bytes is not None and args.expert_memory_budget is None:  # option checks before the trace is read
         raise InputError("--expert-bytes", "--expert-memory-budget as well (it is used only for the budget)",
@@ -37,9 +46,8 @@ def build_problem(args: argparse.Namespace, current_plan=None):
         raise InputError("--expert-memory-budget", "--expert-bytes B as well (bytes of one expert)")
     if args.nodes and args.gpus % args.nodes:
         raise InputError("--nodes", f"a divisor of --gpus {args.gpus}", args.nodes)
-    trace = load_trace(args.trace, **trace_load_options(args))
-    if args.layers is not None:
-        trace = trace.select_layer_ids(args.layers)
+    if trace is None:
+        trace = load_args_trace(args)
     current = None if current_plan is None else current_for(current_plan, trace.meta.layer_ids, args.current)
     loads = trace.window_counts(None).astype(np.float64)  # summed over steps (bench/bench_windows.py: why)
     experts, gpus = trace.num_experts, args.gpus

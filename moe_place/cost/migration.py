@@ -73,29 +73,91 @@ def moved_slots(old: Placement, new: Placement) -> np.ndarray:
     return new.moved_slots(old)
 
 
+@dataclass(frozen=True)
+class CopyPlan:
+    """The copies of a re-plan as arrays, one entry per moved slot (what `plan_copies` lists).
+
+    src / dst / layer / slot / expert: int64 `[copies]`, in layer, slot order.
+    num_bytes: bytes of each copy (one expert's weights).
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    layer: np.ndarray
+    slot: np.ndarray
+    expert: np.ndarray
+    num_bytes: float
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @property
+    def local(self) -> np.ndarray:
+        """bool `[copies]`: copies within one GPU."""
+        return self.src == self.dst
+
+    def to_copies(self) -> list[Copy]:
+        return [Copy(int(s), int(d), float(self.num_bytes), int(layer), int(slot), int(e))
+                for s, d, layer, slot, e in zip(self.src, self.dst, self.layer, self.slot, self.expert)]
+
+
+def plan_copy_arrays(old: Placement, new: Placement, topology: Topology, expert_bytes: float,
+                     layers: np.ndarray | None = None) -> CopyPlan:
+    """`plan_copies` as a `CopyPlan` (arrays, no per-copy objects: what a policy call can afford)."""
+    if new.num_gpus > topology.num_gpus:
+        raise InputError("placement num_gpus", f"at most the topology's {topology.num_gpus} GPUs", new.num_gpus)
+    if not expert_bytes > 0:
+        raise InputError("copy bytes", "a number > 0", expert_bytes)
+    moved = moved_slots(old, new)
+    if layers is not None:
+        keep = np.zeros(old.num_layers, dtype=bool)
+        keep[np.asarray(layers, dtype=np.int64)] = True
+        moved = moved & keep[:, None]
+    per_gpu = old.slots_per_gpu
+    bandwidth = topology.path_bandwidths()                        # [src GPU, dst GPU], inf on the diagonal
+    slot_gpu = np.arange(old.num_physical) // per_gpu
+    held = np.zeros((old.num_layers, old.num_experts, old.num_gpus), dtype=bool)   # old GPU g holds e
+    held[np.arange(old.num_layers)[:, None], old.phy2log, slot_gpu[None, :]] = True
+    layer, slot = np.nonzero(moved)                               # every copy at once, in layer, slot order
+    expert = new.phy2log[layer, slot]
+    dst = slot // per_gpu
+    width = np.where(held[layer, expert], bandwidth.T[dst], -1.0)   # [copies, GPUs]: route width from each holder
+    src = np.argmax(width, axis=1)                                 # the widest holder, lowest GPU on ties
+    as_int = lambda a: np.asarray(a, dtype=np.int64)  # noqa: E731
+    return CopyPlan(as_int(src), as_int(dst), as_int(layer), as_int(slot), as_int(expert), float(expert_bytes))
+
+
 def plan_copies(old: Placement, new: Placement, topology: Topology, expert_bytes: float,
                 layers: np.ndarray | None = None) -> list[Copy]:
     """The copies that turn `old` into `new`: one per moved slot, from the cheapest holder (module note).
 
     layers: restrict to these layers (default: all). Returned in layer, slot order.
     """
-    if new.num_gpus > topology.num_gpus:
-        raise InputError("placement num_gpus", f"at most the topology's {topology.num_gpus} GPUs", new.num_gpus)
-    moved = moved_slots(old, new)
-    per_gpu = old.slots_per_gpu
-    out: list[Copy] = []
-    for layer in (range(old.num_layers) if layers is None else layers):
-        for slot in np.flatnonzero(moved[layer]):
-            expert = int(new.phy2log[layer, slot])
-            dst = int(slot // per_gpu)
-            holders = np.unique(np.flatnonzero(old.phy2log[layer] == expert) // per_gpu)
-            if dst in holders:
-                src = dst
-            else:
-                width = [topology.path_bandwidth_bytes_per_s(int(h), dst) for h in holders]
-                src = int(holders[int(np.argmax(width))])
-            out.append(Copy(src, dst, float(expert_bytes), int(layer), int(slot), expert))
-    return out
+    return plan_copy_arrays(old, new, topology, expert_bytes, layers).to_copies()
+
+
+def copy_times_by_layer(topology: Topology, plan: CopyPlan, num_layers: int, alpha_s: float = 0.0,
+                        schedule: str = "serial") -> np.ndarray:
+    """float64 `[layers]`: `copy_time_s` of each layer's copies of `plan` on their own."""
+    between = ~plan.local
+    src, dst, layer = plan.src[between], plan.dst[between], plan.layer[between]
+    if schedule == "serial":
+        seconds = plan.num_bytes / topology.path_bandwidths()[src, dst] + alpha_s
+        return np.bincount(layer, weights=seconds, minlength=num_layers)
+    if schedule == "parallel":
+        # sparse: each copy adds its bytes to the links of its route (no dense matrix product)
+        _, capacity, _ = topology.route_incidence()
+        start, edge = topology.route_hops()
+        pair = src * topology.num_gpus + dst
+        hops = start[pair + 1] - start[pair]                       # links each copy crosses
+        copy_of_hop = np.repeat(np.arange(len(pair)), hops)
+        first_hop = np.repeat(np.cumsum(hops) - hops, hops)        # where each copy's hops begin below
+        edge_of_hop = edge[np.repeat(start[pair], hops) + np.arange(hops.sum()) - first_hop]
+        loads = np.bincount(layer[copy_of_hop] * len(capacity) + edge_of_hop,
+                            minlength=num_layers * len(capacity)).reshape(num_layers, -1) * plan.num_bytes
+        busiest = (loads / capacity).max(axis=1, initial=0.0)
+        return np.where(np.bincount(layer, minlength=num_layers) > 0, busiest + alpha_s, 0.0)
+    raise InputError("copy schedule", f"one of {', '.join(COPY_SCHEDULES)}", repr(schedule))
 
 
 def copy_path(topology: Topology, copy: Copy) -> str:
@@ -108,10 +170,12 @@ def copy_time_s(topology: Topology, copies: list[Copy], alpha_s: float = 0.0, sc
     if alpha_s < 0:
         raise InputError("alpha_s", "seconds >= 0", alpha_s)
     if schedule == "serial":
+        bandwidth = topology.path_bandwidths()
         total = 0.0
         for c in copies:
             if not c.local:
-                total += c.num_bytes / topology.path_bandwidth_bytes_per_s(c.src_gpu, c.dst_gpu) + alpha_s
+                total += c.num_bytes / bandwidth[topology.check_gpu(c.src_gpu, "copy source"),
+                                                 topology.check_gpu(c.dst_gpu, "copy destination")] + alpha_s
         return total
     if schedule == "parallel":
         volume = np.zeros((topology.num_gpus, topology.num_gpus))
@@ -174,6 +238,14 @@ class Migration:
         """Seconds the copies take under `schedule`."""
         return copy_time_s(self.topology, copies, self.alpha_s, self.schedule)
 
+    def copy_plan(self, old: Placement, new: Placement, layers: np.ndarray | None = None) -> CopyPlan:
+        """`plan_copy_arrays` on this cluster."""
+        return plan_copy_arrays(old, new, self.topology, self.expert_bytes, layers)
+
+    def copy_times_by_layer(self, plan: CopyPlan, num_layers: int) -> np.ndarray:
+        """float64 `[layers]`: seconds each layer's copies take under `schedule`, layer by layer."""
+        return copy_times_by_layer(self.topology, plan, num_layers, self.alpha_s, self.schedule)
+
     def single_copy_time_s(self, copy: Copy) -> float:
         """Seconds of one copy alone (`W_e / B_path + alpha`, 0 within one GPU)."""
         return copy_time_s(self.topology, [copy], self.alpha_s, "serial")
@@ -204,7 +276,10 @@ class Migration:
     def charge(self, copies: list[Copy], expert_s: float = 0.0, comm_s: float = 0.0) -> MigrationCharge:
         """What serving pays for `copies` when a step takes `expert_s` of compute and `comm_s` of
         dispatch/combine (module note; both only matter for `async`)."""
-        copy_s = self.copy_time_s(copies)
+        return self.charge_for(self.copy_time_s(copies), expert_s, comm_s)
+
+    def charge_for(self, copy_s: float, expert_s: float = 0.0, comm_s: float = 0.0) -> MigrationCharge:
+        """`charge` for copies that take `copy_s` seconds."""
         if self.model == "stall" or copy_s == 0.0:
             return MigrationCharge(copy_s, copy_s, 0)
         step_s = expert_s + comm_s

@@ -507,8 +507,7 @@ def _offload(sc: Scenario) -> dict:
            "gpu_memory_bytes_per_s": gpu.memory_bytes_per_s, "link_bytes_per_s": link, "alpha_s": alpha,
            "experts": experts, "socket": socket, "kernels": {}}
     for kernel in table.get("kernels", list(cpu.kernels)):
-        rates = offload.OffloadRates(cpu.flops_per_s(kernel), cpu.memory_bytes_per_s(socket), gpu.flops_per_s,
-                                     gpu.memory_bytes_per_s, link, alpha)
+        rates = offload.OffloadRates.of(gpu, cpu, kernel, socket, link, alpha)
         out["kernels"][kernel] = {
             "cpu_s": {str(m): experts * offload.cpu_time_s(m, sc.model, rates) for m in rows},
             "gpu_s": {str(m): experts * offload.gpu_time_s(m, sc.model, rates) for m in rows},

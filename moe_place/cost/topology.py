@@ -52,6 +52,8 @@ class Topology:
     _routes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _flows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _incidence: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _bandwidths: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _hops: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         graph = self.graph
@@ -98,6 +100,16 @@ class Topology:
             return float("inf")
         return min(self.graph.edges[e]["capacity"] for e in edges)
 
+    def path_bandwidths(self) -> np.ndarray:
+        """float64 `[G, G]`: `path_bandwidth_bytes_per_s` of every pair (`inf` on the diagonal), built
+        once per topology (read-only)."""
+        if not self._bandwidths:
+            gpus = self.num_gpus
+            table = np.array([[self.path_bandwidth_bytes_per_s(s, d) for d in range(gpus)] for s in range(gpus)])
+            table.setflags(write=False)
+            self._bandwidths.append(table)
+        return self._bandwidths[0]
+
     def path_kind(self, src: int, dst: int) -> str:
         """`same GPU`, or the kinds of link on the route, e.g. `nvlink` or `pcie+nic+uplink`."""
         edges = self.route(src, dst)
@@ -138,6 +150,18 @@ class Topology:
             capacity.setflags(write=False)
             self._incidence.append((tuple(edges), capacity, incidence))
         return self._incidence[0]
+
+    def route_hops(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, edge): the routes of `route_incidence` as lists, int64 `[G*G + 1]` and `[hops]`: the
+        edges (columns of `route_incidence`) of pair `src*G + dst` are `edge[start[p]:start[p + 1]]`."""
+        if not self._hops:
+            _, _, incidence = self.route_incidence()
+            pair, edge = np.nonzero(incidence)
+            start = np.searchsorted(pair, np.arange(incidence.shape[0] + 1))
+            start.setflags(write=False)
+            edge.setflags(write=False)
+            self._hops.append((start, edge))
+        return self._hops[0]
 
     def check_volume(self, volume_bytes: np.ndarray, where: str = "traffic") -> np.ndarray:
         volume = np.asarray(volume_bytes, dtype=np.float64)

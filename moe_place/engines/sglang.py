@@ -18,15 +18,18 @@ Launch: `python -m sglang.launch_server ... --ep-size G --ep-num-redundant-exper
 (planning input for `moe-place plan`).
 
 Online (`--enable-eplb`): SGLang's `EPLBManager` rebalances every
-`--eplb-rebalance-num-iterations` passes through
-`sglang.srt.eplb.eplb_algorithms.rebalance_experts(tokens_per_expert [passes, layers, E], ...)`
-and copies the changed layers `--eplb-rebalance-layers-per-chunk` at a time while serving goes on.
+`--eplb-rebalance-num-iterations` passes through `ExpertLocationMetadata.init_by_eplb`, which calls
+`sglang.srt.eplb.eplb_algorithms.rebalance_experts(tokens_per_expert [passes, layers, E], ...)`,
+and copies the changed layers (all at once unless `--eplb-rebalance-layers-per-chunk`).
 `install_rebalance_hook()` puts `PaybackRebalance` in that function's place (reversibly): the
-payback controller of `replay --controller ours` decides, from the map SGLang runs, whether a
-migration-aware move pays back, and otherwise returns that map unchanged (SGLang then copies
-nothing). Settings: `moe_place.engines.config` (`MOE_PLACE_CONFIG` or `MOE_PLACE_*`; set
-`step_interval` to `--eplb-rebalance-num-iterations`). Call it in the server process before the
-first rebalance (e.g. a sitecustomize module, or a launcher that imports it then runs SGLang).
+rebalance rule (`moe_place.online.policy.RebalanceRule`, what `replay --engine sglang --controller
+ours` runs) decides, from the map SGLang runs, which layers take DeepSeek EPLB's plan of the
+window aligned to the map in use (a gap above the noise floor that pays back), and otherwise
+returns that map unchanged (SGLang then copies nothing). It reads the running server's
+`--eplb-rebalance-num-iterations` for its horizon; the other settings come from
+`moe_place.engines.config` (`MOE_PLACE_CONFIG` or `MOE_PLACE_*`; `migration = "stall"` matches
+SGLang's default all-layers update). Call it in the server process before the first rebalance
+(e.g. a sitecustomize module, or a launcher that imports it then runs SGLang).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from moe_place.engines.config import EngineConfig, load_engine_config
 from moe_place.eplb import placement_tensors, plan_placement
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
-from moe_place.online.controller import EngineRebalancer
+from moe_place.online.policy import RebalanceRule
 from moe_place.placement import Placement
 
 MAP_KEY = "physical_to_logical_map"
@@ -155,7 +158,7 @@ def read_init_expert_location(path: str | Path) -> np.ndarray:
     return matrix.astype(np.int64)
 
 
-# ---------------------------------------------------------------------- online: the payback controller
+# ---------------------------------------------------------------------- online: the rebalance rule
 def sglang_current_map():
     """SGLang's map in use, CPU `[layers, P]` (`get_global_expert_location_metadata()`), or None."""
     try:
@@ -166,13 +169,22 @@ def sglang_current_map():
     return None if metadata is None else metadata.physical_to_logical_map_cpu
 
 
+def sglang_rebalance_interval() -> int | None:
+    """SGLang's `--eplb-rebalance-num-iterations` of the running server, or None outside one."""
+    try:
+        module = importlib.import_module("sglang.srt.runtime_context")
+        return int(module.get_exec().moe.eplb_rebalance_num_iterations)
+    except Exception:  # noqa: BLE001 - no SGLang, or no server context in this process: use the config
+        return None
+
+
 @dataclass
 class PaybackRebalance:
     """SGLang's `rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts,
-    num_groups, num_nodes, algorithm)` decided by the payback controller (module note).
+    num_groups, num_nodes, algorithm)` decided by the rebalance rule (module note).
 
-    config: the controller's settings (None: `load_engine_config()`). current_map: returns the map in
-    use `[layers, P]` (default: SGLang's global expert location). The controller's state lives here,
+    config: the rule's settings (None: `load_engine_config()`). current_map: returns the map in
+    use `[layers, P]` (default: SGLang's global expert location). The rule's state lives here,
     one per model shape, between SGLang's calls.
     Returns `(phy2log, log2phy, logcnt)` CPU int64 tensors, as SGLang's own algorithms do.
     """
@@ -200,12 +212,12 @@ class PaybackRebalance:
             placement = plan_placement(loads.sum(axis=0), num_physical_experts, num_groups, nodes, gpus)
         else:
             key = (num_layers, num_experts, num_physical_experts, gpus, nodes)
+            config = self.config or load_engine_config()
             if key not in self.sessions:
                 groups = num_groups if num_groups and num_experts % num_groups == 0 else None
-                self.sessions[key] = (self.config or load_engine_config()).rebalancer(gpus, nodes, num_layers,
-                                                                                       num_experts, groups)
-            rebalancer: EngineRebalancer = self.sessions[key]
-            decision = rebalancer.rebalance(loads, current)
+                self.sessions[key] = config.rule(gpus, nodes, num_layers, num_experts, groups)
+            rule: RebalanceRule = self.sessions[key]
+            decision = rule.decide(loads, current, sglang_rebalance_interval() or config.step_interval)
             placement = current if decision is None else decision.placement
         return placement_tensors(placement)
 

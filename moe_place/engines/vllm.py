@@ -18,14 +18,16 @@ path) asks its policy for a new map every `step_interval` steps. Two interfaces 
 (legacy when vLLM is absent), as `returns="auto"` reads the return style.
 
 What the policy decides (`mode`):
-- "payback" (default): the payback controller `replay --controller ours` runs
-  (`moe_place.online.controller.EngineRebalancer`): it re-plans migration-aware from the map in
-  use, moves at most `max_moved_slots` slots per layer, and returns the map in use unchanged when
-  the move does not pay back its copies (formula 7 with the migration model, `async` by default
-  as vLLM's `use_async`). Its state (load history, hot-spot lifetimes) lives in the policy between
-  calls: per model in the class for the legacy interface, in `policy_state` for the context one.
-  Expert bytes, hardware and topology: `moe_place.engines.config` (`MOE_PLACE_CONFIG` file or
-  `MOE_PLACE_*` variables); the GPUs and nodes are vLLM's own.
+- "payback" (default): the rebalance rule (`moe_place.online.policy.RebalanceRule`, docs/MODEL.md
+  "The rebalance rule"), the same decision `moe-place replay --controller ours` makes at vLLM's
+  cadence: from the map in use, DeepSeek EPLB's plan of the window aligned to it, taken for the
+  layers where the gap is above the measured noise floor and the copies pay back before the next
+  call or the pattern's age (formula 7 with the migration model, `async` as vLLM's `use_async`),
+  whole; otherwise the map in use unchanged (vLLM then copies nothing). Its state (the pattern
+  ages, the last window) lives in the policy between calls: per model in the class for the legacy
+  interface, in `policy_state` for the context one. Expert bytes, hardware and topology, and
+  vLLM's `step_interval` / `window_size` if not the defaults: `moe_place.engines.config`
+  (`MOE_PLACE_CONFIG` file or `MOE_PLACE_*` variables); the GPUs and nodes are vLLM's own.
 - "replan": a fresh plan at every call (migration-aware when the map in use is given).
 - a static plan: with `MOE_PLACE_STATIC_PLAN=FILE` (a plan file, e.g. from `moe-place export
   --engine vllm`) the policy returns that placement at every rebalance: vLLM moves to it once.
@@ -36,11 +38,12 @@ patches both, in place and reversibly (`uninstall(handle)` or the `registered()`
 
     from moe_place.engines.vllm import install
     install()                        # policy "default" now runs moe-place (works with use_async)
-    install(name="moe_place")        # or: a new name, --eplb-config '{"policy": "moe_place"}'
+    install(name="moe_place")        # a new name; vLLM 0.33 accepts it only with use_async off
+                                     # ("Async EPLB is only supported with the default policy")
 
 vLLM starts worker processes that must patch too: put the call in every process through vLLM's
 plugin entry point group `vllm.general_plugins` (`register_plugin`, enabled by setting
-`MOE_PLACE_VLLM_POLICY=default` or `=moe_place`). torch and vLLM are imported lazily.
+`MOE_PLACE_VLLM_POLICY=default`). torch and vLLM are imported lazily.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ import numpy as np
 from moe_place.engines.config import EngineConfig, load_engine_config
 from moe_place.eplb import placement_tensors, plan_placement, weight_to_numpy
 from moe_place.errors import InputError
-from moe_place.online.controller import EngineRebalancer
+from moe_place.online.policy import RebalanceRule
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.planfile import read_plan
 from moe_place.solvers.deepseek import check_eplb_arguments
@@ -82,12 +85,20 @@ SETTINGS = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_w
 
 
 # ---------------------------------------------------------------------- the decision
+@dataclass
+class RuleSession:
+    """One model's rule and how many calls it has answered (the first call's window is shorter)."""
+
+    rule: RebalanceRule
+    calls: int = 0
+
+
 class _PolicyCore:
     """Settings and the decision shared by both interfaces (class attributes; see `make_policy`).
 
     returns: "auto" | "tuple" | "phy2log" (legacy interface only).
-    mode: "payback" (the controller) or "replan" (module note).
-    config: the controller's settings (None: `load_engine_config()` at first use).
+    mode: "payback" (the rebalance rule) or "replan" (module note).
+    config: the rule's settings (None: `load_engine_config()` at first use).
     solver / time_limit_s: moe-place solver for fresh plans (None: `MOE_PLACE_SOLVER`, default "fast").
     max_moved_slots: "replan": cap on slots whose expert changes per layer (None: no cap);
         "payback": the config's cap is used unless this is set.
@@ -136,16 +147,20 @@ class _PolicyCore:
         if cls.mode != "payback":
             raise InputError("mode", f"one of {', '.join(MODES)}", cls.mode)
         key = (num_layers, num_experts, num_replicas, num_ranks, num_nodes)
+        config = cls.engine_config()
         if key not in sessions:
             groups = num_groups if num_groups and num_experts % num_groups == 0 else None
             nodes = num_nodes if num_nodes >= 1 and num_ranks % num_nodes == 0 else 1
-            sessions[key] = cls.engine_config().rebalancer(num_ranks, nodes, num_layers, num_experts, groups)
-        rebalancer: EngineRebalancer = sessions[key]
-        if current.num_nodes != rebalancer.controller.cost.topology.num_servers:
-            current = Placement(current.phy2log, num_experts, num_ranks, rebalancer.controller.cost.topology.num_servers,
-                                allow_colocated=True)
-        steps = cls.engine_config().window_steps if loads.ndim == 2 and window_steps is None else window_steps
-        decision = rebalancer.rebalance(loads, current, steps)
+            sessions[key] = RuleSession(config.rule(num_ranks, nodes, num_layers, num_experts, groups))
+        session: RuleSession = sessions[key]
+        servers = session.rule.cost.topology.num_servers
+        if current.num_nodes != servers:
+            current = Placement(current.phy2log, num_experts, num_ranks, servers, allow_colocated=True)
+        if window_steps is None:  # a summed window: vLLM 0.33's first call comes a quarter interval in
+            window_steps = config.window_steps if session.calls else min(config.window_steps,
+                                                                          max(1, config.step_interval // 4))
+        session.calls += 1
+        decision = session.rule.decide(loads, current, config.step_interval, window_steps)
         return current if decision is None else decision.placement
 
     @classmethod
@@ -165,6 +180,8 @@ class _PolicyCore:
             fresh = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, **settings)
         if current is None:
             return fresh
+        if cls.max_moved_slots is not None and settings["solver"] is None:
+            settings["solver"] = "fast"  # a cap on moved slots needs the migration-aware search
         aware = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, current=current,
                                max_moved_slots=cls.max_moved_slots, move_cost_weight=cls.move_cost_weight, **settings)
         if fresh is None:

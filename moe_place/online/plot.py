@@ -14,7 +14,7 @@ SMOOTH_STEPS = 50
 
 def render_replay_png(runs: Sequence[tuple[str, dict[str, ReplayResult]]], dpi: int = 110) -> bytes:
     """PNG bytes: for each `(title, {controller: result})` a row with balancedness (a `SMOOTH_STEPS`-step
-    mean; the rebalances of periodic controllers marked) and cumulative expert + migration time."""
+    mean; the rebalances of the engines' default policies marked) and cumulative expert + migration time."""
     fig = new_figure((13, 3.2 * len(runs)))
     axes = fig.subplots(len(runs), 2, squeeze=False)
     for row, (title, results) in enumerate(runs):
@@ -23,7 +23,7 @@ def render_replay_png(runs: Sequence[tuple[str, dict[str, ReplayResult]]], dpi: 
             smooth = np.convolve(r.balancedness, np.ones(window) / window, mode="valid")
             axes[row, 0].plot(np.arange(window - 1, r.steps), smooth, label=name, lw=1)  # mean of the steps up to x
             axes[row, 1].plot(r.cumulative_time_s(), label=name, lw=1)
-            for step in r.rebalance_steps if name == "periodic-eplb" else ():
+            for step in r.rebalance_steps if name.endswith("-default") else ():
                 axes[row, 0].axvline(step, color="grey", lw=0.5, ls=":")
         axes[row, 0].set(title=f"{title}: balancedness ({window}-step mean)", xlabel="step",
                          ylabel="mean / max GPU load")

@@ -5,9 +5,13 @@ summed over layers); the controller observes the counts and may decide a new map
 for the copies it needs as the cost model's migration says (`ReplayCost.charge`: `stall`, the
 copy time of formula 7, or `async`, the delay the copies cause beside dispatch/combine,
 priced on the step that decided) and the map switches once the copies are done (`async`: after
-the steps they run beside) and the in-flight batches drain (`MapSwitch`). Totals: expert-layer
-time + migration time. Every controller starts from the same map (by default planned from the first
-`window` steps, as an offline plan loaded at start-up would be).
+the steps they run beside, at least one per layer moved where the engine moves one layer per
+step) and the in-flight batches drain (`MapSwitch`). The policy's own time at each call is paid
+too: the CPU seconds of the thread that ran it (`time.thread_time`, what the call takes on an idle
+core, since an engine runs it on its own; wall time on a shared machine is longer). Totals: expert-layer time + migration time + policy time. Every
+controller starts from the same map: the engine's start map (`controller.initial_map`), or an
+offline plan made from the first `window` steps (`initial_placement`), as a user loading a plan
+at start-up would have.
 
 Hindsight bounds: `hindsight_static` plans once for the whole trace (knowing it all);
 `hindsight_per_step` plans every step for that step's own counts with free migration.
@@ -37,11 +41,14 @@ from moe_place.traces.synthetic import DEEPSEEK_R1, domain_mixture_counts
 class ReplayResult:
     """Per-step and total figures of one replay.
 
-    expert_time_s / balancedness / bytes_moved / copy_time_s: float64 or int64 `[steps]`
-    (bytes and the migration time serving pays, on the step a rebalance was decided). bytes_moved counts copies between
+    expert_time_s / balancedness / bytes_moved / copy_time_s / policy_time_s: float64 or int64
+    `[steps]` (bytes and the migration time serving pays, on the step a rebalance was decided;
+    the policy's wall time on the step it was called). bytes_moved counts copies between
     GPUs; slots_moved counts every slot whose expert changed (a copy within a GPU included);
+    policy_time_s is measured (CPU seconds of the policy's calls, `time.thread_time`);
     peak_staging_bytes is the most buffer memory one switch held (both maps live until the drain).
     balancedness: mean over layers of mean/max GPU load (vLLM's metric) under the map in use.
+    Every figure but `policy_time_s` (and the totals that include it) repeats exactly.
     """
 
     controller: str
@@ -52,6 +59,11 @@ class ReplayResult:
     rebalance_steps: tuple[int, ...]
     slots_moved: int
     peak_staging_bytes: int
+    policy_time_s: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy_time_s is None:
+            object.__setattr__(self, "policy_time_s", np.zeros(len(self.expert_time_s)))
 
     @property
     def steps(self) -> int:
@@ -74,11 +86,15 @@ class ReplayResult:
         return float(self.copy_time_s.sum())
 
     @property
+    def total_policy_time_s(self) -> float:
+        return float(self.policy_time_s.sum())
+
+    @property
     def total_time_s(self) -> float:
-        return self.total_expert_time_s + self.total_migration_time_s
+        return self.total_expert_time_s + self.total_migration_time_s + self.total_policy_time_s
 
     def cumulative_time_s(self) -> np.ndarray:
-        return np.cumsum(self.expert_time_s + self.copy_time_s)
+        return np.cumsum(self.expert_time_s + self.copy_time_s + self.policy_time_s)
 
     def to_json(self, per_step: bool = True) -> dict:
         out = {
@@ -91,6 +107,7 @@ class ReplayResult:
             "peak_staging_bytes": self.peak_staging_bytes,
             "total_expert_time_s": self.total_expert_time_s,
             "total_migration_time_s": self.total_migration_time_s,
+            "total_policy_time_s": self.total_policy_time_s,
             "total_time_s": self.total_time_s,
             "mean_balancedness": float(self.balancedness.mean()) if self.steps else 0.0,
         }
@@ -124,10 +141,12 @@ def balancedness_of(placement: Placement, counts: np.ndarray) -> float:
 
 
 def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial: Placement,
-           drain_steps: int = 1, on_step: Callable[[int], None] | None = None) -> ReplayResult:
+           drain_steps: int = 1, on_step: Callable[[int], None] | None = None,
+           layer_per_step: bool = False) -> ReplayResult:
     """Run `controller` over `counts [steps, layers, E]` starting from the map `initial`.
 
     on_step: called with each step's index once it is done (e.g. a progress bar).
+    layer_per_step: asynchronous copies take at least one step per layer they change (vLLM).
     """
     counts = check_counts_3d(counts)
     steps, layers, experts = counts.shape
@@ -141,6 +160,7 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     balance = np.zeros(steps)
     moved_bytes = np.zeros(steps, dtype=np.int64)
     copy_s = np.zeros(steps)
+    policy_s = np.zeros(steps)
     rebalance_steps: list[int] = []
     slots_moved = peak_staging = 0
     for step in range(steps):
@@ -149,11 +169,15 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
         balance[step] = balancedness_of(in_use, counts[step])
         controller.observe(step, counts[step])
         decision = None if switch.busy else controller.decide(step, switch.latest)
+        policy_s[step] = getattr(controller, "last_policy_s", 0.0) if not switch.busy else 0.0
         copies = cost.copies(switch.latest, decision.placement) if decision is not None else []
         if copies:
             staging = sum(c.num_bytes for c in copies)
             charge = cost.charge(copies, in_use, counts[step])
-            switch.schedule(decision.placement, step, staging_bytes=staging, copy_steps=charge.steps)
+            copy_steps = charge.steps
+            if layer_per_step and cost.migration == "async":
+                copy_steps = max(copy_steps, len({c.layer for c in copies}))
+            switch.schedule(decision.placement, step, staging_bytes=staging, copy_steps=copy_steps)
             moved_bytes[step] = sum(c.num_bytes for c in copies if not c.local)
             copy_s[step] = charge.charged_s
             rebalance_steps.append(step)
@@ -162,7 +186,7 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
         if on_step is not None:
             on_step(step)
     return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
-                        slots_moved, peak_staging)
+                        slots_moved, peak_staging, policy_s)
 
 
 def hindsight_static(counts: np.ndarray, cost: ReplayCost, num_physical: int, num_nodes: int = 1,

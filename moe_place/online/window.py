@@ -1,18 +1,14 @@
-"""Load tracking for the online controller: a sliding window of per-step counts, predictors of
-the next steps' load, and the measured persistence of hot spots.
+"""The engines' load window (a ring buffer of per-step counts) and the persistence of hot spots.
 
 Engines record dispatches per expert and step (vLLM keeps a ring buffer `[window, layers,
-physical]`); the controller keeps the same thing per logical expert and predicts the load of
-the steps to come from it:
-- `last`: the mean per-step load of the last `horizon` steps;
-- `ema`: an exponential moving average of per-step loads (`alpha` per step);
-- `scenarios`: the last `num_scenarios` blocks of `horizon` steps, each a scenario (handed to the
-  solver as windows: `cpsat` plans for their worst case, `fast` for their sum).
+physical]`, SGLang's recorder a circular buffer of per-pass counts); the replay's controllers
+keep the same thing per logical expert and hand it to the policy at each call.
 
-A *hot spot* is an expert whose per-step load over the last `horizon` steps exceeds `hot_factor`
-times the layer's mean. `HotSpotTracker` measures how long hot spots last (in steps, at the
-resolution of the checks) and predicts how much longer the current ones will last: the mean
-residual life of the runs seen so far, `E[L - a | L > a]` for a spot of age `a`.
+A *hot spot* is an expert whose per-step load over recent steps exceeds `hot_factor` times the
+layer's mean. `HotSpotTracker` measures how long hot spots last (in steps, at the resolution of
+the checks) and predicts how much longer the current ones will last: the mean residual life of
+the runs seen so far, `E[L - a | L > a]` for a spot of age `a` (the offload replay's payback rule,
+`moe_place.online.offload`, uses it).
 """
 
 from __future__ import annotations
@@ -22,8 +18,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_place.errors import InputError
-
-PREDICTORS = ("last", "ema", "scenarios")
 
 
 class SlidingWindow:
@@ -57,41 +51,6 @@ class SlidingWindow:
     def total(self, steps: int | None = None) -> np.ndarray:
         """float64 `[layers, E]`: counts summed over the last `steps` steps (default: all held)."""
         return self.last(self.capacity if steps is None else steps).sum(axis=0)
-
-
-@dataclass
-class Predictor:
-    """Predicts the per-step load `[layers, E]` (or scenarios `[K, layers, E]`) of the coming steps."""
-
-    kind: str = "last"
-    horizon: int = 32
-    alpha: float = 0.1
-    num_scenarios: int = 4
-    _ema: np.ndarray | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.kind not in PREDICTORS:
-            raise InputError("predictor", f"one of {', '.join(PREDICTORS)}", self.kind)
-        if self.horizon < 1 or self.num_scenarios < 1:
-            raise InputError("predictor horizon / scenarios", "integers >= 1", (self.horizon, self.num_scenarios))
-        if not 0 < self.alpha <= 1:
-            raise InputError("predictor alpha", "a number in (0, 1]", self.alpha)
-
-    def observe(self, counts: np.ndarray) -> None:
-        counts = np.asarray(counts, dtype=np.float64)
-        self._ema = counts.copy() if self._ema is None else (1 - self.alpha) * self._ema + self.alpha * counts
-
-    def predict(self, window: SlidingWindow) -> np.ndarray:
-        """float64 `[windows, layers, E]` per-step loads (one window unless `scenarios`)."""
-        if window.num_steps == 0:
-            raise InputError("predictor", "at least one observed step", 0)
-        if self.kind == "ema":
-            return self._ema[None].copy()
-        if self.kind == "last":
-            return window.last(self.horizon).mean(axis=0)[None]
-        recent = window.last(self.horizon * self.num_scenarios)
-        blocks = [b.mean(axis=0) for b in np.array_split(recent, min(self.num_scenarios, len(recent))) if len(b)]
-        return np.stack(blocks)
 
 
 @dataclass

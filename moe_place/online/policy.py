@@ -1,0 +1,317 @@
+"""The rebalance rule: what to move when an engine asks, and when moving is worth it.
+
+An engine asks its policy for a map once per interval and runs the answer until it asks again:
+vLLM every `step_interval` steps (3000) with the load of the last `window_size` steps (1000)
+summed, SGLang every `--eplb-rebalance-num-iterations` passes (1000) with as many per-pass
+counts. `RebalanceRule.decide` answers one such call; docs/MODEL.md ("The rebalance rule")
+states the rule and what it assumes. Per layer:
+
+1. Predict. The load of the coming steps is the window's mean per step, `lam`.
+2. Plan. DeepSeek EPLB's greedy plan for `lam` (what the engines' default policies compute;
+   hierarchical, every expert group and its replicas inside one node, when the groups are a
+   multiple of the nodes), with its GPUs and slots matched to the map in use
+   (`placement.align_slots`), so that every expert that can stay where it is stays and only what
+   must move is copied. Why not our tighter plans (`solve(..., "quick")`, `fast`): they fit the
+   window better but did not carry over better to the steps after it on the replay's drifting
+   traces (docs/MODEL.md, "The rebalance rule"), and they cost more time per call.
+3. Is the gain real? A plan fitted to a window looks better on that window than any map made
+   before it even when nothing changed: it fits the window's sampling noise. Where the layer's load
+   is the same as at the last call up to noise (the windows' total-variation distance within three
+   noise widths, or 2%), the rule measures that noise floor: plans made for resampled windows
+   (`NOISE_REPLICATES` draws that differ from the window as much as two independent windows of the
+   same load would: a multinomial draw of its total, or a bootstrap of its steps when the engine
+   hands per-step counts, the deviation scaled by sqrt(2)), and the plan of the last call's window
+   (an independent sample of the same load, noisier than a multinomial draw where the engine's
+   batches are), each judged on the real window, fall behind the fresh plan by what noise alone
+   gives. Such a layer moves only when the map in use
+   falls behind the fresh plan by more than `noise_margin` times the worst of them plus `min_gain`
+   (shares of the mean GPU load); a layer whose load changed needs only `min_gain`.
+4. Does it pay back? Its saving `dt` per step (the cost model's busiest-GPU time, formulas 1/5,
+   on `lam`) accrues until the load pattern changes. The rule believes the pattern lasts
+   `H = max(interval, age)` more steps: at least until the next call, since the map cannot change
+   before it, and as long again as it has already lasted (`age`: how long the layer's load has
+   stayed the same up to noise, measured from call to call). The move is taken when it pays back
+   within that horizon, `dt * (H - copy steps) > charge` (formula 7, with the engine's migration
+   model: `stall` pays the copy time, `async` the delay the copies cause beside dispatch/combine),
+   and taken whole: no cap on moved slots, unless the engine states one (`max_moved_slots`, or
+   `max_bytes` for its move buffer, layers best net gain first).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moe_place.cost.payback import n_min
+from moe_place.errors import InputError
+from moe_place.online.costing import ReplayCost
+from moe_place.placement import Placement, align_slots, even_split_gpu_loads
+from moe_place.solvers.deepseek import eplb_rebalance
+
+SAME_PATTERN_NOISE = 3.0     # two windows show one pattern when they differ by at most this many noise widths
+SAME_PATTERN_FLOOR = 0.02    # ... or by at most this total-variation distance, whatever the noise
+MAX_HORIZON_INTERVALS = 100  # the believed life of a pattern is capped at this many intervals
+NOISE_CHECK_BELOW = 0.05     # a layer further behind than this share of the mean GPU load is not noise
+NOISE_REPLICATES = 2         # resampled windows per call (besides the last call's); the floor is the worst
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A new map and why.
+
+    placement: the full new map (valid; layers not in `layers` are unchanged).
+    layers: the layers whose row changes.
+    predicted_saving_s: expected expert time saved per step (prediction, new vs current map).
+    expected_steps: how many steps the saving is expected to last (the horizon).
+    copy_time_s: what serving is predicted to pay for the copies.
+    """
+
+    placement: Placement
+    layers: tuple[int, ...]
+    predicted_saving_s: float = 0.0
+    expected_steps: float = 0.0
+    copy_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LayerVerdict:
+    """Why one layer moved or not at one call (`RebalanceRule.last_verdicts`).
+
+    deficit: how far the map in use is behind the fresh plan (share of the mean GPU load).
+    noise_floor: what a plan fitted to a resampled window is behind it (same unit; 0 if not measured).
+    saving_s / charge_s: predicted expert time saved per step and what serving pays for the copies.
+    horizon_steps: the steps the saving is believed to last. moved_slots: slots the move changes.
+    moved: whether the layer moves. reason: one word, "moves", "balanced", "noise", "no-time",
+        "no-payback", "cap".
+    """
+
+    layer: int
+    deficit: float
+    noise_floor: float
+    saving_s: float
+    charge_s: float
+    horizon_steps: float
+    moved_slots: int
+    moved: bool
+    reason: str
+
+
+@dataclass
+class RebalanceRule:
+    """The rule of the module note, with its state (pattern ages, the previous window) between calls.
+
+    cost: the cluster and model (expert time, copies, migration model).
+    num_groups: expert groups (hierarchical planning when a multiple of the cluster's nodes).
+    min_gain: a layer moves only when its busiest GPU drops by more than this share of the mean.
+    noise_margin: ... and by more than this many times the measured noise floor.
+    max_moved_slots / max_bytes: caps an engine states (None: none).
+    seed: the resampling's seed (same inputs and seed, same decisions).
+    """
+
+    cost: ReplayCost
+    num_layers: int
+    num_experts: int
+    num_groups: int | None = None
+    min_gain: float = 0.0025
+    noise_margin: float = 2.0
+    max_moved_slots: int | None = None
+    max_bytes: int | None = None
+    seed: int = 0
+    last_verdicts: tuple[LayerVerdict, ...] = field(default=(), init=False)
+    last_policy_s: float = field(default=0.0, init=False)   # CPU seconds of the last call (its thread)
+    _age: np.ndarray = field(init=False, repr=False)
+    _changed: np.ndarray = field(init=False, repr=False)
+    _previous: np.ndarray | None = field(default=None, init=False, repr=False)
+    _previous_total: np.ndarray | None = field(default=None, init=False, repr=False)
+    _last_planned: np.ndarray | None = field(default=None, init=False, repr=False)
+    _calls: int = field(default=0, init=False, repr=False)
+    _num_physical: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("min_gain", "noise_margin"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise InputError(name, "a finite number >= 0", value)
+        if self.max_moved_slots is not None and self.max_moved_slots < 0:
+            raise InputError("max_moved_slots", "an integer >= 0 (or none)", self.max_moved_slots)
+        if self.max_bytes is not None and self.max_bytes < 0:
+            raise InputError("max_bytes", "an integer >= 0 (or none)", self.max_bytes)
+        self._age = np.zeros(self.num_layers)
+        self._changed = np.ones(self.num_layers, dtype=bool)
+
+    # ------------------------------------------------------------------ one engine call
+    def decide(self, window: np.ndarray, current: Placement, interval_steps: int,
+               window_steps: int | None = None) -> Decision | None:
+        """The answer to one engine call: a Decision, or None to keep `current`.
+
+        window: the engine's load window, float `[samples, layers, E]` per-step counts (SGLang's
+            per-pass counts, vLLM's per-step window) or `[layers, E]` counts summed over
+            `window_steps` steps (vLLM 0.33's policy argument).
+        interval_steps: steps until the engine asks again (the least life of a move's saving).
+        """
+        started = time.thread_time()
+        total, steps, samples = self._window(window, current, window_steps)
+        self._num_physical = current.num_physical
+        if interval_steps < 1:
+            raise InputError("interval_steps", "an integer >= 1", interval_steps)
+        lam = total / steps                                                       # [layers, E] per step
+        rng = np.random.default_rng([self.seed, self._calls])
+        self._calls += 1
+        self._update_age(total, interval_steps, steps)
+        gpus = current.num_gpus
+        mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
+        cur_busy = current.gpu_loads(lam).max(axis=1)
+        planned = self._plan(lam)                                                  # [layers, P]
+        last_planned, self._last_planned = self._last_planned, planned
+        new_busy = even_split_gpu_loads(planned, lam, gpus).max(axis=1)
+        deficit = (cur_busy - new_busy) / mean
+        floor = np.zeros(self.num_layers)
+        open_layers = np.flatnonzero(deficit > self.min_gain)
+        fresh = current
+        if open_layers.size:
+            rows = np.array(current.phy2log)
+            keep_nodes = self.cost.topology.num_servers if self._hierarchical else 1
+            rows[open_layers] = align_slots(planned[open_layers], current.phy2log[open_layers], gpus, keep_nodes)
+            fresh = Placement(rows, current.num_experts, gpus, current.num_nodes, allow_colocated=True)
+            # noise can only explain a gap where the load has not changed beyond noise since the last
+            # call (a changed load is a real gap), and not a gap this large
+            near = open_layers[(deficit[open_layers] < NOISE_CHECK_BELOW) & ~self._changed[open_layers]]
+            if near.size:
+                replicas = [self._resample(total[near], None if samples is None else samples[:, near], rng) / steps
+                            for _ in range(NOISE_REPLICATES)]
+                plans = self._plan(np.concatenate(replicas))        # one vectorised EPLB call for all of them
+                plans = np.concatenate([plans, last_planned[near]])  # + the plan of the last call's window
+                busy = even_split_gpu_loads(plans, np.tile(lam[near], (NOISE_REPLICATES + 1, 1)), gpus).max(axis=1)
+                behind = (busy.reshape(NOISE_REPLICATES + 1, -1) - new_busy[near]) / mean[near]
+                floor[near] = np.maximum(behind.max(axis=0), 0.0)
+        horizon = np.minimum(np.maximum(interval_steps, self._age), MAX_HORIZON_INTERVALS * interval_steps)
+        cur_s = self.cost.layer_times_s(current, lam)
+        new_s = self.cost.layer_times_s(fresh, lam) if open_layers.size else cur_s
+        step = (float(cur_s.sum()), self.cost.moves.comm_time_s(current, lam))   # what async copies run beside
+        moves = self.cost.moves
+        plan = moves.copy_plan(current, fresh, open_layers)
+        moved = np.bincount(plan.layer, minlength=self.num_layers)
+        copy_s = moves.copy_times_by_layer(plan, self.num_layers)
+        verdicts = [self._judge(layer, int(moved[layer]), float(copy_s[layer]), step, float(deficit[layer]),
+                                float(floor[layer]), float(cur_s[layer] - new_s[layer]), float(horizon[layer]))
+                    for layer in range(self.num_layers)]
+        chosen = self._within_bytes([v for v in verdicts if v.moved], verdicts)
+        self.last_verdicts = tuple(verdicts)
+        self.last_policy_s = time.thread_time() - started
+        if not chosen:
+            return None
+        rows = np.array(current.phy2log)
+        layers = sorted(v.layer for v in chosen)
+        rows[layers] = fresh.phy2log[layers]
+        new = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
+                        allow_colocated=current.allow_colocated)
+        return Decision(new, tuple(layers), sum(v.saving_s for v in chosen),
+                        float(min(v.horizon_steps for v in chosen)), sum(v.charge_s for v in chosen))
+
+    # ------------------------------------------------------------------ the steps
+    def _window(self, window: np.ndarray, current: Placement,
+                window_steps: int | None) -> tuple[np.ndarray, int, np.ndarray | None]:
+        """(counts summed `[layers, E]`, steps they cover, per-step samples `[S, layers, E]` or None)."""
+        loads = np.asarray(window, dtype=np.float64)
+        shape = (current.num_layers, current.num_experts)
+        if loads.shape[-2:] != shape or loads.ndim not in (2, 3) or 0 in loads.shape:
+            raise InputError("load window", f"[samples, {shape[0]}, {shape[1]}] or [{shape[0]}, {shape[1]}]",
+                             list(loads.shape))
+        if not np.isfinite(loads).all() or (loads < 0).any():
+            raise InputError("load window", "finite counts >= 0", "NaN, inf or a negative count")
+        if (current.num_layers, current.num_experts) != (self.num_layers, self.num_experts):
+            raise InputError("current map", f"{self.num_layers} layers x {self.num_experts} experts",
+                             f"{current.num_layers} x {current.num_experts}")
+        if loads.ndim == 3:
+            steps = len(loads) if window_steps is None else int(window_steps)
+            total, samples = loads.sum(axis=0), loads
+        else:
+            steps = 1 if window_steps is None else int(window_steps)
+            total, samples = loads, None
+        if steps < 1:
+            raise InputError("window_steps", "an integer >= 1", window_steps)
+        return total, steps, samples
+
+    @property
+    def _hierarchical(self) -> bool:
+        nodes = self.cost.topology.num_servers
+        return bool(self.num_groups and self.num_experts % self.num_groups == 0 and nodes > 1
+                    and self.num_groups % nodes == 0)
+
+    def _plan(self, lam: np.ndarray) -> np.ndarray:
+        """int64 `[layers, P]`: DeepSeek EPLB's plan of every layer of `lam` (step 2), hierarchical when
+        expert groups span nodes."""
+        nodes = self.cost.topology.num_servers
+        if self._hierarchical:
+            return eplb_rebalance(lam, self._num_physical, self.num_groups, nodes, self.cost.num_gpus)
+        return eplb_rebalance(lam, self._num_physical, 1, 1, self.cost.num_gpus)
+
+    def _resample(self, total: np.ndarray, samples: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+        """`[layers, E]`: a window that differs from this one as much as the previous window would under
+        the same load (step 3). A draw like this window (its per-step counts bootstrapped when there are
+        enough of them, else a multinomial draw of its total) differs from it by one window's sampling
+        noise; two independent windows differ by twice its variance, so the deviation is scaled by sqrt(2)."""
+        if samples is not None and len(samples) >= 8:
+            draw = samples[rng.integers(0, len(samples), len(samples))].sum(axis=0)
+        else:
+            draw = np.zeros_like(total)
+            for layer, row in enumerate(total):
+                n = int(round(row.sum()))
+                if n > 0:
+                    draw[layer] = rng.multinomial(n, row / row.sum())
+        return np.clip(total + np.sqrt(2.0) * (draw - total), 0.0, None)
+
+    def _judge(self, layer: int, moved: int, copy_s: float, step: tuple[float, float], deficit: float, floor: float,
+               saving_s: float, horizon: float) -> LayerVerdict:
+        """Steps 3-4 for one layer: its move changes `moved` slots whose copies take `copy_s`; `step` is a
+        step's expert and dispatch/combine seconds on the map in use (what asynchronous copies run beside)."""
+
+        def verdict(ok: bool, reason: str, charge: float = 0.0) -> LayerVerdict:
+            return LayerVerdict(layer, deficit, floor, saving_s, charge, horizon, moved, ok, reason)
+
+        if deficit <= self.min_gain or moved == 0:
+            return verdict(False, "balanced")
+        if deficit <= self.noise_margin * floor + self.min_gain:
+            return verdict(False, "noise")
+        if saving_s <= 0:
+            return verdict(False, "no-time")
+        if self.max_moved_slots is not None and moved > self.max_moved_slots:
+            return verdict(False, "cap")
+        charge = self.cost.moves.charge_for(copy_s, *step)
+        after = n_min(charge.charged_s, saving_s)   # batches until the move has paid for itself (formula 7)
+        if after is None or after > horizon - charge.steps:
+            return verdict(False, "no-payback", charge.charged_s)
+        return verdict(True, "moves", charge.charged_s)
+
+    def _within_bytes(self, chosen: list[LayerVerdict], verdicts: list[LayerVerdict]) -> list[LayerVerdict]:
+        """`chosen` within `max_bytes`, best net gain first; layers left out are marked "cap"."""
+        if self.max_bytes is None:
+            return chosen
+        kept, spent = [], 0
+        for v in sorted(chosen, key=lambda v: -(v.saving_s * v.horizon_steps - v.charge_s)):
+            size = v.moved_slots * self.cost.expert_bytes
+            if spent + size <= self.max_bytes:
+                kept.append(v)
+                spent += size
+            else:
+                verdicts[v.layer] = LayerVerdict(**{**v.__dict__, "moved": False, "reason": "cap"})
+        return kept
+
+    def _update_age(self, total: np.ndarray, interval_steps: int, window_steps: int) -> None:
+        """Each layer's pattern age: grows by the interval while two calls' windows agree up to
+        noise (total variation within `SAME_PATTERN_NOISE` widths, or `SAME_PATTERN_FLOOR`),
+        else restarts at the window's length (the new pattern is as old as what shows it)."""
+        sums = np.maximum(total.sum(axis=1, keepdims=True), 1e-12)
+        share = total / sums
+        if self._previous is None:
+            same = np.zeros(self.num_layers, dtype=bool)
+        else:
+            tv = 0.5 * np.abs(share - self._previous).sum(axis=1)
+            width = 0.5 * np.sqrt(2 / np.pi) * np.sqrt(share * (1 / sums + 1 / self._previous_total)).sum(axis=1)
+            same = tv <= np.maximum(SAME_PATTERN_NOISE * width, SAME_PATTERN_FLOOR)
+        self._age = np.where(same, self._age + interval_steps, float(window_steps))
+        self._changed = ~same
+        self._previous, self._previous_total = share, sums
+
