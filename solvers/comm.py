@@ -31,7 +31,7 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    softmax over the NICs' loads) and the first that lowers the exact surrogate is taken. The
    *strength* is the number of swaps taken. The guarded plan uses `GROUP_STRENGTH` = 0: the
    surrogate's busiest NIC and compute are those of the training batches, which is what does
-   not carry over (on the Qwen3 trace every strength above 0 had heavier held-out tails).
+   not carry over (bench/bench_comm.py: `grouped`, the largest strength, against `ungated`).
 3. Replica nodes (`replica_nodes`, OR-Tools CP-SAT). Spare slots (`P/N` minus the node's
    experts) take replicas. With a dispatcher that prefers a replica on the token's own node
    (`sglang-static`, `node-aware`) a replica of `e` on node `n` serves the tokens homed on `n`,
