@@ -34,6 +34,7 @@ import torch
 from microbench import Timer  # the one timing helper (bench/microbench.py); here one call per timing
 
 from moe_place.cost.models import get_model
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_atomic, write_json_atomic
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -121,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: on a shared machine, OpenMP threads wait for one another "
                              "whenever another process holds a core, and the times stop meaning anything)")
-    parser.add_argument("--output-json", "--out", dest="out", help="write the results as JSON")
+    add_record_options(parser)
     parser.add_argument("--parts-out", help="write the calibrated CPU as a hardware part file (TOML)")
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     rows = tuple(int(r) for r in args.rows.split(","))
     dtypes = [d.strip() for d in args.dtypes.split(",")]
     unknown = [d for d in dtypes if d not in DTYPES]
@@ -170,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>5} calibrated C_C = {flops / 1e9:.1f} GFLOP/s ({args.calib_n}^3 matmul x @ w.T), "
               f"B_D = {bandwidth / 1e9:.1f} GB/s (sums of {weight_bytes / 2**20:g} MiB); knee at "
               f"{weight_bytes / bandwidth * flops / (2 * params):.1f} rows")
-    if args.out:
-        write_json_atomic(args.out, result)
-        print(f"wrote {args.out}", file=sys.stderr)
+    if args.output_json:
+        write_json_atomic(args.output_json, result)
+        print(f"wrote {args.output_json}", file=sys.stderr)
     if args.parts_out and result["dtypes"]:
         kernels = ", ".join(f'"torch-{k}" = {v["flops_per_s"] / 1e12:.6g}' for k, v in result["dtypes"].items())
         write_atomic(args.parts_out, f'# measured by bench/bench_cpu_expert.py\n[cpu."this-machine"]\n'

@@ -23,6 +23,7 @@ import numpy as np
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import get_model
 from moe_place.cost.offload import OffloadRates, prefill_threshold_tokens
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.online.offload import POLICIES, replay_offload, serving_run, warm_up_plan
 from moe_place.traces.synthetic import domain_mixture, domain_weights, drifting_hot_spots
@@ -48,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--model", default="Qwen3-30B-A3B")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-json", "--out", dest="out")
+    add_record_options(parser)
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     model = get_model(args.model)
     catalog = builtin_catalog()
     gpu, cpu = catalog.gpu("H100"), catalog.cpu("Xeon-Platinum-8452Y")
@@ -82,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<36} {label:<24} {outcome.total_s:>9.3f} {outcome.total_s / static - 1:>+10.1%} "
                   f"{outcome.link_copies:>12} {outcome.gpu_copies:>11}")
         results["cases"][name] = entry
-    if args.out:
-        write_json_atomic(args.out, results)
-        print(f"wrote {args.out}", file=sys.stderr)
+    if args.output_json:
+        write_json_atomic(args.output_json, results)
+        print(f"wrote {args.output_json}", file=sys.stderr)
     return 0
 
 

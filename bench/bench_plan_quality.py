@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
@@ -101,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="redundant experts per config: integers, G (= EP size) or E (= experts); default 0,G,E")
     parser.add_argument("--auto-time", type=float, default=None,
                         help="also run `auto` with this total time limit per configuration (CP-SAT bounds)")
-    parser.add_argument("--output-json", metavar="FILE")
+    add_record_options(parser)
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     trace = load_trace(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))
     steps = trace.step_counts()
     experts = trace.num_experts

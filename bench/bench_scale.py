@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.eplb import rebalance_experts
 from moe_place.io import write_json_atomic
 from moe_place.problem import PlacementProblem
@@ -156,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=32, help="steps of the synthetic trace (default 32)")
     parser.add_argument("--no-pairing-bound", action="store_true",
                         help="skip bound 4 (the pairing LP bound for 2 slots per GPU, ~0.05 s a layer)")
-    parser.add_argument("--output-json", metavar="FILE")
+    add_record_options(parser)
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     if args.cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cores])
     sets = {"r1": lambda: deepseek_r1_like(num_steps=args.steps).total_counts().astype(np.float64),

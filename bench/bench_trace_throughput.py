@@ -10,7 +10,9 @@ the command a user runs, end to end:
   `moe_place.traces.load.DEFAULT_MAX_TOKEN_BYTES` (256 MiB) are streamed (bounded memory), smaller
   ones read whole: the header line says which path this run took. `--threads` threads
   (MOE_PLACE_THREADS; default: the library's, min(2, cores));
-- analyze-1t: the same on one thread (MOE_PLACE_THREADS=1).
+- analyze-1t: the same on one thread (MOE_PLACE_THREADS=1);
+- analyze-no-crc: `analyze` with the CRC-32 check of the stored `topk_ids` member turned off
+  (`IdsReader.check_crc_meanwhile` patched for the call): what the check costs, in the same run.
 Below them, the counting alone:
 - baseline: `np.bincount` per layer on contiguous in-memory int64 ids `[layers, tokens * k]`
   (no file, no validation) - the reference, in its fastest form (bincount's own index type, so
@@ -56,9 +58,11 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.cli.main import main as cli_main
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.traces.count import THREADS_ENV, DispatchCounter, chunk_tokens_for, resolve_workers
 from moe_place.traces.load import DEFAULT_MAX_TOKEN_BYTES
+from moe_place.traces.npz import IdsReader
 from moe_place.traces.stream import stream_npz_counts
 
 
@@ -112,6 +116,16 @@ def sorted_check_count(ids: np.ndarray, experts: int, chunk_tokens: int) -> np.n
     return out
 
 
+def _without_crc(run, *args):
+    """`run(*args)` with `moe_place.traces.npz`'s CRC-32 check of a stored `topk_ids` member turned off."""
+    saved = IdsReader.check_crc_meanwhile
+    IdsReader.check_crc_meanwhile = lambda self: None
+    try:
+        return run(*args)
+    finally:
+        IdsReader.check_crc_meanwhile = saved
+
+
 def analyze_command(path: Path, out: Path, threads: int, output_format: str = "table") -> None:
     """`moe-place analyze path --output out` in this process on `threads` threads (its stderr note dropped)."""
     saved = os.environ.get(THREADS_ENV)
@@ -139,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                         "MOE_PLACE_THREADS, else min(2, cores))")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-json", metavar="PATH")
+    add_record_options(parser)
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     threads = resolve_workers(args.threads)
     load_before = os.getloadavg()  # other jobs on the machine slow the long rows more than the baseline
 
@@ -162,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         methods = {
             "analyze": lambda: analyze_command(path, table, threads),
             "analyze-1t": lambda: analyze_command(path, table, 1),
+            "analyze-no-crc": lambda: _without_crc(analyze_command, path, table, threads),
             "baseline": lambda: np.stack([np.bincount(row, minlength=args.experts) for row in by_layer_intp]),
             "base-int16": lambda: np.stack([np.bincount(row, minlength=args.experts) for row in by_layer]),
             "chunked": lambda: chunked_bincount(ids, args.experts, chunk),
@@ -193,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         "analyze": f"moe-place analyze (every column), {'streamed' if streamed else 'read whole'}, "
                    f"{threads} thread(s)",
         "analyze-1t": "the same on 1 thread",
+        "analyze-no-crc": "analyze without the CRC-32 check of the topk_ids member (what the check costs)",
         "baseline": "np.bincount per layer, contiguous int64 in memory, no validation (the reference)",
         "base-int16": "the same on the int16 ids (bincount converts them to int64 first)",
         "chunked": "np.bincount per layer on token chunks, in memory, no validation",
@@ -213,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({'over' if streamed else 'under'} the {DEFAULT_MAX_TOKEN_BYTES >> 20} MiB streaming threshold: "
           f"{'streamed' if streamed else 'read whole'}); chunk {chunk} tokens; threads {threads} (baseline: 1); "
           f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
-    print(f"{'method':<11}{'seconds':>10}{'M decisions/s':>15}{'x baseline':>12}  what")
+    print(f"{'method':<15}{'seconds':>10}{'M decisions/s':>15}{'x baseline':>12}  what")
     for row in rows:
-        print(f"{row['method']:<11}{row['seconds']:>10.4f}{row['decisions_per_s'] / 1e6:>15.1f}"
+        print(f"{row['method']:<15}{row['seconds']:>10.4f}{row['decisions_per_s'] / 1e6:>15.1f}"
               f"{row['ratio_vs_baseline']:>12.2f}  {row['what']}")
     print(f"analyze peak traced memory ({threads} thread(s)): {analyze_peak / 1e6:.2f} MB "
           f"({analyze_peak / ids.nbytes:.3f} of the {ids.nbytes / 1e6:.1f} MB ids array); "

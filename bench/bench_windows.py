@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.online.replay import parse_synthetic
 from moe_place.placement import even_split_gpu_loads
@@ -113,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=10, help="training windows of the drifting trace (default 10)")
     parser.add_argument("--drift-steps", type=int, default=200, help="training steps of the drifting trace (default 200)")
     parser.add_argument("--seeds", type=int, default=2, help="seeds of the drifting trace (default 2)")
-    parser.add_argument("--output-json", metavar="FILE")
+    add_record_options(parser)
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     if args.drift_steps % args.windows:
         parser.error("--drift-steps must be a multiple of --windows")
     rows = []

@@ -19,9 +19,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
-from kt_kernel import __version__ as kt_version
-from kt_kernel import generate_gpu_experts_masks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's moe_place, without installing it
 from moe_place.engines.sglang_kt import gpu_experts_ratio, planned_stats  # noqa: E402
@@ -35,6 +32,15 @@ def total_from_flags(flags: list[str], num_layers: int, num_experts: int) -> int
 
 
 def main(stats_path: str, plan_path: str) -> int:
+    try:  # lazy: optional packages, so that --help runs without them
+        import torch
+        from kt_kernel import __version__ as kt_version
+        from kt_kernel import generate_gpu_experts_masks
+    except ImportError as exc:
+        print(f"check_sglang_kt_stats.py: error: needs {exc.name} installed (the venv in this script's docstring)",
+              file=sys.stderr)
+        return 2
+
     plan = json.loads(Path(plan_path).read_text())
     counts = torch.load(stats_path, map_location="cpu", weights_only=True)["logical_count"]
     freq = counts.sum(dim=0).float()
@@ -65,8 +71,13 @@ def main(stats_path: str, plan_path: str) -> int:
     return 0 if planned_ok and matches == 50 else 1
 
 
+USAGE = "usage: python bench/check_sglang_kt_stats.py STATS.pt OFFLOAD.json"
+
 if __name__ == "__main__":
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(USAGE + "\n\n" + __doc__)
+        sys.exit(0)
     if len(sys.argv) != 3:
-        print("usage: python bench/check_sglang_kt_stats.py STATS.pt OFFLOAD.json", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         sys.exit(2)
     sys.exit(main(sys.argv[1], sys.argv[2]))

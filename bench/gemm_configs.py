@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.kernels.align import layout_from_rows
 from moe_place.kernels.grouped_gemm import expert_mlp, mlp_flops
@@ -56,8 +57,9 @@ def time_graph(fn, flush: torch.Tensor, reps: int = 10) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2048, help="rows per expert (default 2048)")
-    parser.add_argument("--output-json", default=None, help="write the table here (JSON)")
+    add_record_options(parser)
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     if not torch.cuda.is_available():
         print("gemm_configs: error: needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.kernels.report import SECTIONS, render_markdown  # the one list of sections and one rendering
 
 
@@ -651,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu", default=None, help="catalog part for predictions (default: detected, else 'H100 SXM')")
     parser.add_argument("--block-m", default=None, help="BLOCK_M values of the padding sweep, e.g. 16,32,64,128")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions per measurement")
-    parser.add_argument("--output-json", default=None, help="write the results here (JSON)")
+    add_record_options(parser)
     return parser
 
 
@@ -710,7 +711,9 @@ def _detect_part(device_name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     if args.reps is not None and args.reps < 1:
         print("microbench: error: --reps: expected an integer >= 1", file=sys.stderr)
         return 2
@@ -721,7 +724,11 @@ def main(argv: list[str] | None = None) -> int:
 
         write_json_atomic(args.output_json, result)
         print(f"wrote {args.output_json}", file=sys.stderr)
-    return 0
+    failed = [check["what"] for check in result["checks"] if not check.get("ok", True)]
+    if failed:  # a kernel that disagrees with its torch reference: the timings above are of a wrong result
+        print(f"microbench: {len(failed)} kernel check(s) against torch failed: {'; '.join(failed)} (exit 1)",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ The CLI prints it as one line on stderr and exits with status 2. Internal invari
 
 from __future__ import annotations
 
+import difflib
+
 
 class MoePlaceError(Exception):
     """Base class of the errors moe-place reports to users."""
@@ -28,6 +30,10 @@ class InputError(MoePlaceError, ValueError):
             message += f", got {got}"
         super().__init__(message)
 
+    def __reduce__(self):
+        # an error raised in a worker process (solve(jobs=N), the benches' --jobs) must unpickle in the parent
+        return type(self), (self.where, self.expected, self.got)
+
 
 class ParameterError(InputError, AssertionError):
     """A bad argument of an engine-compatible signature (DeepSeek EPLB's `rebalance_experts`, a vLLM
@@ -41,3 +47,22 @@ class ParameterError(InputError, AssertionError):
 
 class InfeasibleError(MoePlaceError):
     """The request cannot be met (a budget too small, a replica that does not fit)."""
+
+
+def check_keys(table: dict, known, where: str) -> None:
+    """InputError for the first key of `table` (sorted) not in `known`, naming the closest known one:
+    a misspelled key (`micro_batchez`) must not leave its default in force silently. The error names
+    `where.key`, or `where key` when `where` ends with a colon (a file's top level: "f.toml:").
+
+    >>> try:
+    ...     check_keys({"micro_batchez": 4}, ("micro_batches", "breakeven"), "s.toml: pipeline")
+    ... except InputError as exc:
+    ...     print(exc)
+    s.toml: pipeline.micro_batchez: expected one of the keys breakeven, micro_batches (did you mean micro_batches?), got an unknown key
+    """
+    unknown = sorted(str(key) for key in table if key not in known)
+    if unknown:
+        closest = difflib.get_close_matches(unknown[0], [str(k) for k in known], n=1, cutoff=0.6)
+        hint = f" (did you mean {closest[0]}?)" if closest else ""
+        field = f"{where} {unknown[0]}" if where.endswith(":") else f"{where}.{unknown[0]}"
+        raise InputError(field, f"one of the keys {', '.join(sorted(known))}{hint}", "an unknown key")

@@ -11,14 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from moe_place.errors import InputError
+from moe_place.interrupts import raise_if_interrupted, signals_held
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> None:
-    """Write `data` to `path` so readers see the old file or the whole new one, never a part."""
+    """Write `data` to `path` so readers see the old file or the whole new one, never a part; the
+    temporary file is removed whatever stops the write (an error, Ctrl-C, SIGTERM)."""
+    raise_if_interrupted()  # an interrupt some library swallowed: write nothing
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with signals_held():  # an interrupt between creating the file and knowing its name would leave it behind
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.interrupts import children, raise_if_interrupted, stop_children, worker_ignores_interrupts
 from moe_place.placement import Placement, align_slots, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
@@ -88,6 +89,8 @@ class Solution:
     solver: the solver name asked for ("auto" included). wall_s: seconds for the whole solve.
     notes: one line each about how a time limit was spent when it did not cover the solve
         (the CLI prints them on stderr); empty when the result does not depend on the wall clock.
+    cpsat_summary: when CP-SAT ran, one line on what it changed (better plans, higher bounds, or
+        nothing) and the seconds it took; the CLI prints it too.
     """
 
     placement: Placement
@@ -95,6 +98,7 @@ class Solution:
     solver: str
     wall_s: float
     notes: tuple[str, ...] = ()
+    cpsat_summary: str | None = None
 
     def __post_init__(self) -> None:
         assert len(self.layers) == self.placement.num_layers, (len(self.layers), self.placement.num_layers)
@@ -130,6 +134,7 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
         return _solve_by_node(problem, solver, time_limit_s, jobs, progress, start)
     layers = list(range(problem.num_layers))
     notes: list[str] = []
+    cpsat_summary = None
     # EPLB's plan, computed once for the anytime plan (a candidate there) and the co-located candidate
     needs_eplb = solver != "eplb" and (solver == "quick" or time_limit_s is not None or problem.allow_colocated)
     eplb_rows = _eplb_rows(problem) if needs_eplb else None
@@ -140,7 +145,9 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     elif time_limit_s is None:
         results = _run_layers(problem, "fast", layers, jobs, progress)
         if solver == "cpsat":
+            begun, before = time.monotonic(), dict(results)
             _improve(results, _run_layers(problem, "cpsat", layers, jobs, progress, starts=results))
+            cpsat_summary = _cpsat_note(before, results, layers, time.monotonic() - begun)
     else:
         # the deadline keeps back what assembling the plan takes after it (a few ms to 0.1 s)
         deadline = start + time_limit_s - min(DEADLINE_RESERVE_S, DEADLINE_RESERVE * time_limit_s)
@@ -160,10 +167,13 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
                 schedule = cpsat_schedule(problem, gaps, time_limit_s)
                 chosen = [i for i, _ in schedule]
                 build = cpsat_build_s(problem)
+                begun, before = time.monotonic(), dict(results)
                 exact = _run_layers(problem, "cpsat", chosen, jobs, progress, deadline=deadline, starts=results,
                                     limits=dict(schedule), min_wall_s=build)
                 _improve(results, exact)
                 _note_cut(notes, problem, "cpsat", chosen, exact, time_limit_s)
+                if chosen:
+                    cpsat_summary = _cpsat_note(before, results, chosen, time.monotonic() - begun)
     if problem.allow_colocated and solver != "eplb":
         _improve(results, _colocated_eplb(problem, eplb_rows))
     solutions = tuple(results[i] for i in layers)
@@ -171,7 +181,7 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     colocated = any(s.detail.get("colocated", False) for s in solutions)
     placement = Placement(phy2log, problem.num_experts, problem.num_gpus, problem.num_nodes,
                           allow_colocated=colocated)
-    return Solution(placement, solutions, solver, time.monotonic() - start, tuple(notes))
+    return Solution(placement, solutions, solver, time.monotonic() - start, tuple(notes), cpsat_summary)
 
 
 def _solve_by_node(problem: PlacementProblem, solver: str, time_limit_s: float | None, jobs: int, progress: bool,
@@ -321,6 +331,20 @@ def _note_cut(notes: list[str], problem: PlacementProblem, name: str, layers: li
                      f"differ (a longer --time-limit makes it reproducible)")
 
 
+def _cpsat_note(before: dict[int, LayerSolution], after: dict[int, LayerSolution], layers: list[int],
+                wall_s: float) -> str:
+    """A line saying what CP-SAT changed on `layers`: a better plan, a higher (certified) lower bound,
+    or nothing (so that its seconds are not spent in silence)."""
+    better = sum(after[i].objective < before[i].objective * (1 - 1e-12) for i in layers)
+    raised = sum(after[i].lower_bound > before[i].lower_bound * (1 + 1e-12) for i in layers)
+    mean_gap = lambda results: sum(results[i].gap for i in layers) / len(layers)  # noqa: E731
+    what = (f"a better plan on {better} and a higher lower bound on {raised} of them (their mean gap "
+            f"{mean_gap(before):.2%} -> {mean_gap(after):.2%})" if better or raised else
+            f"no better plan and no higher lower bound on any of them (mean gap {mean_gap(before):.2%}): the "
+            "plan is the one it had before CP-SAT")
+    return f"CP-SAT, {wall_s:.1f} s for the {len(layers)} layer(s) with a gap: {what}"
+
+
 def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], deadline: float | None,
                  starts: dict[int, LayerSolution] | None, limits: dict[int, float] | None,
                  prepare_layers: list[int] | None = None, solvers: dict | None = None,
@@ -333,6 +357,7 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], deadli
         instances[name].prepare(problem, prepare_layers or layers)
     out: list[LayerSolution | None] = []
     for layer in layers:
+        raise_if_interrupted()  # between layers, also when the interrupt was swallowed inside one
         if deadline is not None and time.monotonic() >= deadline - min_wall_s:
             out.append(None)
             continue
@@ -344,6 +369,35 @@ def _solve_chunk(problem: PlacementProblem, name: str, layers: list[int], deadli
     return out
 
 
+def _run_in_processes(problem: PlacementProblem, name: str, layers: list[int], jobs: int, bar: ProgressBar | None,
+                      results: dict[int, LayerSolution], deadline: float | None,
+                      starts: dict[int, LayerSolution] | None, limits: dict[int, float] | None,
+                      min_wall_s: float) -> None:
+    """`_run_layers` on `jobs` worker processes, about 4 chunks of layers each; fills `results`.
+
+    The workers ignore SIGINT; when this process is interrupted (or a worker fails) they are
+    terminated at once instead of finishing their chunk (`moe_place.interrupts`)."""
+    size = max(1, -(-len(layers) // (4 * jobs)))  # ~4 chunks per worker: progress without much pickling
+    chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
+    before = children()
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=worker_ignores_interrupts)
+    try:
+        futures = [pool.submit(_solve_chunk, problem, name, chunk, deadline,
+                               None if starts is None else {i: starts[i] for i in chunk if i in starts},
+                               limits, None, None, min_wall_s) for chunk in chunks]
+        for chunk, future in zip(chunks, futures):
+            for layer, solution in zip(chunk, future.result()):
+                if solution is not None:
+                    results[layer] = solution
+            if bar:
+                bar.advance(len(chunk))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_children(before)
+        raise
+    pool.shutdown()
+
+
 def _run_layers(problem: PlacementProblem, name: str, layers: list[int], jobs: int, progress: bool,
                 deadline: float | None = None, starts: dict[int, LayerSolution] | None = None,
                 limits: dict[int, float] | None = None, min_wall_s: float = 0.0) -> dict[int, LayerSolution]:
@@ -352,28 +406,19 @@ def _run_layers(problem: PlacementProblem, name: str, layers: list[int], jobs: i
         return {}
     bar = ProgressBar(len(layers), f"plan {name}", "layers") if progress else None
     results: dict[int, LayerSolution] = {}
-    if jobs == 1 or len(layers) == 1:
-        instances: dict = {}
-        for layer in layers:
-            solution = _solve_chunk(problem, name, [layer], deadline, starts, limits, layers, instances,
-                                    min_wall_s)[0]
-            if solution is not None:
-                results[layer] = solution
-            if bar:
-                bar.advance(1)
-    else:
-        size = max(1, -(-len(layers) // (4 * jobs)))  # ~4 chunks per worker: progress without much pickling
-        chunks = [layers[i:i + size] for i in range(0, len(layers), size)]
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_solve_chunk, problem, name, chunk, deadline,
-                                   None if starts is None else {i: starts[i] for i in chunk if i in starts},
-                                   limits, None, None, min_wall_s) for chunk in chunks]
-            for chunk, future in zip(chunks, futures):
-                for layer, solution in zip(chunk, future.result()):
-                    if solution is not None:
-                        results[layer] = solution
+    try:
+        if jobs == 1 or len(layers) == 1:
+            instances: dict = {}
+            for layer in layers:
+                solution = _solve_chunk(problem, name, [layer], deadline, starts, limits, layers, instances,
+                                        min_wall_s)[0]
+                if solution is not None:
+                    results[layer] = solution
                 if bar:
-                    bar.advance(len(chunk))
-    if bar:
-        bar.close()
+                    bar.advance(1)
+        else:
+            _run_in_processes(problem, name, layers, jobs, bar, results, deadline, starts, limits, min_wall_s)
+    finally:  # also when interrupted: the message that follows starts on its own line
+        if bar:
+            bar.close()
     return results

@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar, Protocol
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.interrupts import run_stoppable
 from moe_place.problem import PlacementProblem
 
 STATUSES = ("optimal", "feasible", "heuristic")
@@ -105,3 +106,13 @@ def get_solver(name: str) -> Solver:
     if name not in _REGISTRY:
         raise InputError("solver", f"one of {', '.join(solver_names())}", name)
     return _REGISTRY[name]()
+
+
+def stoppable_solve(solver, model):
+    """CP-SAT's `solver.solve(model)` (a `CpSolver` and a `CpModel`; OR-Tools itself is imported by the
+    caller, as it is optional) that an interrupt (Ctrl-C, SIGTERM) stops through CP-SAT's own
+    `stop_search`, raising `Interrupted` at once instead of after the search (`moe_place.interrupts`).
+    CP-SAT's own SIGINT handler is turned off: it swallowed the interrupt and, after several solves,
+    aborted the process (`std::bad_function_call`)."""
+    solver.parameters.catch_sigint_signal = False
+    return run_stoppable(lambda: solver.solve(model), solver.stop_search)

@@ -86,7 +86,7 @@ from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
 from moe_place.solvers import solve
-from moe_place.solvers.base import require_ortools
+from moe_place.solvers.base import require_ortools, stoppable_solve
 from moe_place.solvers.quick import quick_plan
 
 STRENGTHS = (0, 2, 4, 8, 16, 32, 64)  # node swaps away from the start (step 2) that benchmarks and tests try
@@ -599,7 +599,7 @@ def _replica_cpsat(search: NodeSearch, demand: np.ndarray, saving: np.ndarray, s
     solver.parameters.random_seed = int(seed)
     solver.parameters.max_deterministic_time = float(det_time_s)
     solver.parameters.max_time_in_seconds = 10.0 * det_time_s + 10.0  # a safety stop only
-    status = solver.Solve(model)
+    status = stoppable_solve(solver, model)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         for (e, n), v in x.items():
             present[e, n] = bool(solver.Value(v))

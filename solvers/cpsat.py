@@ -69,7 +69,7 @@ from ortools.sat.python import cp_model
 from moe_place.errors import InfeasibleError, InputError
 from moe_place.placement import has_colocation, keep_unchanged_slots
 from moe_place.problem import PlacementProblem, combine_windows
-from moe_place.solvers.base import LayerSolution
+from moe_place.solvers.base import LayerSolution, stoppable_solve
 from moe_place.solvers.bounds import windows_lower_bound
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.solvers.fast import FastSolver
@@ -466,7 +466,7 @@ def solve_model(layer_model: LayerModel, time_limit_s: float, seed: int = 0,
         else float(wall_limit_s)
     params.log_search_progress = False
     start = time.perf_counter()
-    status = solver.solve(layer_model.model)
+    status = stoppable_solve(solver, layer_model.model)
     wall = time.perf_counter() - start
     name = solver.status_name(status)
     plan = None

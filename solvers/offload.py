@@ -38,6 +38,7 @@ import numpy as np
 from moe_place.cost.models import ExpertShape
 from moe_place.cost.offload import OffloadRates, expected_costs
 from moe_place.errors import InputError
+from moe_place.solvers.base import stoppable_solve
 from moe_place.solvers.budget import allocate_slots
 
 EXACT_MAX_EXPERTS = 512          # CP-SAT per layer only up to this many experts (the model stays small)
@@ -273,7 +274,7 @@ def exact_layer(problem: OffloadProblem, layer: int, count: int, time_limit_s: f
     solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
-    status = solver.Solve(model)
+    status = stoppable_solve(solver, model)  # Ctrl-C stops it through stop_search (moe_place.interrupts)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return LayerSolve(np.zeros(e, bool), np.inf, 0.0, solver.StatusName(status).lower())
     chosen = np.array([bool(solver.Value(v)) for v in x])

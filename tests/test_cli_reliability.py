@@ -51,12 +51,17 @@ def files(tmp_path):
              counts=np.array([[[600, 560, 120, 120, 20, 10, 10, 10], [200, 200, 200, 200, 200, 200, 200, 200]]]))
     plan = tmp_path / "p.json"
     assert run("plan", trace, "--gpus", "4", "--redundant", "4", "--out", plan)[0] == 0
+    trace35 = tmp_path / "t35.npz"  # layers 3 and 5 of a model
+    np.savez(trace35, format_version=1, num_experts=8, top_k=2, layer_ids=np.array([3, 5]),
+             counts=np.array([[[600, 560, 120, 120, 20, 10, 10, 10], [200, 200, 200, 200, 200, 200, 200, 200]]]))
+    plan35 = tmp_path / "p35.json"
+    assert run("plan", trace35, "--gpus", "4", "--redundant", "4", "--out", plan35)[0] == 0
     folder = tmp_path / "folder"
     folder.mkdir()
     loop = tmp_path / "loop"
     os.symlink(tmp_path / "loop2", loop)
     os.symlink(loop, tmp_path / "loop2")
-    return {"trace": trace, "plan": plan, "folder": folder, "loop": loop, "tmp": tmp_path}
+    return {"trace": trace, "plan": plan, "plan35": plan35, "folder": folder, "loop": loop, "tmp": tmp_path}
 
 
 # ---------------------------------------------------------------------- output paths
@@ -154,8 +159,8 @@ def test_options_that_were_silently_accepted(files):
         (("replay", trace, "--start", "offline", "--window", "5"), ("--window", "at most the 1 steps")),
         (("replay", trace), ("--step-interval", "first call")),
         (("payback", SCENARIOS / "c9_payback.toml", "--saving-ms", "1"), ("--saving-ms", "SCENARIO")),
-        (("export", plan, "--engine", "sglang", "--out", tmp / "s.json", "--dense-layers", "0-1"),
-         ("--dense-layers", "layer 0")),
+        (("export", files["plan35"], "--engine", "sglang", "--out", tmp / "s.json", "--dense-layers", "3"),
+         ("--dense-layers", "layer 3")),  # model layers 3 and 5 have experts: 3 cannot be dense
         (("bench", "--block-m", "x"), ("--block-m", "positive integer")),
         (("bench", "--reps", "0"), ("--reps",)),
         (("plan", trace, "--gpus", "4", "--solver", "magic", "--out", tmp / "q.json"), ("--solver", "auto")),
@@ -271,27 +276,47 @@ def _fixture_files(tmp: Path) -> dict[str, Path]:
     made["json_list"].write_text("[1, 2, 3]")
     made["json_nan"] = tmp / "nan.json"
     made["json_nan"].write_text('{"counts": [[[NaN, 1]]], "top_k": 1}')
+    made["json_typo"] = tmp / "typo.json"  # an unknown key, close to a known one
+    made["json_typo"].write_text('{"counts": [[[3, 1]]], "top_K": 2}')
     made["csv"] = tmp / "c.csv"
     made["csv"].write_text("step,layer,expert,count\n0,0,0,3\n0,0,1,1\n")
+    made["csv_huge_id"] = tmp / "huge.csv"  # an expert id that once sized a 7 TiB array
+    made["csv_huge_id"].write_text("step,layer,expert,count\n0,0,999999999999,2\n0,0,1,2\n")
+    made["damaged"] = tmp / "damaged.npz"  # a stored topk_ids member whose bytes no longer match its CRC
+    if not made["damaged"].exists():
+        ids = np.tile(np.array([[[0, 1]], [[2, 3]]], dtype=np.int16), (50, 1, 1))
+        buffer = io.BytesIO()
+        np.savez(buffer, format_version=1, num_experts=8, top_k=2, topk_ids=ids)
+        data = bytearray(buffer.getvalue())
+        at = bytes(data).find(ids.tobytes())
+        data[at:at + 2] = np.int16(5).tobytes()  # token 0's first id 0 -> 5: in range, still distinct
+        made["damaged"].write_bytes(bytes(data))
+    made["scenario_typo"] = tmp / "typo.toml"  # [pipeline] micro_batchez: ran with the default once
+    made["scenario_typo"].write_text((SCENARIOS / "c7_pipeline.toml").read_text().replace(
+        "micro_batches", "micro_batchez"))
     made["missing"] = tmp / "missing.json"
     return made
 
 
-INPUT_NAMES = ["trace", "plan", "scenario", "payback", "folder", "empty", "garbage", "json_list", "json_nan", "csv",
-               "missing"]
-OUTPUT_NAMES = ["fresh", "folder", "missing_dir", "proc"]
-VALUES = ["0", "-1", "1", "2", "4", "x", "nan", "inf", "1e9", "0.5", "", "0-3", "8,16", "99999999999"]
+INPUT_NAMES = ["trace", "plan", "scenario", "payback", "folder", "empty", "garbage", "json_list", "json_nan",
+               "json_typo", "csv", "csv_huge_id", "damaged", "scenario_typo", "missing"]
+# output files: bad paths, and fresh files whose suffix may or may not name what is written
+OUTPUT_NAMES = ["fresh.json", "fresh.png", "fresh.npz", "fresh.csv", "fresh.txt", "fresh.pt", "folder", "missing_dir",
+                "proc"]
+VALUES = ["0", "-1", "1", "2", "4", "5", "x", "nan", "inf", "1e9", "0.5", "", "0-3", "0-99999999999", "8,16",
+          "1000", "99999999999"]
 OPTIONS = {
     "analyze": ["--ep", "--layers", "--top-n", "--window", "--top-k", "--format"],
     "plan": ["--gpus", "--nodes", "--redundant", "--time-limit", "--layers", "--solver", "--seed", "--groups",
-             "--expert-memory-budget", "--expert-bytes", "--max-moved-slots", "--move-cost", "--split"],
-    "evaluate": ["--split", "--windows", "--window-objective", "--quantile", "--top-k"],
-    "compare": ["--gpus", "--redundant", "--solvers", "--time-limit"],
+             "--expert-memory-budget", "--expert-bytes", "--max-moved-slots", "--move-cost", "--split", "--jobs"],
+    "evaluate": ["--split", "--windows", "--window-objective", "--quantile", "--top-k", "--model", "--seed"],
+    "compare": ["--gpus", "--redundant", "--solvers", "--time-limit", "--jobs"],
     "predict": ["--format"],
-    "payback": ["--saving-ms", "--alpha-us", "--batches", "--max-batches", "--topology", "--case", "--model"],
+    "payback": ["--saving-ms", "--alpha-us", "--batches", "--max-batches", "--topology", "--case", "--model",
+                "--format"],
     "export": ["--engine", "--num-model-layers", "--dense-layers", "--format"],
     "replay": ["--gpus", "--redundant", "--window", "--controller", "--layers", "--max-moved-slots", "--hardware",
-               "--synthetic"],
+               "--synthetic", "--min-gain", "--step-interval"],
     "synth": [],
     "report": [],
 }
@@ -300,8 +325,11 @@ POSITIONALS = {"analyze": 1, "plan": 1, "evaluate": 2, "compare": 1, "predict": 
 RIGHT_INPUTS = {"analyze": ["trace"], "plan": ["trace"], "evaluate": ["plan", "trace"], "compare": ["trace"],
                 "predict": ["scenario"], "payback": ["payback"], "export": ["plan"], "replay": ["trace"], "synth": [],
                 "report": ["folder"]}
-OUTPUT_OPTION = {"analyze": "--output", "plan": "--out", "compare": "--output-json", "predict": "--output",
-                 "payback": "--output", "export": "--out", "replay": "--out", "synth": "--out", "report": "--out"}
+# the output flags: --out everywhere, and the older names still accepted
+OUTPUT_OPTIONS = {"analyze": ["--out", "--output", "--plot"], "plan": ["--out"], "compare": ["--out", "--output-json",
+                  "--plot"], "predict": ["--out", "--output"], "payback": ["--out", "--output", "--plot"],
+                  "export": ["--out"], "replay": ["--out", "--plot"], "synth": ["--out"], "report": ["--out"]}
+MAGIC = {".json": b"{", ".png": b"\x89PNG", ".npz": b"PK"}  # what a file of each suffix starts with
 
 
 @st.composite
@@ -312,33 +340,41 @@ def command_lines(draw):
                    for i in range(POSITIONALS[command])]
     if command == "synth":
         positionals = [("literal", draw(st.sampled_from(["drift:steps=3", "drift:steps=x", "drift:top_k=99",
-                                                          "nope:1", "drift:steps=3,layers=0"])))]
+                                                          "nope:1", "drift:steps=3,layers=0", "drift:stepz=3",
+                                                          "drift:steps=3,domains=99999999999"])))]
     options = draw(st.lists(st.tuples(st.sampled_from(OPTIONS[command]), st.sampled_from(VALUES)), max_size=2)
                    ) if OPTIONS[command] else []
-    if command not in OUTPUT_OPTION:
-        return command, positionals, options, None
-    output = draw(st.sampled_from(OUTPUT_NAMES + ([None] if command not in ("plan", "export", "synth") else [])))
-    return command, positionals, options, output
+    if command not in OUTPUT_OPTIONS:
+        return command, positionals, options, (None, None)
+    required = command in ("plan", "export", "synth")
+    flag = "--out" if required else draw(st.sampled_from(OUTPUT_OPTIONS[command]))
+    right = "fresh.png" if flag == "--plot" else "fresh.npz" if command == "synth" else "fresh.json"
+    output = draw(st.sampled_from([right] * len(OUTPUT_NAMES) + OUTPUT_NAMES + ([] if required else [None])))
+    return command, positionals, options, (flag, output)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command_lines())
 def test_no_command_line_ends_in_a_traceback(tmp_path, line):
-    command, positionals, options, output = line
+    command, positionals, options, (flag, output) = line
     made = _fixture_files(tmp_path)
-    outputs = {"fresh": tmp_path / "out" / "result.out", "folder": made["folder"],
-               "missing_dir": tmp_path / "no" / "such" / "dir" / "x.out", "proc": Path("/proc/moe-place-x.out")}
     (tmp_path / "out").mkdir(exist_ok=True)
+    outputs = {"folder": made["folder"], "missing_dir": tmp_path / "no" / "such" / "dir" / "x.out",
+               "proc": Path("/proc/moe-place-x.out"),
+               **{name: tmp_path / "out" / name for name in OUTPUT_NAMES if name.startswith("fresh")}}
     argv = [command]
     argv += [str(made[name]) if kind == "input" else name for kind, name in positionals]
     for option, value in options:
         argv += [option, value]
     if output is not None:
-        argv += [OUTPUT_OPTION[command], str(outputs[output])]
+        argv += [flag, str(outputs[output])]
     if command in ("plan", "compare") and "--gpus" not in argv:
         argv += ["--gpus", "4"]
     if command == "replay":
         argv += ["--no-progress"]
+    for name in OUTPUT_NAMES:  # a file left by an earlier example would hide a new one
+        if name.startswith("fresh"):
+            outputs[name].unlink(missing_ok=True)
     before = set(tmp_path.rglob("*"))
     code, _, err = run(*argv)
     event(f"{command} exit {code}")
@@ -349,5 +385,11 @@ def test_no_command_line_ends_in_a_traceback(tmp_path, line):
         written = set(tmp_path.rglob("*")) - before
         assert not written, (argv, written)  # nothing half-written when the command failed
     assert not [p for p in tmp_path.rglob(".*.tmp")], argv  # atomic writes leave no temporary file
-    if output == "fresh" and code == 0 and command not in ("report",):
-        assert outputs["fresh"].exists() or command in ("analyze", "compare", "predict", "payback", "replay")
+    if code == 0 and output is not None and output.startswith("fresh") and command != "report":
+        path = outputs[output]
+        assert path.exists(), argv
+        magic = MAGIC.get(path.suffix)  # the suffix says what was written
+        if magic is not None:
+            assert path.read_bytes().startswith(magic), (argv, path.read_bytes()[:8])
+        if path.suffix == ".json":
+            json.loads(path.read_text())

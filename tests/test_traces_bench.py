@@ -22,10 +22,10 @@ def test_bench_writes_table_and_json(tmp_path, capsys):
                        "--threads", "2", "--chunk-tokens", "500", "--steps", "4", "--output-json", str(out)]) == 0
     report = json.loads(out.read_text())
     methods = [row["method"] for row in report["results"]]
-    assert methods == ["analyze", "analyze-1t", "baseline", "base-int16", "chunked", "stream", "stream-1t",
-                       "memory", "sorted"]
+    assert methods == ["analyze", "analyze-1t", "analyze-no-crc", "baseline", "base-int16", "chunked", "stream",
+                       "stream-1t", "memory", "sorted"]
     assert report["threads"] == 2 and report["steps"] == 4 and not report["streamed"]
-    baseline = report["results"][2]
+    baseline = report["results"][3]
     assert report["decisions"] == 9000 * 3 * 4 and baseline["ratio_vs_baseline"] == 1.0
     assert report["pair_sample"] == {"chosen_on_tokens": 2048, "estimated_on_tokens": 6144}  # 9000 > 8192 tokens
     text = capsys.readouterr().out

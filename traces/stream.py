@@ -35,8 +35,8 @@ from moe_place.errors import InputError
 from moe_place.traces.count import (DispatchCounter, PerThread, StepSums, chunk_tokens_for, resolve_workers,
                                     run_chunks)
 from moe_place.traces.model import Trace
-from moe_place.traces.npz import (IdsReader, check_meta_against_ids, check_num_experts, error_reason, header_meta,
-                                  open_npz, read_header, read_member, step_index)
+from moe_place.traces.npz import (IdsReader, check_meta_against_ids, check_num_experts, crc_checked, error_reason,
+                                  header_meta, open_npz, read_header, read_member, step_index)
 from moe_place.traces.sample import SampleCollector
 
 def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers: int | None = None) -> Trace:
@@ -53,7 +53,7 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers
         if "topk_ids" not in header.keys:
             raise InputError(str(path), "a token-level trace (key 'topk_ids')", f"keys {sorted(header.keys)}")
         step = read_member(npz, path, "step") if "step" in header.keys else None
-    with IdsReader(path) as reader:
+    with IdsReader(path) as reader, crc_checked(reader.check_crc_meanwhile()):
         reader.require_c_order()
         tokens, num_layers, k = reader.shape
         chunk_tokens = chunk_tokens_for(num_layers, k, chunk_tokens)

@@ -30,12 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 from moe_place.io import write_atomic, write_json_atomic
-from moe_place.traces.model import Trace
-from moe_place.traces.npz import NpzHeader, counts_trace
+from moe_place.traces.model import MAX_EXPERTS, Trace
+from moe_place.traces.npz import NpzHeader, check_num_experts, counts_trace
 
 CSV_COLUMNS = ("step", "layer", "expert", "count")
+MAX_CSV_CELLS = 1 << 28  # steps x layers x experts of the dense counts a CSV fills: 2 GiB of int64
+JSON_KEYS = ("format_version", "num_experts", "top_k", "counts", "layer_ids", "step_names", "model", "source")
 
 
 # ---------------------------------------------------------------------- CSV
@@ -62,15 +64,24 @@ def read_csv(path: str | Path, top_k: int | None = None) -> Trace:
         layer = _csv_int(row[column["layer"]], path, line, "layer")
         expert = _csv_int(row[column["expert"]], path, line, "expert")
         count = _csv_int(row[column["count"]], path, line, "count")
+        if expert >= MAX_EXPERTS:  # before any array sized by the largest id
+            raise InputError(f"{path}: line {line}: expert", f"an expert id in [0, {MAX_EXPERTS})", expert)
         steps.setdefault(step, len(steps))
         table.append((steps[step], layer, expert, count))
     if not table:
         raise InputError(str(path), "a non-empty trace (at least one data row)", "no rows")
     data = np.array(table, dtype=np.int64)
-    num_experts = meta.get("num_experts", int(data[:, 2].max()) + 1)
-    if data[:, 2].max() >= num_experts:
-        raise InputError(f"{path}: expert", f"expert ids in [0, num_experts = {num_experts})", int(data[:, 2].max()))
+    largest = int(data[:, 2].max())
+    if "num_experts" in meta:
+        check_num_experts(meta["num_experts"], path)
+    num_experts = meta.get("num_experts", largest + 1)
+    if largest >= num_experts:
+        raise InputError(f"{path}: expert", f"expert ids in [0, num_experts = {num_experts})", largest)
     layer_ids, layer_pos = np.unique(data[:, 1], return_inverse=True)
+    dense = len(steps) * len(layer_ids) * num_experts
+    if dense > MAX_CSV_CELLS:
+        raise InputError(str(path), f"at most {MAX_CSV_CELLS:,} steps x layers x experts (the dense counts)",
+                         f"{len(steps):,} x {len(layer_ids):,} x {num_experts:,}")
     counts = np.zeros((len(steps), len(layer_ids), num_experts), dtype=np.int64)
     cells = (data[:, 0] * len(layer_ids) + layer_pos.reshape(-1)) * num_experts + data[:, 2]
     if len(np.unique(cells)) != len(cells):
@@ -121,8 +132,8 @@ def _csv_int(text: str, path: Path, line: int, name: str) -> int:
         value = int(text.strip())
     except ValueError:
         raise InputError(f"{path}: line {line}: {name}", "an integer", repr(text.strip())) from None
-    if value < 0:
-        raise InputError(f"{path}: line {line}: {name}", "an integer >= 0", value)
+    if not 0 <= value < 2**63:
+        raise InputError(f"{path}: line {line}: {name}", "an integer in [0, 2**63)", value)
     return value
 
 
@@ -148,6 +159,7 @@ def read_json(path: str | Path, top_k: int | None = None) -> Trace:
     if not isinstance(obj, dict) or "counts" not in obj:
         raise InputError(str(path), "a JSON object with a 'counts' array [steps][layers][experts]",
                          type(obj).__name__ if not isinstance(obj, dict) else f"keys {sorted(obj)[:8]}")
+    check_keys(obj, JSON_KEYS, f"{path}:")
     if obj.get("format_version", 1) != 1:
         raise InputError(f"{path}: format_version", "1", obj.get("format_version"))
     try:

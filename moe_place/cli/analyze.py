@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from moe_place.cli.output import emit, wrote
+from moe_place.cli.options import (add_out_argument, add_trace_options, format_option, int_list, layer_selection,
+                                   png_file, positive_int, report_file, trace_load_options)
+from moe_place.cli.output import emit, report_format, wrote
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
-from moe_place.cli.options import (add_trace_options, int_list, layer_selection, output_file, positive_int,
-                                   trace_load_options)
 
 HELP = "per-layer expert-load skew of a routing trace and the busiest/mean GPU at each EP size"
 
@@ -26,9 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=positive_int, metavar="STEPS",
                         help="steps summed per window for persistence and out-of-sample loss "
                              "(default 1, or enough for at most 16 windows)")
-    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
-    parser.add_argument("--plot", type=output_file, metavar="FILE.png", help="also write a PNG: load heatmap and EP-sweep curve (default: none)")
-    parser.add_argument("--output", type=output_file, metavar="FILE", help="write the table/JSON to FILE (default: stdout)")
+    format_option(parser)
+    parser.add_argument("--plot", type=png_file, metavar="FILE.png", help="also write a PNG: load heatmap and EP-sweep curve (default: none)")
+    add_out_argument(parser, report_file, "FILE", "write the table/JSON to FILE", aliases=("--output",),
+                     default_text="stdout")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,13 +46,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--top-n", f"at most num_experts={trace.num_experts}", args.top_n)
     if args.window is not None and args.window > trace.num_steps:
         raise InputError("--window", f"at most the {trace.num_steps} steps of the trace", args.window)
+    fmt, label = report_format(args.format, args.out)
     analysis = analyze_trace(trace, ep_sizes, args.top_n, args.window)
     report = analysis_to_json(analysis)
-    text = json.dumps(report, indent=1, allow_nan=False) + "\n" if args.format == "json" else format_table(report)
+    text = json.dumps(report, indent=1, allow_nan=False) + "\n" if fmt == "json" else format_table(report)
     if args.plot:
         write_atomic(args.plot, render_png(analysis))
         wrote("plot", args.plot)
-    emit(text, args.output, args.format)
+    emit(text, args.out, label)
     return 0
 
 
@@ -93,6 +95,8 @@ def format_table(report: dict) -> str:
               "  contiguous, and +1 replica/GPU of the hottest experts planned on the same or the previous window"]
     head = (f"{'EP':>5} {'experts/GPU':>11} {'mean':>6} {'worst':>6} {'(layer)':>7} {'vLLM bal':>8} "
             f"{'SGLang bal':>10} | {'contig':>6} {'same':>6} {'previous':>8}")
+    lines += ["  vLLM bal: the balancedness vLLM logs: mean GPU load summed over layers / busiest GPU load summed",
+              "  SGLang bal: SGLang's mean / busiest GPU load of each layer, averaged over layers (1 = even)"]
     lines += [head, "-" * len(head)]
     for e in eps:
         shift = e["out_of_sample"] or {}

@@ -1,4 +1,4 @@
-"""`moe-place bench [SECTION] [--dry-run] [--output-json PATH]`: run the kernel microbenchmarks.
+"""`moe-place bench [SECTION] [--dry-run] [--out PATH]`: run the kernel microbenchmarks.
 
 Forwards to `bench/microbench.py` of the source checkout moe-place is installed from (editable
 install): the benchmarks are not part of the installed library.
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import moe_place
-from moe_place.cli.options import int_list, output_file, positive_int
+from moe_place.cli.options import add_out_argument, int_list, json_file, positive_int
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.errors import InputError
 from moe_place.kernels.report import SECTIONS as MICROBENCH_SECTIONS
@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="BLOCK_M values of the padding sweep, e.g. 16,32,64,128 (default: 16,32,64,128 on a GPU)")
     parser.add_argument("--reps", type=positive_int, default=None, metavar="N",
                         help="timed repetitions per measurement (default 10 on a GPU, 2 in a dry run)")
-    parser.add_argument("--output-json", type=output_file, default=None, metavar="FILE",
-                        help="write the results here (JSON; default: print only)")
+    add_out_argument(parser, json_file, "FILE.json", "write the results as JSON to FILE; an existing file is kept "
+                     "unless --force", aliases=("--output-json",), default_text="print only")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
 
 def run(args) -> int:
@@ -45,9 +46,9 @@ def run(args) -> int:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    argv = [args.section] + (["--dry-run"] if args.dry_run else [])
+    argv = [args.section] + (["--dry-run"] if args.dry_run else []) + (["--force"] if args.force else [])
     for flag, value in (("--gpu", args.gpu), ("--block-m", args.block_m), ("--reps", args.reps),
-                        ("--output-json", args.output_json)):
+                        ("--out", args.out)):
         if value is not None:
             argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     return module.main(argv)

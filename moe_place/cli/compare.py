@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from moe_place.cli.options import output_file
+from moe_place.cli.options import add_out_argument, json_file, png_file
+from moe_place.cli.output import wrote
 from moe_place.cli.plan import SOLVER_CHOICES, add_problem_arguments
 from moe_place.errors import InputError
 from moe_place.io import write_atomic, write_json_atomic
@@ -27,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solvers", type=_names, default=["eplb", "fast"], metavar="A,B,...",
                         help=f"solvers to compare, any of {', '.join(SOLVER_CHOICES)}; --time-limit is each "
                              "solver's budget (default eplb,fast)")
-    parser.add_argument("--plot", type=output_file, metavar="FILE.png", help="also write a PNG: busiest load / bound per layer (default: none)")
-    parser.add_argument("--output-json", type=output_file, metavar="FILE", help="also write the JSON to FILE (default: none)")
+    parser.add_argument("--plot", type=png_file, metavar="FILE.png", help="also write a PNG: busiest load / bound per layer (default: none)")
+    add_out_argument(parser, json_file, "FILE.json", "also write the JSON to FILE", aliases=("--output-json",))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     results, solutions = {}, {}
     for name in args.solvers:
         solution = solve(problem, name, args.time_limit, args.jobs, progress=False)
-        for note in solution.notes:
+        for note in solution.notes + ((solution.cpsat_summary,) if solution.cpsat_summary else ()):
             print(f"compare: note: {name}: {note}", file=sys.stderr)
         rows = report_rows(problem, solution, args.split)
         solutions[name] = solution
@@ -61,12 +62,12 @@ def run(args: argparse.Namespace) -> int:
                          "status": results[name]["status"], "colocated": results[name]["colocated"]}
     document = {"trace": str(args.trace), "options": options, "layer_ids": list(problem.layer_ids),
                 "best_lower_bound": best_bound, "summary": summary, "solvers": results}
-    if args.output_json:
-        write_json_atomic(args.output_json, document)
-        print(f"wrote json {args.output_json}", file=sys.stderr)
+    if args.out:
+        write_json_atomic(args.out, document)
+        wrote("json", args.out)
     if args.plot:
         write_atomic(args.plot, _plot_png(problem.layer_ids, results, best_bound))
-        print(f"wrote plot {args.plot}", file=sys.stderr)
+        wrote("plot", args.plot)
     if args.format == "json":
         sys.stdout.write(json.dumps(document, indent=1) + "\n")
         return 0

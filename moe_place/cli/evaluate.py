@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import add_time_model_arguments, add_trace_options, fraction, positive_int, trace_load_options
+from moe_place.cli.options import (TIME_MODEL_DEFAULTS, add_time_model_arguments, add_trace_options, fraction,
+                                   non_negative_int, positive_int, trace_load_options)
 from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
+DEFAULTS = {**TIME_MODEL_DEFAULTS, "split": "even", "seed": 0}  # what evaluate uses when neither says
 HELP = ("per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace, and the predicted "
         "layer time (dispatch + compute + combine, RDMA/NVLink bytes, nodes per token)")
 
@@ -17,8 +19,8 @@ HELP = ("per-layer busiest/mean GPU load, balancedness, bound and gap of a plan 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan file written by `moe-place plan`")
     parser.add_argument("trace", metavar="TRACE", help="routing trace file with the plan's layers and experts")
-    parser.add_argument("--split", choices=("even", "local", "optimal"), default="even",
-                        help="token split among replicas (default even)")
+    parser.add_argument("--split", choices=("even", "local", "optimal"), default=None,
+                        help="token split among replicas (default: the plan's, else even)")
     parser.add_argument("--windows", type=positive_int, metavar="W",
                         help="judge W windows of consecutive steps, combined by --window-objective "
                              "(default: the steps summed)")
@@ -27,18 +29,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantile", type=fraction, default=None,
                         help="the quantile for --window-objective quantile, in [0, 1] (default 0.9)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
-    add_time_model_arguments(parser)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random replica choices (default 0)")
+    add_time_model_arguments(parser, from_plan=True)
+    parser.add_argument("--seed", type=non_negative_int, default=None,
+                        help="seed of the random replica choices (default: the plan's, else 0)")
     add_trace_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from moe_place.cli.shared import time_figures, time_model_from_args
+    from moe_place.cli.shared import options_from_plan, time_figures, time_model_from_args
     from moe_place.planfile import read_plan
     from moe_place.solvers.evaluate import evaluate_placement
     from moe_place.traces.load import load_trace
 
     plan = read_plan(args.plan)
+    taken = options_from_plan(args, plan)
+    args.split = args.split or "even"
+    args.seed = 0 if args.seed is None else args.seed
     trace = load_trace(args.trace, **trace_load_options(args))
     placement = plan.placement
     if trace.num_experts != placement.num_experts:
@@ -52,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     loads = trace.window_counts(args.windows)
     reports = evaluate_placement(placement, loads, args.split, args.window_objective, quantile, plan.layer_ids)
     report = {"plan": str(args.plan), "trace": str(args.trace), "split": args.split,
-              "windows": int(loads.shape[0]), "layers": [r.to_dict() for r in reports]}
+              "windows": int(loads.shape[0]), "options_from_plan": taken, "layers": [r.to_dict() for r in reports]}
     model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
                                  seed=args.seed)
     if model is None:
@@ -66,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
         report.update(top)
         if "note" in top:
             print(f"evaluate: note: {top['note']}", file=sys.stderr)
+    said = {key: value for key, value in taken.items() if DEFAULTS.get(key) != value}  # what changes a figure
+    if said:
+        used = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in said.items())
+        print(f"evaluate: note: as the plan was made: {used} (options on the command line win)", file=sys.stderr)
     if args.format == "json":
         print_report(report, "json")
         return 0

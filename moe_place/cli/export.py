@@ -13,11 +13,12 @@ Every file is written atomically.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
 
-from moe_place.cli.options import layer_selection, output_file, positive_int
+from moe_place.cli.options import add_out_argument, layer_count, layer_selection, output_file
 from moe_place.errors import InputError
 
 HELP = "write a plan as the file an engine loads (SGLang --init-expert-location, vLLM policy, EPLB tensors)"
@@ -27,9 +28,9 @@ ENGINES = ("sglang", "vllm", "eplb")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="a plan file written by `moe-place plan --out`")
     parser.add_argument("--engine", required=True, choices=ENGINES, help="target format")
-    parser.add_argument("--out", type=output_file, required=True, metavar="FILE",
-                        help="output file (sglang: .json or .pt; vllm: .json; eplb: .pt or .npz)")
-    parser.add_argument("--num-model-layers", type=positive_int, default=None, metavar="N",
+    add_out_argument(parser, output_file, "FILE", "output file (sglang: .json or .pt; vllm: .json; eplb: .pt or .npz; "
+                     ".pt needs torch)", required=True)
+    parser.add_argument("--num-model-layers", type=layer_count, default=None, metavar="N",
                         help="sglang: decoder layers of the model (rows of the map; default: from the plan)")
     parser.add_argument("--dense-layers", type=layer_selection, default=[], metavar="IDS",
                         help="sglang: model layers without experts, e.g. 0-2 for DeepSeek-V3 (trivial rows; "
@@ -41,15 +42,31 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.engines.export import export_plan
     from moe_place.planfile import read_plan
 
+    if Path(args.out).suffix == ".pt" and importlib.util.find_spec("torch") is None:  # before any work
+        other = {"sglang": ".json", "eplb": ".npz"}.get(args.engine, ".json")
+        raise InputError(f"--out {args.out}", f"torch installed for a .pt file (pip install torch), or the {other} "
+                         f"form (--out {Path(args.out).with_suffix(other)})", "no torch")
     plan = read_plan(args.plan)
     if args.engine != "sglang" and (args.num_model_layers or args.dense_layers):
         raise InputError("--num-model-layers/--dense-layers", "only with --engine sglang", f"--engine {args.engine}")
-    overlap = sorted(set(args.dense_layers) & set(plan.layer_ids))
-    if overlap:
+    ids = tuple(plan.layer_ids)
+    positions = ids == tuple(range(len(ids)))  # a trace of MoE layers only (synth, vLLM): ids are positions
+    overlap = sorted(set(args.dense_layers) & set(ids))
+    if overlap and not positions:
         raise InputError("--dense-layers", "layers without experts (none of the plan's layer ids)",
                          f"layer {overlap[0]}, which the plan places experts for")
-    summary = export_plan(plan, args.engine, Path(args.out), num_model_layers=args.num_model_layers,
-                          dense_layer_ids=tuple(args.dense_layers))
+    try:
+        summary = export_plan(plan, args.engine, Path(args.out), num_model_layers=args.num_model_layers,
+                              dense_layer_ids=tuple(args.dense_layers))
+    except InputError as exc:  # the library's argument names, as the options that set them
+        option = {"num_model_layers": "--num-model-layers", "dense layer ids": "--dense-layers"}.get(exc.where)
+        if option is None:
+            raise
+        raise InputError(option, exc.expected, exc.got) from None
+    if overlap:
+        print(f"moe-place export: note: the plan's layer ids are 0-{len(ids) - 1}, positions among the MoE layers "
+              f"(a trace that kept MoE layers only), and --dense-layers names some of them: plan row i goes to the "
+              f"i-th model layer that is not dense", file=sys.stderr)
     for warning in summary.pop("warnings", []):
         print(f"moe-place export: warning: {warning}", file=sys.stderr)
     if args.format == "json":

@@ -4,7 +4,9 @@ Each subcommand lives in `moe_place.cli.<name>` and defines
     HELP: str                              one line for `moe-place --help`
     add_arguments(parser) -> None          its options (argparse only, no heavy imports)
     run(args) -> int                       imports the library lazily, does the work
-Exit codes: 0 ok, 1 a result failed a requested threshold, 2 bad input or usage.
+Exit codes: 0 ok, 1 a benchmark missed its target (`bench`), 2 bad input or usage, 130 / 143
+interrupted by SIGINT (Ctrl-C) / SIGTERM: one line on stderr, no traceback, no file left half
+written (`moe_place.interrupts`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 
 from moe_place import __version__
 from moe_place.errors import MoePlaceError
+from moe_place.interrupts import raise_if_interrupted, signals_raise
 
 COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
             "report", "offload")
@@ -44,17 +47,37 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
-        return int(args._run(args) or 0)
-    except MoePlaceError as exc:
-        print(f"moe-place {args.command}: error: {exc}", file=sys.stderr)
+        with signals_raise() as received:
+            try:
+                args = build_parser(command).parse_args(argv)
+                code = int(args._run(args) or 0)
+                raise_if_interrupted()  # the run ended although an interrupt came (something swallowed it)
+                return code
+            except BaseException as exc:
+                code = _exit_code(exc, received.signum, command)
+                if code is None:
+                    raise
+                return code
+    except KeyboardInterrupt as exc:  # raised as the handlers were being installed or put back
+        return _exit_code(exc, getattr(exc, "signum", None), command)
+
+
+def _exit_code(exc: BaseException, signum: int | None, command: str | None) -> int | None:
+    """The exit code for an exception that ended a subcommand, after its one line on stderr; None to let
+    it propagate (argparse's SystemExit, a bug's traceback)."""
+    if signum is not None or isinstance(exc, KeyboardInterrupt):  # whatever the interrupt became on its way
+        if sys.stderr.isatty():  # over a progress bar's unfinished line (and the terminal's ^C)
+            sys.stderr.write("\r\033[K")
+        print(f"moe-place{' ' + command if command else ''}: interrupted", file=sys.stderr)
+        return 128 + signum if signum is not None else 130
+    if isinstance(exc, MoePlaceError):
+        print(f"moe-place {command}: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
+    if isinstance(exc, BrokenPipeError):
         return 0
-    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; files are written atomically, so none is partial
-        print(f"moe-place {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return None
 
 
 def _version() -> str:

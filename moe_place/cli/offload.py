@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 
-from moe_place.cli.options import (add_trace_options, byte_size, int_list, non_negative_float, non_negative_int,
-                                   output_file, positive_int, trace_load_options)
+from moe_place.cli.options import (add_trace_options, byte_size, int_list, json_file, non_negative_float,
+                                   non_negative_int, output_file, png_file, positive_int, trace_load_options)
 from moe_place.cli.output import emit, wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS
@@ -74,10 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the highest MoE layer id + 1)")
     parser.add_argument("--stats-out", type=output_file, metavar="FILE.pt",
                         help="write sglang-kt's --init-expert-location stats file (needs torch; default: none)")
-    parser.add_argument("--out", "--output", dest="out", type=output_file, metavar="FILE.json",
+    parser.add_argument("--out", "--output", dest="out", type=json_file, metavar="FILE.json",
                         help="write the offload plan (resident experts per layer, flags, predictions; default: none)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default table)")
-    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+    parser.add_argument("--plot", type=png_file, metavar="FILE.png",
                         help="draw the held-out step times per set (PNG; default: none)")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from pathlib import Path
 
@@ -61,12 +62,114 @@ def fraction(text: str) -> float:
     return _float_where(text, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
+def share_below_one(text: str) -> float:
+    """A share of a whole in [0, 1), e.g. 0.005 for half a percent (5 would be 500%)."""
+    return _float_where(text, lambda v: 0 <= v < 1, "a share in [0, 1), e.g. 0.005 for 0.5%")
+
+
+MAX_LAYERS = 1 << 16  # model layer ids and layer counts on a command line: a sanity bound (models have ~100)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else (os.cpu_count() or 1)
+
+
+def jobs(text: str) -> int:
+    """Worker processes: 1 up to the usable cores (more only wait for each other, and cost memory)."""
+    cores = usable_cores()
+    value = _int_at_least(text, 1, f"an integer in [1, {cores}] (the cores this process may use)")
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, {cores}] (the cores this process may use), "
+                                         f"got {text!r}")
+    return value
+
+
+def layer_count(text: str) -> int:
+    """A number of model layers, 1 to MAX_LAYERS."""
+    value = positive_int(text)
+    if value > MAX_LAYERS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_LAYERS} layers, got {text!r}")
+    return value
+
+
 def output_file(text: str) -> str:
     """A path a file can be written to (checked now, before the work: see the module docstring)."""
     problem = output_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"expected a writable file path, got {text!r} ({problem})")
     return text
+
+
+def add_record_options(parser: argparse.ArgumentParser, plot: bool = False, committed: tuple[str, ...] = ()) -> None:
+    """A benchmark's output files: `--out FILE` (alias `--output-json`, the older name; dest
+    `output_json`) for its JSON record, `--plot FILE.png` if `plot`, and `--force`. After
+    `parse_args`, `refuse_overwrite(parser, args)` keeps existing files (the committed records in
+    bench/results/, named in the help by `committed`) unless `--force`."""
+    record = f"; the committed record: {', '.join(committed)}" if committed else ""
+    parser.add_argument("--out", "--output-json", dest="output_json", type=output_file, metavar="FILE",
+                        help="write the results as JSON to FILE (--output-json is the same); an existing file is "
+                             f"kept unless --force (default: print only{record})")
+    if plot:
+        parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+                            help="also write a PNG; an existing file is kept unless --force (default: none)")
+    parser.add_argument("--force", action="store_true", help="overwrite existing --out/--plot files")
+
+
+def refuse_overwrite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 with one line, before any work, when an output file of `add_record_options` exists and
+    `--force` is not given: rerunning a benchmark must not silently replace a committed record."""
+    for flag, path in (("--out", args.output_json), ("--plot", getattr(args, "plot", None))):
+        if path and Path(path).exists() and not args.force:
+            parser.exit(2, f"{parser.prog}: error: {flag} {path}: the file exists (a committed record?); give "
+                           f"another path, or --force to overwrite it\n")
+
+
+# Output file names whose suffix must say what is written (README "Errors and exit codes"):
+OTHER_FORMATS = (".npz", ".npy", ".pt", ".png", ".csv", ".toml")  # never the name of a table or JSON report
+
+
+def output_with_suffix(suffixes: tuple[str, ...], what: str):
+    """An argparse type: a writable path (`output_file`) ending in one of `suffixes`; `what` says why."""
+    def check(text: str) -> str:
+        output_file(text)
+        if Path(text).suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(f"expected a file name ending in {' or '.join(suffixes)} ({what}), "
+                                             f"got {text!r}")
+        return text
+    return check
+
+
+json_file = output_with_suffix((".json",), "the file is JSON")
+png_file = output_with_suffix((".png",), "the plot is a PNG")
+trace_file = output_with_suffix((".npz", ".csv", ".json"), "the trace is written in the format its suffix names")
+
+
+def report_file(text: str) -> str:
+    """A writable path for a table or JSON report: `.json` gets JSON (`output.report_format`), the
+    suffixes of other formats (`OTHER_FORMATS`) are refused, any other name gets the table."""
+    output_file(text)
+    if Path(text).suffix.lower() in OTHER_FORMATS:
+        raise argparse.ArgumentTypeError(f"expected a file name for a table (.txt, .md, ...) or JSON (.json), not "
+                                         f"{Path(text).suffix}, got {text!r}")
+    return text
+
+
+def add_out_argument(parser: argparse.ArgumentParser, kind, metavar: str, what: str, *, aliases: tuple[str, ...] = (),
+                     required: bool = False, default_text: str = "none") -> None:
+    """`--out` (dest `out`), the one name of a subcommand's output file; `aliases` are the older names,
+    kept so old command lines still work."""
+    also = f" ({', '.join(aliases)}: the same, the older name)" if aliases else ""
+    default = "required" if required else f"default: {default_text}"
+    parser.add_argument("--out", *aliases, dest="out", type=kind, required=required, metavar=metavar,
+                        help=f"{what}{also} ({default})")
+
+
+def format_option(parser: argparse.ArgumentParser) -> None:
+    """`--format table|json` for a subcommand whose `--out` is a `report_file` (default: from `--out`'s suffix)."""
+    parser.add_argument("--format", choices=("table", "json"), default=None,
+                        help="output format (default: json when --out ends in .json, else table)")
 
 
 def output_dir(text: str) -> str:
@@ -106,23 +209,19 @@ def int_list(text: str) -> list[int]:
 
 
 def layer_selection(text: str) -> list[int]:
-    """Layers as `0,5,7` or ranges `0-3,10` (inclusive), each >= 0."""
+    """Layers as `0,5,7` or ranges `0-3,10` (inclusive), each in [0, MAX_LAYERS) (checked before a
+    range is expanded)."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
         try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo < 0 or hi < lo:
-                    raise ValueError
-                out.extend(range(lo, hi + 1))
-            else:
-                value = int(part)
-                if value < 0:
-                    raise ValueError
-                out.append(value)
+            lo, hi = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part), int(part))
+            if lo < 0 or hi < lo or hi >= MAX_LAYERS:
+                raise ValueError
+            out.extend(range(lo, hi + 1))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected layers like 0,5,7 or 0-3, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected layers like 0,5,7 or 0-3, each in [0, {MAX_LAYERS}), "
+                                             f"got {text!r}") from None
     return sorted(set(out))
 
 
@@ -147,29 +246,47 @@ TOKEN_HOME_CHOICES = ("blocks", "round-robin")          # ... TOKEN_HOMES
 WEIGHT_CHOICES = ("once", "tiles", "l2", "none")        # moe_place.cost.gemm.WEIGHT_MODES
 
 
-def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of the layer-time model (`moe_place.cost.comm`), shared by `plan` and `evaluate`."""
+# the time model's defaults when neither the command line nor a plan names them (`time_model_defaults`)
+TIME_MODEL_DEFAULTS = {"dispatch": "deepep", "replica_choice": "sglang-static", "token_home": "blocks",
+                       "weights": "once"}
+
+
+def add_time_model_arguments(parser: argparse.ArgumentParser, from_plan: bool = False) -> None:
+    """Options of the layer-time model (`moe_place.cost.comm`), shared by `plan` and `evaluate`.
+    Their defaults are None (then `time_model_defaults`), so a command that reads a plan
+    (`from_plan`: evaluate) can tell an option given from one left to the plan's choice."""
+    plan = "the plan's, else " if from_plan else ""
     parser.add_argument("--topology", metavar="SPEC",
                         help="cluster, e.g. '4 nodes x 8 H100, NVLink 450 GB/s, 400 Gbit/s NIC per GPU' (default: "
-                             "the plan's nodes of H100s with NVLink 450 GB/s and one 400 Gbit/s NIC per GPU)")
-    parser.add_argument("--dispatch", choices=DISPATCH_CHOICES, default="deepep",
+                             f"{'the --topology the plan was made with, else ' if from_plan else ''}the plan's nodes "
+                             "of H100s with NVLink 450 GB/s and one 400 Gbit/s NIC per GPU)")
+    parser.add_argument("--dispatch", choices=DISPATCH_CHOICES, default=None,
                         help="deepep: one RDMA send per (token, remote node), NVLink fan-out inside the node; "
-                             "all-to-all: one send per (token, destination GPU) (default deepep)")
-    parser.add_argument("--replica-choice", choices=REPLICA_CHOICE_NAMES, default="sglang-static",
-                        help="which replica a (token, expert) pair uses: sglang-static (default: what SGLang does "
+                             f"all-to-all: one send per (token, destination GPU) (default: {plan}deepep)")
+    parser.add_argument("--replica-choice", choices=REPLICA_CHOICE_NAMES, default=None,
+                        help="which replica a (token, expert) pair uses: sglang-static (what SGLang does "
                              "with a plan from --init-expert-location: same GPU, same node, else a fair draw), vllm "
                              "(position modulo replicas), sglang-dynamic (uniform random), node-aware (ours: home "
-                             "GPU, home node, a node the token visits anyway, the least-loaded)")
-    parser.add_argument("--token-home", choices=TOKEN_HOME_CHOICES, default="blocks",
-                        help="where a step's tokens live: contiguous blocks per GPU or round-robin (default blocks)")
+                             f"GPU, home node, a node the token visits anyway, the least-loaded) (default: {plan}"
+                             "sglang-static)")
+    parser.add_argument("--token-home", choices=TOKEN_HOME_CHOICES, default=None,
+                        help="where a step's tokens live: contiguous blocks per GPU or round-robin "
+                             f"(default: {plan}blocks)")
     parser.add_argument("--model", metavar="PRESET",
-                        help="expert shape for row bytes and FLOPs (default: from the trace's model name), e.g. "
+                        help=f"expert shape for row bytes and FLOPs (default: {plan}from the trace's model name), e.g. "
                              "Qwen3-30B-A3B, DeepSeek-V3, Qwen3-235B-A22B, Mixtral-8x7B, OLMoE-1B-7B")
-    parser.add_argument("--weights", choices=WEIGHT_CHOICES, default="once",
-                        help="expert weight reads in the compute time: once (formula 1, default), tiles (formula 5, "
-                             "needs --block-m), l2, none")
+    parser.add_argument("--weights", choices=WEIGHT_CHOICES, default=None,
+                        help="expert weight reads in the compute time: once (formula 1), tiles (formula 5, "
+                             f"needs --block-m), l2, none (default: {plan}once)")
     parser.add_argument("--block-m", type=positive_int, metavar="M",
-                        help="GEMM tile height, with --weights tiles (default: none)")
+                        help=f"GEMM tile height, with --weights tiles (default: {plan}none)")
+
+
+def time_model_defaults(args: argparse.Namespace) -> None:
+    """Fill the time-model options still None with `TIME_MODEL_DEFAULTS` (in place)."""
+    for key, value in TIME_MODEL_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
 
 
 # ---------------------------------------------------------------------- redundancy sizing
@@ -184,6 +301,6 @@ def add_sizing_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-replica-bytes", type=positive_int, metavar="BYTES",
                        help="with --redundant auto: the most bytes per GPU the redundant experts may take "
                             "(default: no cap)")
-    group.add_argument("--plot", type=output_file, metavar="FILE.png",
+    group.add_argument("--plot", type=png_file, metavar="FILE.png",
                        help="with --redundant auto: also write a PNG of held-out busiest/mean and KV tokens lost "
                             "against R (default: none)")

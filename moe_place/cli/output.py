@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
+from moe_place.errors import InputError
 from moe_place.io import write_atomic
+
+
+def report_format(fmt: str | None, out: str | None) -> tuple[str, str]:
+    """(format, label for `emit`) of a table-or-JSON report: `--format` if given, else JSON for an
+    `--out` ending in `.json` (the label says it was the suffix), else the table. `--format table`
+    with a `.json` file is an InputError: the file would not be what its name says."""
+    is_json = out is not None and Path(out).suffix.lower() == ".json"
+    if fmt == "table" and is_json:
+        raise InputError("--out", "a file name not ending in .json for --format table (or --format json)", out)
+    if fmt is None and is_json:
+        return "json", "json (as its suffix says)"
+    return fmt or "table", fmt or "table"
 
 
 def emit(text: str, output: str | None, label: str) -> None:

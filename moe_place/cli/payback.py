@@ -11,8 +11,9 @@ import argparse
 import json
 import re
 
-from moe_place.cli.output import emit, wrote
-from moe_place.cli.options import int_list, output_file, positive_float, positive_int
+from moe_place.cli.output import emit, report_format, wrote
+from moe_place.cli.options import (add_out_argument, format_option, int_list, png_file, positive_float, positive_int,
+                                   report_file)
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS
 from moe_place.errors import InputError
@@ -67,10 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="report the net gain after these many batches (default 16,64)")
     parser.add_argument("--max-batches", type=positive_int, default=None, metavar="N",
                         help="curve length, at most 100,000 (default 64)")
-    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
-    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+    format_option(parser)
+    parser.add_argument("--plot", type=png_file, metavar="FILE.png",
                         help="also draw net gain vs batches per copy plan (PNG; default: none)")
-    parser.add_argument("--output", type=output_file, metavar="FILE", help="write the table/JSON to FILE (default: stdout)")
+    add_out_argument(parser, report_file, "FILE", "write the table/JSON to FILE", aliases=("--output",),
+                     default_text="stdout")
 
 
 def _command_line_scenario(args: argparse.Namespace) -> dict | None:
@@ -100,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.cost.report import format_report
     from moe_place.cost.scenario import load_scenario, payback_report, scenario_from_table
 
+    fmt, label = report_format(args.format, args.out)
     table = _command_line_scenario(args)
     if table is None:
         scenario = load_scenario(args.scenario)
@@ -112,12 +115,12 @@ def run(args: argparse.Namespace) -> int:
     curves = {case["name"]: [n * result["saving_per_batch_s"] - case["copy_time_s"] for n in batches]
               for case in result["cases"]}
     report = {"scenario": scenario.name, "payback": result}
-    if args.format == "json":
+    if fmt == "json":
         text = json.dumps({**report, "curve": {"batches": batches, "net_gain_s": curves}}, indent=1) + "\n"
     else:
         text = format_report(report)
     if args.plot:
         write_atomic(args.plot, render_payback_png(result))
         wrote("plot", args.plot)
-    emit(text, args.output, args.format)
+    emit(text, args.out, label)
     return 0

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import (add_sizing_arguments, add_time_model_arguments, add_trace_options, layer_selection,
-                                   non_negative_float, non_negative_int, output_file, positive_float, positive_int,
-                                   redundant_count)
-from moe_place.cli.output import print_report
+from moe_place.cli.options import (add_out_argument, add_sizing_arguments, add_time_model_arguments, add_trace_options,
+                                   jobs, json_file, layer_selection, non_negative_float, non_negative_int,
+                                   positive_float, positive_int, redundant_count, usable_cores)
+from moe_place.cli.output import print_report, wrote
 from moe_place.errors import InputError
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
@@ -48,7 +48,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool 
                         help="let a GPU hold two replicas of one expert, as DeepSeek EPLB may (EPLB's plan is then "
                              "a candidate on every layer, so no solver does worse than eplb; default: forbidden)")
     parser.add_argument("--layers", type=layer_selection, metavar="IDS", help="model layer ids to plan (default all)")
-    parser.add_argument("--jobs", type=positive_int, default=1, metavar="J", help="worker processes (default 1)")
+    parser.add_argument("--jobs", type=jobs, default=1, metavar="J",
+                        help=f"worker processes, at most the usable cores ({usable_cores()} here; default 1)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed for randomised choices (default 0)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
 
@@ -70,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --current: at most K slots change per layer (default: no cap)")
     parser.add_argument("--move-cost", type=non_negative_float, default=0.0, metavar="LOAD",
                         help="with --current: load units a moved slot must save (default 0)")
-    parser.add_argument("--out", type=output_file, required=True, metavar="PLAN.json", help="plan file to write")
+    add_out_argument(parser, json_file, "PLAN.json", "plan file to write (JSON)", required=True)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_sizing_arguments(parser)
 
@@ -99,10 +100,11 @@ def run(args: argparse.Namespace) -> int:
     objective = args.objective or ("time" if trace.is_token_level and args.nodes > 1 and sizing is None else "balance")
     options["objective"] = objective
     if objective == "time":
+        options["topology_spec"] = args.topology  # the --topology given (None: the default), for evaluate
         return plan_for_time(args, problem, trace, options)
     current = problem.current
     solution = solve(problem, args.solver, args.time_limit, args.jobs, progress=not args.no_progress)
-    for note in solution.notes:
+    for note in solution.notes + ((solution.cpsat_summary,) if solution.cpsat_summary else ()):
         print(f"plan: note: {note}", file=sys.stderr)
     rows = report_rows(problem, solution, args.split)
     report = {"objective": "balance", "solver": args.solver, "status": solution.status,
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
     if sizing is not None:
         report["sizing"] = sizing.to_dict()
-    budget_layers = None
+    budget_layers, budget = None, None
     if args.expert_memory_budget is not None:
         budget = allocate_budget(problem.planning_loads(), problem.num_gpus, args.expert_bytes,
                                  args.expert_memory_budget)
@@ -127,13 +129,33 @@ def run(args: argparse.Namespace) -> int:
                           "max_moved_slots": args.max_moved_slots, "move_cost": args.move_cost},
               "seed": args.seed}
     write_plan(args.out, PlanFile(solution.placement, problem.layer_ids, report, inputs, budget_layers))
-    print(f"wrote plan {args.out}", file=sys.stderr)
-    print_report(report, args.format, header=f"plan {args.trace}: {problem.num_layers} layers, "
-                 f"{problem.num_experts} experts, P = {problem.num_physical} on {problem.num_gpus} GPUs "
-                 f"({problem.slots_per_gpu} slots each), solver {args.solver}, split {args.split}")
+    wrote("plan", args.out)
+    header = (f"plan {args.trace}: {problem.num_layers} layers, {problem.num_experts} experts, P = "
+              f"{problem.num_physical} on {problem.num_gpus} GPUs ({problem.slots_per_gpu} slots each), solver "
+              f"{args.solver}, split {args.split}")
+    if budget is not None:  # the table is the evenly slotted plan engines run; the budget plan comes after it
+        header = (f"plan {args.trace}: {problem.num_layers} layers, {problem.num_experts} experts on "
+                  f"{problem.num_gpus} GPUs, budget mode ({args.expert_memory_budget:,} bytes of experts per GPU). "
+                  f"Engines need one slot count on every layer and run the even plan below, P = "
+                  f"{problem.num_physical} ({problem.slots_per_gpu} slots each), solver {args.solver}, split "
+                  f"{args.split}; the budget plan follows it")
+    print_report(report, args.format, header=header)
+    if budget is not None and args.format == "table":
+        print_budget_table(budget, problem.layer_ids)
     if sizing is not None and args.format == "table":
         sys.stdout.write("\n" + sizing.table())
     return 0
+
+
+def print_budget_table(budget, layer_ids) -> None:
+    """The per-layer plans of budget mode (the plan file's `budget` section) beside the even spread."""
+    lines = [f"budget plan (the plan's budget section): slots per GPU chosen per layer, {budget.gain:.1%} less summed "
+             "busiest-GPU load than the even spread",
+             f"{'layer':>6} {'slots/GPU':>9} {'max_gpu_load':>14} {'even: slots':>11} {'max_gpu_load':>14}"]
+    for layer, slots, load, even in zip(layer_ids, budget.slots_per_gpu, budget.max_load, budget.even_max_load):
+        lines.append(f"{layer:>6} {slots:>9} {load:>14.2f} {budget.even_slots_per_gpu:>11} {even:>14.2f}")
+    lines.append(f"sum of busiest-GPU loads {budget.total_max_load:.1f} (even spread {budget.even_total_max_load:.1f})")
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def _slot_summary(slots: tuple[int, ...]) -> str:

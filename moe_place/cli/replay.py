@@ -8,11 +8,14 @@ import argparse
 import json
 from pathlib import Path
 
-from moe_place.cli.options import (add_trace_options, layer_selection, non_negative_float, non_negative_int,
-                                   output_file, positive_float, positive_int, trace_load_options)
+from moe_place.cli.options import (add_out_argument, add_trace_options, json_file, layer_selection, non_negative_float,
+                                   non_negative_int, png_file, positive_float, positive_int, share_below_one,
+                                   trace_load_options)
+from moe_place.cli.output import wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS, infer_model_name
 from moe_place.errors import InputError
+from moe_place.interrupts import raise_if_interrupted
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.progress import ProgressBar
 
@@ -59,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="redundant slots per layer (default: one per GPU)")
     cluster.add_argument("--groups", type=positive_int, default=None,
                          help="expert groups (hierarchical planning when a multiple of --nodes; default: none)")
-    cluster.add_argument("--hardware", default="H100",
-                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])} (default H100)")
+    cluster.add_argument("--hardware", default="H100-SXM",
+                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])}, or an alias such as H100 "
+                              "(default H100-SXM)")
     cluster.add_argument("--model", default=None,
                          help=f"expert shape preset for time and copy size: one of {', '.join(PRESETS)} "
                               "(default: from the trace, else Qwen3-30B-A3B)")
@@ -71,9 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--layers", type=layer_selection, default=None,
                          help="trace layer positions, e.g. 0-3 (default: all)")
     ours = parser.add_argument_group("ours (moe_place.online.policy.RebalanceRule)")
-    ours.add_argument("--min-gain", type=non_negative_float, default=0.005,
+    ours.add_argument("--min-gain", type=share_below_one, default=0.005,
                       help="a layer moves only when its busiest GPU drops by more than this share of the mean GPU "
-                           "load (default 0.005)")
+                           "load, in [0, 1) (default 0.005: 0.5%%)")
     ours.add_argument("--noise-margin", type=non_negative_float, default=2.0,
                       help="... and by more than this many times the measured noise floor (default 2)")
     ours.add_argument("--max-moved-slots", type=non_negative_int, default=None,
@@ -82,8 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a cap on MiB copied per call, e.g. the engine's move buffer (default: none)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
-    parser.add_argument("--out", type=output_file, metavar="FILE", help="also write the JSON result to FILE (default: none)")
-    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+    add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
+    parser.add_argument("--plot", type=png_file, metavar="FILE.png",
                         help="also write a PNG: per-step balancedness and cumulative time (default: none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -142,10 +146,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         start = initial_map(layers, experts, physical, args.gpus, args.nodes)
     bar = None if args.no_progress else ProgressBar(steps, f"replay {controller.name}", "steps")
-    result = replay(counts, controller, cost, start, drain_steps=args.drain_steps,
-                    on_step=None if bar is None else lambda _: bar.advance(), layer_per_step=cadence.layer_per_step)
-    if bar is not None:
-        bar.close()
+
+    def after_step(_step: int) -> None:
+        raise_if_interrupted()  # between steps, also when an interrupt was swallowed inside one
+        if bar is not None:
+            bar.advance()
+
+    try:
+        result = replay(counts, controller, cost, start, drain_steps=args.drain_steps, on_step=after_step,
+                        layer_per_step=cadence.layer_per_step)
+    finally:  # also when interrupted: the message that follows starts on its own line
+        if bar is not None:
+            bar.close()
     doc = {**result.to_json(per_step=not args.no_per_step), "trace": source, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "hardware": cost.gpu.name,
            "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": schedule,
@@ -153,9 +165,11 @@ def run(args: argparse.Namespace) -> int:
            "window": cadence.window_size, "start": args.start}
     if args.out:
         write_json_atomic(args.out, doc)
+        wrote("json", args.out)
     if args.plot:
         title = f"{args.synthetic or Path(args.trace).name}, {args.gpus} GPUs"
         write_atomic(args.plot, render_replay_png([(title, {controller.name: result})]))
+        wrote("plot", args.plot)
     if args.format == "json":
         print(json.dumps(doc))
         return 0

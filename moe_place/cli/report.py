@@ -13,7 +13,8 @@ HELP = "Markdown report and PNG plots from microbenchmark result JSONs (predicte
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="+", help="result JSON files from bench/microbench.py --output-json")
+    parser.add_argument("results", nargs="+",
+                        help="result JSON files of `moe-place bench --out FILE.json` (or bash bench/gpu_check.sh)")
     parser.add_argument("--out", type=output_dir, default="report",
                         help="folder for report.md and the PNGs, created if missing (default: ./report)")
     parser.add_argument("--no-plots", action="store_true", help="markdown only")

@@ -11,7 +11,7 @@ import argparse
 
 import numpy as np
 
-from moe_place.cli.options import trace_load_options
+from moe_place.cli.options import time_model_defaults, trace_load_options
 from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, default_topology, layer_cost
 from moe_place.cost.models import PRESETS, get_model, infer_model_name
 from moe_place.cost.topology import parse_topology_spec
@@ -116,6 +116,7 @@ def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int
     Returns None when no expert shape is known (no --model and a trace model name that names no
     preset) and `required` is False; InputError naming --model when it is True.
     """
+    time_model_defaults(args)
     name = args.model or infer_model_name(trace_model)
     if name is None:
         if required:
@@ -135,6 +136,27 @@ def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int
         raise InputError("--block-m", "a tile height with --weights tiles", "nothing")
     return CommModel(topology, model, dispatch=args.dispatch, replica_choice=args.replica_choice,
                      token_home=args.token_home, weights=args.weights, block_m=args.block_m, seed=seed)
+
+
+# what `evaluate` takes from a plan's recorded inputs when its command line does not say: the option's
+# attribute and the key of `inputs.options` (the seed is `inputs.seed`)
+PLAN_OPTIONS = (("split", "split"), ("model", "model"), ("topology", "topology_spec"), ("dispatch", "dispatch"),
+                ("replica_choice", "replica_choice"), ("token_home", "token_home"), ("weights", "weights"),
+                ("block_m", "block_m"))
+
+
+def options_from_plan(args: argparse.Namespace, plan) -> dict:
+    """Set the options the command line left unset (None) to the values the plan recorded (in place);
+    returns {option: value} of those taken, for the command to say which it used."""
+    recorded = dict(plan.inputs.get("options") or {})
+    recorded["seed"] = plan.inputs.get("seed")
+    taken = {}
+    for attribute, key in PLAN_OPTIONS + (("seed", "seed"),):
+        value = recorded.get(key)
+        if getattr(args, attribute, None) is None and value is not None:
+            setattr(args, attribute, value)
+            taken[attribute] = value
+    return taken
 
 
 def time_figures(placement, trace, model) -> tuple[list[dict], dict]:

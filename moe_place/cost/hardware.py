@@ -36,7 +36,7 @@ from pathlib import Path
 
 from moe_place.cost.files import get_number, read_table_file
 from moe_place.cost.units import GB_BYTES, TFLOPS, gb_per_s, gbit_per_s
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 
 DEFAULT_EFFICIENCY = 0.5
 
@@ -234,6 +234,14 @@ class Catalog:
         return Catalog(keep + other.parts, aliases)
 
 
+PART_KEYS = {  # the figures a part of each kind may have (what _parse_part reads)
+    "gpu": ("bf16_tflops", "fp8_tflops", "hbm_gb_per_s", "memory_gb", "nvlink_gb_per_s", "pcie_gb_per_s",
+            "efficiency", "notes", "aliases"),
+    "cpu": ("tflops", "local_gb_per_s", "remote_gb_per_s", "memory_gb", "efficiency", "notes", "aliases"),
+    "nic": ("gbit_per_s", "messages_per_s", "notes", "aliases"),
+}
+
+
 def parse_parts(table: dict, where: str = "parts") -> Catalog:
     """Build a catalog from the user-file schema (see the module docstring)."""
     parts: list[Part] = []
@@ -247,6 +255,7 @@ def parse_parts(table: dict, where: str = "parts") -> Catalog:
             here = f"{where}: {kind}.{name}"
             if not isinstance(entry, dict):
                 raise InputError(here, "a table of figures", type(entry).__name__)
+            check_keys(entry, PART_KEYS[kind], here)
             parts.append(_parse_part(kind, name, entry, here))
             for alias in entry.get("aliases", ()):
                 aliases.append((str(alias), name))

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from moe_place.cost.files import get_number
 from moe_place.cost.units import BYTES_PER_DTYPE
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 
 
 @dataclass(frozen=True)
@@ -213,9 +213,7 @@ def model_from_table(table: dict, where: str = "model") -> ExpertShape:
     """
     known = {"preset", "name", "hidden", "intermediate", "num_experts", "top_k", "num_moe_layers", "matrices",
              "dtype", "dtype_bytes", "activation_dtype", "activation_bytes"}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise InputError(f"{where}.{unknown[0]}", f"one of the keys {sorted(known)}")
+    check_keys(table, known, where)
     base = get_model(table["preset"]).__dict__ if "preset" in table else {"name": table.get("name", "custom")}
     fields = dict(base)
     for key in ("hidden", "intermediate", "num_experts", "top_k", "num_moe_layers", "matrices"):

@@ -19,7 +19,7 @@ from moe_place.cost.migration import Copy
 from moe_place.cost.payback import payback
 from moe_place.cost.topology import Topology, topology_from_table
 from moe_place.cost.units import BYTES_PER_DTYPE, GIB_BYTES, MIB_BYTES, GB_BYTES, gb_per_s
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 from moe_place.planfile import read_plan
 from moe_place.traces.load import load_trace
 
@@ -59,6 +59,22 @@ name = "..."                      # optional label
 
 SECTIONS = ("name", "spec_row", "hardware", "topology", "model", "workload", "pipeline", "payback", "offload",
             "capacity", "nic", "pool")
+# every key each section reads (SCHEMA above); any other key is an error naming the closest of these,
+# so that a misspelled key never leaves its default in force ([model] and [topology]: their own readers)
+SECTION_KEYS = {
+    "hardware": ("parts_file", "efficiency"),
+    "workload": ("dispatch", "sources", "groups", "rows_per_expert", "gpus", "trace", "plan", "layer", "step",
+                 "token_layout", "traffic", "replica_choice", "tokens", "weights", "block_m", "block_n", "pad_empty",
+                 "dispatch_dtype", "combine_dtype", "dispatch_bytes", "combine_bytes", "flops_per_dispatch"),
+    "pipeline": ("micro_batches", "breakeven"),
+    "payback": ("rows_after", "gpus_after", "saving_per_batch_ms", "cases", "copy_from", "copy_to", "copies",
+                "alpha_us", "mode", "free_mib", "copy_bytes", "batches", "max_batches"),
+    "offload": ("cpu", "kernels", "socket", "gpu", "link_gb_per_s", "alpha_us", "rows", "experts"),
+    "capacity": ("replica_layers", "resident_per_layer", "gpu_memory_gb"),
+    "nic": ("nic", "gbit_per_s", "messages_per_s", "message_bytes"),
+    "pool": ("rate_batches_per_s",),
+}
+CASE_KEYS = ("name", "copy_from", "copy_to", "copies")  # [[payback.cases]]
 
 
 @dataclass(frozen=True)
@@ -99,9 +115,15 @@ def load_scenario(path: str | Path) -> Scenario:
 def scenario_from_table(data: dict, path: str | Path = "scenario") -> Scenario:
     """A scenario from its parsed table; `path` names it in errors and anchors relative file names."""
     path = Path(path)
-    unknown = sorted(set(data) - set(SECTIONS))
-    if unknown:
-        raise InputError(f"{path}: {unknown[0]}", f"one of the sections {list(SECTIONS)}")
+    check_keys(data, SECTIONS, f"{path}:")
+    for section, known in SECTION_KEYS.items():
+        if section in data:
+            if not isinstance(data[section], dict):
+                raise InputError(f"{path}: [{section}]", "a table", type(data[section]).__name__)
+            check_keys(data[section], known, f"{path}: {section}")
+    for i, case in enumerate(data.get("payback", {}).get("cases") or []):
+        if isinstance(case, dict):
+            check_keys(case, CASE_KEYS, f"{path}: payback.cases[{i}]")
     hardware = data.get("hardware", {})
     parts = hardware.get("parts_file")
     catalog = load_catalog(path.parent / parts if parts else None)
@@ -131,6 +153,7 @@ class Workload:
     rows_per_gpu: tuple[np.ndarray, ...]
     a_full: np.ndarray | None
     groups: tuple[int, ...] = ()
+    from_plan: tuple[tuple[str, str], ...] = ()  # (workload key, value) taken from the plan's recorded options
 
 
 def build_workload(sc: Scenario, table: dict | None = None, where: str = "workload") -> Workload:
@@ -141,8 +164,9 @@ def build_workload(sc: Scenario, table: dict | None = None, where: str = "worklo
         raise InputError(here, "either trace + plan, or dispatch and/or rows_per_expert",
                          sorted(k for k in ("dispatch", "rows_per_expert", "trace") if k in table) or "none")
     a_full = None
+    from_plan: tuple = ()
     if "trace" in table:
-        rows_per_gpu, a_full, groups = _trace_workload(sc, table, here, topo)
+        rows_per_gpu, a_full, groups, from_plan = _trace_workload(sc, table, here, topo)
     else:
         rows = [np.zeros(0)] * topo.num_gpus
         if "dispatch" in table:
@@ -177,14 +201,16 @@ def build_workload(sc: Scenario, table: dict | None = None, where: str = "worklo
         expected = tokens * sc.model.top_k
         if abs(total - expected) > 1e-6 * max(expected, 1):
             raise InputError(f"{here}.tokens", f"rows summing to tokens x top_k = {expected:g} dispatches", f"{total:g}")
-    return Workload(rows_per_gpu, a_full, tuple(groups))
+    return Workload(rows_per_gpu, a_full, tuple(groups), from_plan)
 
 
 def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
     if "plan" not in table:
         raise InputError(f"{here}.plan", "a plan file next to the trace", "nothing")
     plan_path = sc.resolve(str(table["plan"]))
-    placement = read_plan(plan_path).placement  # checked: version, keys, shapes, log2phy/logcnt agree
+    plan = read_plan(plan_path)  # checked: version, keys, shapes, log2phy/logcnt agree
+    placement = plan.placement
+    table, from_plan = _with_plan_options(table, plan)
     if placement.num_gpus > topo.num_gpus:
         raise InputError(f"{plan_path}: num_gpus", f"at most the topology's {topo.num_gpus} GPUs", placement.num_gpus)
     trace = load_trace(sc.resolve(str(table["trace"])))
@@ -202,7 +228,7 @@ def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
     if style not in ("per-dispatch",) + comm.DISPATCH_STYLES:
         raise InputError(f"{here}.traffic", f"one of per-dispatch, {', '.join(comm.DISPATCH_STYLES)}", repr(style))
     if style != "per-dispatch":
-        return _comm_workload(trace, placement, table, here, topo, sources, layer, step, style)
+        return (*_comm_workload(trace, placement, table, here, topo, sources, layer, step, style), from_plan)
     if "replica_choice" in table:
         raise InputError(f"{here}.replica_choice", "traffic = \"deepep\" or \"all-to-all\" with it")
     if trace.is_token_level:
@@ -217,7 +243,21 @@ def _trace_workload(sc: Scenario, table: dict, here: str, topo: Topology):
     rows = [np.zeros(0)] * topo.num_gpus
     for g in range(placement.num_gpus):
         rows[g] = per_slot[g * placement.slots_per_gpu:(g + 1) * placement.slots_per_gpu]
-    return tuple(rows), a_full, list(range(placement.num_gpus))
+    return tuple(rows), a_full, list(range(placement.num_gpus)), from_plan
+
+
+# [workload] keys a plan made for the layer time (`plan --objective time`) decides when the scenario
+# leaves them out: the scenario key and the key of the plan's `inputs.options`
+PLAN_WORKLOAD_KEYS = (("traffic", "dispatch"), ("replica_choice", "replica_choice"), ("token_layout", "token_home"))
+
+
+def _with_plan_options(table: dict, plan) -> tuple[dict, tuple[tuple[str, str], ...]]:
+    """The [workload] table with the traffic model the plan was made for, where the table does not say
+    (the table wins); and the (key, value) pairs so taken, which `predict` reports."""
+    recorded = plan.inputs.get("options") or {}
+    taken = tuple((key, str(recorded[option])) for key, option in PLAN_WORKLOAD_KEYS
+                  if key not in table and recorded.get(option) is not None)
+    return {**table, **dict(taken)}, taken
 
 
 def _comm_workload(trace, placement, table: dict, here: str, topo: Topology, sources: list[int], layer: int, step: int,
@@ -332,6 +372,8 @@ def predict(sc: Scenario) -> dict:
         table = sc.section("workload")
         here = f"{sc.path}: workload"
         workload = build_workload(sc, table)
+        if workload.from_plan:
+            report["workload_from_plan"] = dict(workload.from_plan)
         layer = compute_layer(sc, workload, table, here)
         busiest = layer.per_gpu[layer.busiest_gpu]
         rows = np.array([w.valid_rows for w in layer.per_gpu])

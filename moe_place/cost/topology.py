@@ -28,7 +28,7 @@ import numpy as np
 from moe_place.cost.files import get_number, read_table_file
 from moe_place.cost.hardware import Catalog, GpuSpec, builtin_catalog
 from moe_place.cost.units import GB_BYTES, gb_per_s, gbit_per_s
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 
 Edge = tuple[str, str]
 
@@ -367,17 +367,20 @@ def topology_from_table(table: dict, catalog: Catalog | None = None, where: str 
     `links = [{from, to, gb_per_s}]` to set single link directions (see `with_link_overrides`).
     """
     catalog = catalog or builtin_catalog()
+    known = {"gpu", "nodes", "gpus_per_node", "nvlink_gb_per_s", "nic_gbit_per_s", "nic_gb_per_s",
+             "inter_node_gb_per_s", "pcie_gb_per_s", "host_pcie_gb_per_s", "links", "spec", "file"}
+    check_keys(table, known, where)
+    for form, allowed in (("file", {"file"}), ("spec", {"spec", "links"})):
+        extra = sorted(set(table) - allowed)
+        if form in table and extra:  # the spec or file names the whole cluster: another key would be ignored
+            raise InputError(f"{where}.{extra[0]}", f"no other key beside {form} (it names the whole cluster)",
+                             f"{extra[0]} and {form}")
     if "file" in table:
         data = read_table_file(table["file"])
         return topology_from_table(data.get("topology", data), catalog, str(table["file"]))
     links = table.get("links", [])
     if "spec" in table:
         return with_link_overrides(parse_topology_spec(str(table["spec"]), catalog), links, where)
-    known = {"gpu", "nodes", "gpus_per_node", "nvlink_gb_per_s", "nic_gbit_per_s", "nic_gb_per_s",
-             "inter_node_gb_per_s", "pcie_gb_per_s", "host_pcie_gb_per_s", "links"}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise InputError(f"{where}.{unknown[0]}", f"'spec', 'file' or one of {sorted(known)}")
     if "gpu" not in table:
         raise InputError(f"{where}.gpu", "a GPU part name", "nothing")
     gpu = catalog.gpu(str(table["gpu"]))
@@ -409,6 +412,7 @@ def with_link_overrides(topology: Topology, links: list, where: str = "topology"
         here = f"{where}.links[{i}]"
         if not isinstance(link, dict) or "from" not in link or "to" not in link:
             raise InputError(here, "a table with from, to and gb_per_s (or gbit_per_s)", repr(link))
+        check_keys(link, ("from", "to", "gb_per_s", "gbit_per_s"), here)
         u, v = str(link["from"]), str(link["to"])
         if not graph.has_edge(u, v):
             raise InputError(here, "an existing link direction (nodes like gpu0, nvswitch0, nic0, leaf0, spine, "

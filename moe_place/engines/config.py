@@ -25,7 +25,6 @@ An environment variable set to "none" clears a cap the file sets.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any, Mapping
 from moe_place.cost.files import read_table_file
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS
 from moe_place.cost.models import ExpertShape, get_model, model_from_table
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 from moe_place.online.costing import cluster_cost
 from moe_place.online.policy import RebalanceRule
 
@@ -124,10 +123,5 @@ def load_engine_config(environ: Mapping[str, str] | None = None) -> EngineConfig
 
 def _read_file(path: Path) -> dict:
     data = read_table_file(path)
-    known = {f.name for f in fields(EngineConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise InputError(f"{path}: {unknown[0]}", f"one of the keys {', '.join(sorted(known))}{hint}")
+    check_keys(data, {f.name for f in fields(EngineConfig)}, f"{path}:")
     return data

@@ -19,10 +19,12 @@ def render_replay_png(runs: Sequence[tuple[str, dict[str, ReplayResult]]], dpi: 
     axes = fig.subplots(len(runs), 2, squeeze=False)
     for row, (title, results) in enumerate(runs):
         for name, r in results.items():
-            window = min(SMOOTH_STEPS, max(r.steps, 1))
+            # a quarter of a short trace at most: a 3-step replay still draws 3 points, not 1
+            window = max(1, min(SMOOTH_STEPS, r.steps // 4))
             smooth = np.convolve(r.balancedness, np.ones(window) / window, mode="valid")
-            axes[row, 0].plot(np.arange(window - 1, r.steps), smooth, label=name, lw=1)  # mean of the steps up to x
-            axes[row, 1].plot(r.cumulative_time_s(), label=name, lw=1)
+            marker = "." if r.steps <= 100 else None  # few points: show each one
+            axes[row, 0].plot(np.arange(window - 1, r.steps), smooth, label=name, lw=1, marker=marker)
+            axes[row, 1].plot(r.cumulative_time_s(), label=name, lw=1, marker=marker)
             for step in r.rebalance_steps if name.endswith("-default") else ():
                 axes[row, 0].axvline(step, color="grey", lw=0.5, ls=":")
         axes[row, 0].set(title=f"{title}: balancedness ({window}-step mean)", xlabel="step",

@@ -206,7 +206,7 @@ class RebalanceRule:
         layers = sorted(v.layer for v in chosen)
         rows[layers] = fresh.phy2log[layers]
         new = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
-                        allow_colocated=current.allow_colocated)
+                        allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
         return Decision(new, tuple(layers), sum(v.saving_s for v in chosen),
                         float(min(v.horizon_steps for v in chosen)), sum(v.charge_s for v in chosen))
 

@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from moe_place.eplb import plan_placement
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 from moe_place.online.controller import Controller, StaticController
 from moe_place.online.costing import ReplayCost
 from moe_place.online.switch import MapSwitch
@@ -268,6 +268,10 @@ def _check_synthetic(params: dict, where: str) -> None:
     if cells > MAX_SYNTHETIC_CELLS:
         raise InputError(f"{where} steps x layers x experts", f"at most {MAX_SYNTHETIC_CELLS:,} counts in memory",
                          f"{cells:,}")
+    weights = params["domains"] * params["layers"] * params["experts"]  # each domain's expert weights
+    if weights > MAX_SYNTHETIC_CELLS:
+        raise InputError(f"{where} domains x layers x experts", f"at most {MAX_SYNTHETIC_CELLS:,} weights in memory",
+                         f"{weights:,}")
 
 
 def parse_synthetic(spec: str, where: str = "--synthetic") -> tuple[np.ndarray, dict]:
@@ -301,8 +305,9 @@ def parse_synthetic(spec: str, where: str = "--synthetic") -> tuple[np.ndarray, 
         if item.startswith("preset="):
             continue
         key, eq, value = item.partition("=")
-        if not eq or key not in params:
+        if not eq:
             raise InputError(where, f"key=value pairs with keys among {', '.join(params)}", repr(item))
+        check_keys({key: value}, params, f"{where}:")
         kind_name = "a number" if isinstance(params[key], float) else "an integer"
         try:
             params[key] = type(params[key])(value) if not isinstance(params[key], float) else float(value)

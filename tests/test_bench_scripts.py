@@ -1,0 +1,82 @@
+"""Every benchmark script starts (`--help`), never overwrites an existing record unless `--force`,
+and a failing benchmark says why on stderr. The scripts are run as a user runs them (subprocesses
+from the repository root), so a broken import shows here and not only when someone benchmarks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PY_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+SH_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.sh"))
+# scripts without the shared record options, with the reason
+OWN_OUTPUT_OPTIONS = {"bench_comm.py": "owned by another session this round: only its import was fixed",
+                      "check_sglang_kt_stats.py": "a check: it writes no file"}
+
+
+def _run(*argv, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_bench_folder_has_the_scripts_the_readme_names():
+    assert {"bench_comm.py", "bench_plan_quality.py", "bench_replay.py", "bench_scale.py",
+            "bench_trace_throughput.py", "bench_windows.py", "gemm_configs.py", "microbench.py"} <= set(PY_SCRIPTS)
+    assert SH_SCRIPTS == ["gpu_check.sh"]
+
+
+@pytest.mark.parametrize("script", PY_SCRIPTS)
+def test_every_python_bench_script_starts(script):
+    done = _run(sys.executable, ROOT / "bench" / script, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage:") and done.stderr == ""
+
+
+@pytest.mark.parametrize("script", SH_SCRIPTS)
+def test_every_shell_bench_script_starts(script):
+    done = _run("bash", ROOT / "bench" / script, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "--dry-run" in done.stdout
+
+
+@pytest.mark.parametrize("script", [s for s in PY_SCRIPTS if s not in OWN_OUTPUT_OPTIONS])
+@pytest.mark.parametrize("flag", ["--out", "--output-json"])
+def test_an_existing_record_is_kept_unless_forced(tmp_path, script, flag):
+    record = tmp_path / "record.json"
+    record.write_text('{"committed": true}\n')
+    done = _run(sys.executable, ROOT / "bench" / script, flag, record)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.splitlines()[-1]  # after argparse's usage lines where a script uses parser.error
+    assert str(record) in last and "--force" in last and "Traceback" not in done.stderr, done.stderr
+    assert record.read_text() == '{"committed": true}\n'
+    assert done.stdout == ""  # refused before any work
+
+
+def test_an_existing_plot_is_kept_unless_forced(tmp_path):
+    plot = tmp_path / "replay.png"
+    plot.write_bytes(b"committed")
+    done = _run(sys.executable, ROOT / "bench" / "bench_replay.py", "--plot", plot)
+    assert done.returncode == 2 and "--plot" in done.stderr and "--force" in done.stderr
+    assert plot.read_bytes() == b"committed"
+
+
+def test_force_overwrites_and_a_missed_target_says_which(tmp_path):
+    """A short replay (300 steps) misses a target: the script exits 1 and its last lines say which."""
+    record = tmp_path / "replay.json"
+    record.write_text("{}")
+    done = _run(sys.executable, ROOT / "bench" / "bench_replay.py", "--steps", "300", "--scenarios", "1x8-qwen3-30b",
+                "--engines", "vllm", "--starts", "engine", "--out", record, "--force")
+    assert done.returncode == 1
+    assert "NOT MET" in done.stdout.splitlines()[-1]
+    assert '"runs"' in record.read_text()
+
+
+def test_moe_place_bench_keeps_an_existing_record(tmp_path):
+    record = tmp_path / "run.json"
+    record.write_text("{}")
+    done = _run(sys.executable, "-m", "moe_place.cli.main", "bench", "--dry-run", "--out", record)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "--force" in done.stderr
+    assert record.read_text() == "{}"
