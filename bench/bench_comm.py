@@ -1,27 +1,35 @@
-"""Does planning for the layer time pay at multi-node EP? Predicted MoE layer time (dispatch + compute
-+ combine, `moe_place.cost.comm`) of the bundled real Qwen3-30B-A3B trace, in and out of sample.
+"""Does planning for the layer time pay at multi-node EP, and does it hold on every part of the model?
+Predicted MoE layer time (dispatch + compute + combine, `moe_place.cost.comm`) of the bundled real
+Qwen3-30B-A3B trace, in and out of sample.
 
 Cases: EP32 on 4 nodes x 8 H100 with R = 0 and R = 32 redundant experts, EP64 on 8 x 8 with
 R = 64; the default model of `moe-place plan --objective time` (DeepEP dispatch, SGLang's static
 replica choice, tokens in blocks, NVLink 450 GB/s, one 400 Gbit/s NIC per GPU, weights read once).
 Samples: `in` (plan on the three recorded batches, judge on the same three) and leave-one-batch-out
-`hold k` (plan on the two others, judge on batch k). Methods:
+`hold k` (plan on the two others, judge on batch k; the planner never sees batch k). Methods:
 - `contiguous`: the engines' default placement (redundant slots wrap around to experts 0, 1, ...);
 - `eplb`: DeepSeek EPLB's global policy (the hierarchical one needs expert groups; Qwen3 has none);
 - `eplb-hier`: EPLB's hierarchical policy with one expert group per node (contiguous blocks of E/N);
 - `fast`: our balance-only plan (`--objective balance --solver fast`);
-- `time`: `--objective time` (`moe_place.solvers.comm.plan_time`: nodes start from Louvain
-  communities of the networkx co-activation graph, strength chosen on held-out windows of the
-  training batches, guarded against the balance-only plan);
+- `time`: `--objective time` (`moe_place.solvers.comm.plan_time`: nodes from Louvain communities
+  of the networkx co-activation graph held to the balance-only plan's node loads, co-activated
+  experts spread over a node's GPUs, a layer grouped only if its dispatch + combine beat the
+  balance-only plan's on every held-out window of the training batches);
+- `time-layer`: the same with the guard judging the whole layer time on the windows, compute too;
 - `time-bal`: the same from the grouping-free balanced node split instead of the communities;
-- `grouped`: the same planner with every layer grouped at the largest strength and no hold-out or
-  guard: what grouping for the training tokens does when nothing holds it back.
+- `ungated`: `time`'s plan on every layer, without the guard (`strength=0`);
+- `grouped`: every layer grouped at the largest strength of the search, no guard: what grouping for
+  the training tokens does when nothing holds it back.
 Columns: distinct nodes per token, RDMA GB (dispatch phase), busiest/mean GPU rows (per step,
 averaged), busiest/mean NIC (dispatch time over the time the mean NIC needs), predicted layer time
-(ms, summed over 48 layers and the judged batches) and its dispatch/compute/combine parts.
-Targets (issue): in sample `time` at least 15% below the best of contiguous, eplb and fast with RDMA
-at least 30% below eplb's; out of sample (mean over folds) at least 5% below the best, and never
-above fast's on a fold. Plan time of 48 layers at EP32 on 2 cores: `moe-place plan` timed end to end.
+(ms, summed over the layers and the judged batches) and its dispatch/compute/combine parts.
+Subsets: `SUBSETS` seeded random sets of `SUBSET_LAYERS` layers; for each and each held-out batch,
+a method's layer time over fast's, summed over the subset's layers (every plan here is made layer
+by layer: `check_subsets` plans some subsets alone and checks the rows are the whole model's).
+Targets (issue): held out, `time`/`fast` at most 1.00 on 95% of the subset-fold pairs and at most
+1.01 on every pair; over all layers, the mean over folds at most 0.97 at EP32+32 and 0.95 at
+EP64+64. `eplb`/`fast` over the same pairs is the chance between two balance-only plans.
+Plan time of 48 layers at EP32 on 2 cores: `moe-place plan` timed end to end.
 
     python bench/bench_comm.py [--layers 48] [--output-json bench/results/comm.json] [--plot bench/results/comm.png]
     python bench/bench_comm.py --timing-only [--output-json FILE]   # just the end-to-end plan times
@@ -45,19 +53,25 @@ from moe_place.io import write_atomic, write_json_atomic
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
-from moe_place.solvers.comm import STRENGTHS, plan_time
+from moe_place.solvers.comm import GROUP_STRENGTH, STRENGTHS, guard, plan_time
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
 
 CASES = ((32, 4, 0), (32, 4, 32), (64, 8, 64))
-METHODS = ("contiguous", "eplb", "eplb-hier", "fast", "time", "time-bal", "grouped")
+METHODS = ("contiguous", "eplb", "eplb-hier", "fast", "time", "time-layer", "time-bal", "ungated", "grouped")
 BASELINES = ("contiguous", "eplb", "fast")   # the issue's "best of"
 PARTS = ("dispatch_s", "compute_s", "combine_s")
+SUBSETS, SUBSET_LAYERS, SUBSET_SEED = 50, 4, 0
+SUBSET_METHODS = ("time", "time-layer", "ungated", "grouped", "eplb")   # each over fast, per subset and fold
+CHECKED_SUBSETS = 2                                        # per case and sample: planned alone, rows compared
+MEAN_TARGETS = {(32, 32): 0.97, (64, 64): 0.95}            # time/fast over all layers, mean over folds
 
 
-def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model: CommModel) -> dict:
-    """{method: (phy2log [L, P], plan seconds, extra)} for one case and training sample."""
+def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model: CommModel,
+          layer_ids: list[int]) -> dict:
+    """{method: (phy2log [L, P], plan seconds, extra)} for one case and training sample (layers: the model's
+    `layer_ids`)."""
     layers, experts = train[0].shape[1], 128
     loads = np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=experts) for s in train)
                       for i in range(layers)]).astype(np.float64)
@@ -69,23 +83,34 @@ def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model:
     out["eplb"] = (eplb_rebalance(loads, physical, 1, nodes, gpus), time.perf_counter() - start, {})
     start = time.perf_counter()
     out["eplb-hier"] = (eplb_rebalance(loads, physical, nodes, nodes, gpus), time.perf_counter() - start, {})
-    problem = PlacementProblem(loads, gpus, physical, num_nodes=nodes)
+    problem = PlacementProblem(loads, gpus, physical, num_nodes=nodes, layer_ids=tuple(layer_ids))
     start = time.perf_counter()
     out["fast"] = (solve(problem, "fast").placement.phy2log, time.perf_counter() - start, {})
+    results = {}
     for method, strength, begin in (("time", None, "communities"), ("time-bal", None, "balanced"),
+                                    ("ungated", GROUP_STRENGTH, "communities"),
                                     ("grouped", max(STRENGTHS), "communities")):
         start = time.perf_counter()
-        result = plan_time(problem, train, model, strength=strength, start=begin)
+        results[method] = result = plan_time(problem, train, model, strength=strength, start=begin)
         extra = {"strength": result.strength, "layers_grouped": sum(x.choice == "grouped" for x in result.layers),
                  "cv_held_out_s": result.cv, "lower_bound_s": sum(x.lower_bound_s for x in result.layers),
                  "predicted_train_s": sum(x.predicted_s for x in result.layers)}
         out[method] = (result.placement.phy2log, time.perf_counter() - start, extra)
+    # time's grouped layers are ungated's rows, the others fast's (each layer is planned alone), so judging
+    # the whole layer time on the same windows instead of dispatch + combine picks among the same rows
+    for i, layer in enumerate(results["time"].layers):
+        assert np.array_equal(layer.phy2log, out["ungated" if layer.choice == "grouped" else "fast"][0][i])
+    judged = [guard(layer.windows, layer.balance_windows, judge="layer") for layer in results["time"].layers]
+    rows = np.stack([out["ungated" if judged[i] else "fast"][0][i] for i in range(layers)])
+    out["time-layer"] = (rows, out["time"][1], {"layers_grouped": int(sum(judged))})
     return out
 
 
-def judge(phy2log: np.ndarray, test: list[np.ndarray], gpus: int, nodes: int, model: CommModel) -> dict:
-    """The figures of one plan on the judged batches, summed (or averaged) over layers."""
-    costs = [layer_cost(model, [s[:, i, :] for s in test], SlotTable(phy2log[i], gpus, nodes, 128), i)
+def judge(phy2log: np.ndarray, test: list[np.ndarray], gpus: int, nodes: int, model: CommModel,
+          layer_ids: list[int]) -> dict:
+    """The figures of one plan on the judged batches, summed (or averaged) over layers (each seeded by its
+    id in the model, as `moe-place evaluate` does)."""
+    costs = [layer_cost(model, [s[:, i, :] for s in test], SlotTable(phy2log[i], gpus, nodes, 128), layer_ids[i])
              for i in range(phy2log.shape[0])]
     nic = min(d["capacity"] for _, _, d in model.topology.graph.edges(data=True) if d["kind"] == "nic")
     rdma = sum(c.rdma_bytes for c in costs)
@@ -95,26 +120,76 @@ def judge(phy2log: np.ndarray, test: list[np.ndarray], gpus: int, nodes: int, mo
             "busiest_over_mean_gpu_rows": float(np.mean([c.busiest_rows / c.mean_rows for c in costs])),
             "busiest_over_mean_nic": sum(c.dispatch_s for c in costs) / mean_nic_s if mean_nic_s else 0.0,
             **{part: sum(getattr(c, part) for c in costs) for part in PARTS},
-            "layer_time_s": sum(c.layer_time_s for c in costs)}
+            "layer_time_s": sum(c.layer_time_s for c in costs),
+            "layer_times_s": [c.layer_time_s for c in costs]}
 
 
-def run(steps: list[np.ndarray], layers: list[int]) -> list[dict]:
-    rows = []
+def subset_list(num_layers: int) -> list[list[int]]:
+    """The seeded random subsets: `SUBSETS` sets of `SUBSET_LAYERS` distinct positions in the layers run
+    (all of them when fewer are run)."""
+    rng = np.random.default_rng(SUBSET_SEED)
+    size = min(SUBSET_LAYERS, num_layers)
+    return [sorted(int(x) for x in rng.choice(num_layers, size, replace=False)) for _ in range(SUBSETS)]
+
+
+def check_subsets(train: list[np.ndarray], made: dict, gpus: int, nodes: int, redundant: int,
+                  model: CommModel, layer_ids: list[int]) -> list[dict]:
+    """Plan the first `CHECKED_SUBSETS` subsets alone (`time` and `fast` on those layers' tokens only) and
+    compare their rows with the whole model's: the subset figures are then what planning the subset gives."""
+    out = []
+    for subset in subset_list(train[0].shape[1])[:CHECKED_SUBSETS]:
+        part = [s[:, subset, :] for s in train]
+        loads = np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=128) for s in part)
+                          for i in range(len(subset))]).astype(np.float64)
+        problem = PlacementProblem(loads, gpus, 128 + redundant, num_nodes=nodes,
+                                   layer_ids=tuple(layer_ids[i] for i in subset))
+        same = {"time": np.array_equal(plan_time(problem, part, model).placement.phy2log, made["time"][0][subset]),
+                "fast": np.array_equal(solve(problem, "fast").placement.phy2log, made["fast"][0][subset])}
+        out.append({"layers": [layer_ids[i] for i in subset], **same})
+    return out
+
+
+def run(steps: list[np.ndarray], layers: list[int]) -> tuple[list[dict], list[dict]]:
+    """(rows: one per case, sample and method; checks: `check_subsets` per case and held-out sample)."""
+    rows, checks = [], []
     steps = [s[:, layers, :].astype(np.int64) for s in steps]
     for gpus, nodes, redundant in CASES:
         model = CommModel(default_topology(gpus, nodes), get_model("Qwen3-30B-A3B"))
         samples = [("in", list(range(3)), list(range(3)))] + [(f"hold {k}", [i for i in range(3) if i != k], [k])
                                                               for k in range(3)]
         for sample, train_ids, test_ids in samples:
-            made = plans([steps[i] for i in train_ids], gpus, nodes, redundant, model)
+            made = plans([steps[i] for i in train_ids], gpus, nodes, redundant, model, layers)
+            if sample != "in":
+                checks += [{"ep": gpus, "redundant": redundant, "sample": sample, **c}
+                           for c in check_subsets([steps[i] for i in train_ids], made, gpus, nodes, redundant, model,
+                                                  layers)]
             for method in METHODS:
                 phy2log, plan_s, extra = made[method]
-                figures = judge(phy2log, [steps[i] for i in test_ids], gpus, nodes, model)
+                figures = judge(phy2log, [steps[i] for i in test_ids], gpus, nodes, model, layers)
                 rows.append({"ep": gpus, "nodes": nodes, "redundant": redundant, "sample": sample, "method": method,
                              "layers": len(layers), "plan_s": plan_s, **figures, **extra})
                 print(f"EP{gpus}+{redundant} {sample:<6} {method:<10} {figures['layer_time_s'] * 1e3:8.4f} ms "
                       f"(plan {plan_s:.1f} s)", file=sys.stderr)
-    return rows
+    return rows, checks
+
+
+def subset_ratios(rows: list[dict], gpus: int, redundant: int, method: str) -> np.ndarray:
+    """float64 `[folds * SUBSETS]`: `method`/fast on the held-out batch, summed over each subset's layers."""
+    case = [r for r in rows if (r["ep"], r["redundant"]) == (gpus, redundant) and r["sample"] != "in"]
+    ratios = []
+    for sample in sorted({r["sample"] for r in case}):
+        times = next(r for r in case if r["sample"] == sample and r["method"] == method)["layer_times_s"]
+        base = next(r for r in case if r["sample"] == sample and r["method"] == "fast")["layer_times_s"]
+        ratios += [sum(times[i] for i in subset) / sum(base[i] for i in subset) for subset in subset_list(len(base))]
+    return np.array(ratios)
+
+
+def subset_figures(rows: list[dict], gpus: int, redundant: int, method: str) -> dict:
+    """The statistics of `subset_ratios` the summary reports."""
+    ratios = subset_ratios(rows, gpus, redundant, method)
+    return {"pairs": int(ratios.size), "at_most_1.00": float(np.mean(ratios <= 1.0)),
+            "at_most_1.01": float(np.mean(ratios <= 1.01)), "min": float(ratios.min()),
+            "median": float(np.median(ratios)), "q95": float(np.quantile(ratios, 0.95)), "max": float(ratios.max())}
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
@@ -139,7 +214,13 @@ def verdicts(rows: list[dict]) -> list[dict]:
                     "held_out_time_vs_fast_worst": float(max(vs_fast)),
                     "held_out_grouped_vs_best_mean": float(np.mean(
                         [get(f, "grouped")["layer_time_s"] / min(get(f, m)["layer_time_s"] for m in BASELINES) - 1
-                         for f in folds]))})
+                         for f in folds])),
+                    "held_out_time_over_fast": [get(f, "time")["layer_time_s"] / get(f, "fast")["layer_time_s"]
+                                                for f in folds],
+                    "held_out_time_over_fast_mean": float(np.mean([get(f, "time")["layer_time_s"]
+                                                                   / get(f, "fast")["layer_time_s"] for f in folds])),
+                    "layers_grouped": {f: get(f, "time")["layers_grouped"] for f in folds},
+                    "subsets": {m: subset_figures(rows, gpus, redundant, m) for m in SUBSET_METHODS}})
     return out
 
 
@@ -164,6 +245,36 @@ def table(rows: list[dict], summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def met(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def subset_table(summary: list[dict], checks: list[dict]) -> str:
+    """This issue's targets: time/fast held out, over all layers (per fold) and over the subsets."""
+    lines = []
+    for v in summary:
+        mean_target = MEAN_TARGETS.get((v["ep"], v["redundant"]))
+        mean = v["held_out_time_over_fast_mean"]
+        line = (f"EP{v['ep']}+{v['redundant']}: held out time/fast per fold "
+                f"{' '.join(f'{x:.4f}' for x in v['held_out_time_over_fast'])}, mean {mean:.4f}")
+        if mean_target is not None:
+            line += f" (target <= {mean_target:.2f}: {met(mean <= mean_target)})"
+        grouped = v["layers_grouped"]
+        lines.append(line + f"; layers grouped {'/'.join(str(grouped[f]) for f in sorted(grouped))}")
+        for method, f in v["subsets"].items():
+            text = (f"  {method:>8}/fast over {f['pairs']} subset-fold pairs: <= 1.00 on {f['at_most_1.00']:.1%}, "
+                    f"<= 1.01 on {f['at_most_1.01']:.1%}; min {f['min']:.4f} median {f['median']:.4f} "
+                    f"q95 {f['q95']:.4f} max {f['max']:.4f}")
+            if method == "time":
+                text += (f" (targets: <= 1.00 on 95%: {met(f['at_most_1.00'] >= 0.95)}; "
+                         f"<= 1.01 on every pair: {met(f['max'] <= 1.01)})")
+            lines.append(text)
+    for method in ("time", "fast"):
+        same = sum(c[method] for c in checks)
+        lines.append(f"subsets planned alone ({method}): rows identical to the whole model's on {same} of {len(checks)}")
+    return "\n".join(lines)
+
+
 def plan_time_cli(trace: str, redundant: int, time_limit: float) -> dict:
     """Wall seconds of `moe-place plan TRACE --gpus 32 --nodes 4 --redundant R --objective time --time-limit S`
     (48 layers, what a user runs: trace loading, plan, report and plan file included)."""
@@ -184,9 +295,20 @@ def plot_png(rows: list[dict]) -> bytes:
     from matplotlib.figure import Figure
 
     samples = ["in", "hold 0", "hold 1", "hold 2"]
-    fig = Figure(figsize=(16, 9), layout="constrained")
+    fig = Figure(figsize=(20, 9), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(CASES), len(samples), sharey="row", squeeze=False)
+    axes = fig.subplots(len(CASES), len(samples) + 1, squeeze=False)
+    for r_i, (gpus, _, redundant) in enumerate(CASES):   # last column: the subsets, sorted
+        ax = axes[r_i][-1]
+        for method in SUBSET_METHODS:
+            ratios = np.sort(subset_ratios(rows, gpus, redundant, method))
+            ax.plot(np.arange(1, ratios.size + 1) / ratios.size, ratios, label=f"{method}/fast" if r_i == 0 else None)
+        for level in (1.0, 1.01):
+            ax.axhline(level, color="black", linewidth=0.8, linestyle=":" if level > 1 else "-")
+        ax.set_title(f"EP{gpus}+{redundant}: {SUBSET_LAYERS}-layer subsets x folds, held out", fontsize=10)
+        ax.set_xlabel("share of subset-fold pairs", fontsize=8)
+        if r_i == 0:
+            ax.legend(fontsize=8)
     colors = {"dispatch_s": "#4c72b0", "compute_s": "#dd8452", "combine_s": "#55a868"}
     for r_i, (gpus, _, redundant) in enumerate(CASES):
         for c_i, sample in enumerate(samples):
@@ -203,7 +325,7 @@ def plot_png(rows: list[dict]) -> bytes:
             ax.set_title(f"EP{gpus}+{redundant}, {sample}", fontsize=10)
             if c_i == 0:
                 ax.set_ylabel(f"ms per batch, {rows[0]['layers']} layers")
-    fig.legend(loc="outside lower center", ncols=3)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncols=3)
     fig.suptitle("Qwen3-30B-A3B (3 real batches): predicted MoE layer time by method, DeepEP dispatch, "
                  "SGLang static replica choice", fontsize=12, fontweight="bold")
     buffer = io.BytesIO()
@@ -230,15 +352,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     trace = load_trace(path)
     layers = list(range(0, trace.num_layers, max(1, trace.num_layers // args.layers)))[:args.layers]
-    rows = run(list(trace.topk_ids), layers)
+    rows, checks = run(list(trace.topk_ids), layers)
     summary = verdicts(rows)
     print(table(rows, summary))
+    print(subset_table(summary, checks))
     timing = [] if args.no_cli_timing else [plan_time_cli(path, redundant, 60.0) for redundant in (0, 32)]
     for t in timing:
         print(f"plan time: {t['command']}: {t['wall_s']:.1f} s on {t['cores']} cores (exit {t['exit_code']})"
               f"{'; ' + '; '.join(t['notes']) if t['notes'] else ''}")
     if args.output_json:
         write_json_atomic(args.output_json, {"layers": layers, "rows": rows, "verdicts": summary,
+                                             "subsets": {"count": SUBSETS, "layers": SUBSET_LAYERS, "seed": SUBSET_SEED,
+                                                         "positions": subset_list(len(layers)),
+                                                         "checked_alone": checks},
                                              "plan_time": timing})
     if args.plot:
         write_atomic(args.plot, plot_png(rows))

@@ -2,9 +2,10 @@
 
 At multi-node EP the dispatch/combine of DeepEP-style kernels sends a token over RDMA once per
 remote node holding one of its experts (`moe_place.cost.comm`), so experts that tokens pick
-together belong on one node. Grouping alone puts correlated hot experts together (docs/MODEL.md,
-"co-activation and cross-node traffic"), so the plan is made for the layer time itself, and
-how hard to group is chosen on held-out windows of the training trace.
+together belong on one node. Out of sample the two terms behave differently (docs/MODEL.md,
+"Multi-node EP: the layer-time plan out of sample"): which experts fire together carries over
+to other batches, which experts are hot does not. So co-activation decides the nodes, the
+balance-only plan bounds the compute (the hedge), and held-out windows judge the traffic.
 
 Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
 1. Node split, equal numbers of experts per node (`E/N`, the first `E % N` nodes one more).
@@ -12,19 +13,25 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    (networkx) is split into Louvain communities, which fill the nodes heaviest first, each
    expert to the node holding most of its community among those with room. The other start,
    `balanced` (`balanced_nodes`), ignores co-activation: heaviest expert first to the lightest
-   node. On the Qwen3 trace (bench/bench_comm.py, 48 layers) the communities start gave the
-   lower predicted time in and out of sample on 10 of 12 case/sample pairs and was never
-   slower than `fast` on a held-out batch; the balanced start was, by 0.3-0.5%, on two.
-2. Grouping (`NodeSearch`): swaps of two experts between nodes, best first, each lowering a
-   surrogate of the layer time on the training tokens: per step, the busiest NIC's RDMA rows
-   (sent, or received: the DeepEP rule of `moe_place.cost.comm`) over the NIC bandwidth, for
-   dispatch and combine, plus the compute time of a GPU holding the busiest node's rows spread
-   over its GPUs, plus `MEAN_WEIGHT` x the mean NIC's term (swaps away from the busiest NIC
-   still count). Candidates are ranked by the first-order change of that surrogate
-   (`NodeSearch.move_gains`: each visit of a token to a remote node priced by a softmax over the
-   NICs' loads) and the first that lowers the exact surrogate is taken. The *strength* of
-   grouping is the number of swaps taken (0 = the start of step 1). The surrogate follows DeepEP's
-   rule; with `all-to-all` dispatch the held-out windows of step 5 judge with that model.
+   node.
+2. Node cap (`NodeSearch.within_cap`): on every training step no node may carry more rows than
+   the balance-only plan's busiest node carries on that step (`balance_caps`, replicas splitting
+   evenly; or `FLOOR_HEADROOM` of the rows at which its GPUs would leave the weight-read floor,
+   if that is more): swaps of two experts between nodes, the one that lowers the rows over the
+   cap most first (ties: the best first-order NIC change). Experts that fire together are hot
+   together, so a node of one community can take a batch's new hot experts all at once: the cap
+   keeps the grouped plan's nodes as loaded as the balance-only plan's, not more.
+   Then, if `strength` > 0, grouping (`NodeSearch.search`): swaps of two experts between nodes,
+   best first, each lowering a surrogate of the layer time on the training tokens without
+   raising the rows over the cap: per step, the busiest NIC's RDMA rows (sent, or received: the
+   DeepEP rule of `moe_place.cost.comm`) over the NIC bandwidth, for dispatch and combine, plus
+   the compute time of a GPU holding the busiest node's rows spread over its GPUs, plus
+   `MEAN_WEIGHT` x the mean NIC's term. Candidates are ranked by the first-order change of that
+   surrogate (`NodeSearch.move_gains`: each visit of a token to a remote node priced by a
+   softmax over the NICs' loads) and the first that lowers the exact surrogate is taken. The
+   *strength* is the number of swaps taken. The guarded plan uses `GROUP_STRENGTH` = 0: the
+   surrogate's busiest NIC and compute are those of the training batches, which is what does
+   not carry over (bench/bench_comm.py: `grouped`, the largest strength, against `ungated`).
 3. Replica nodes (`replica_nodes`, OR-Tools CP-SAT). Spare slots (`P/N` minus the node's
    experts) take replicas. With a dispatcher that prefers a replica on the token's own node
    (`sglang-static`, `node-aware`) a replica of `e` on node `n` serves the tokens homed on `n`,
@@ -35,18 +42,22 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    With `vllm` or `sglang-dynamic` (replica chosen without regard to the token's node) a remote
    replica only adds traffic: replicas stay on their expert's node.
 4. GPUs inside each node: `quick_plan` (replica counts and GPUs, vectorised over the nodes and
-   strengths) on the rows each expert serves on that node.
-5. Strength by cross-validation: the training steps form `W <= MAX_WINDOWS` windows of
-   consecutive steps (one step: its two halves); for each window, steps 1-4 on the others at
-   every strength in `STRENGTHS`, judged by `layer_cost` on the held-out window, beside the
-   balance-only plan (`quick_plan` on the same training loads, `fast`'s anytime start). One
-   strength for all layers: the one with the least held-out time summed over windows and
-   layers. A layer is grouped only if at that strength no held-out window found it slower than
-   its balance-only plan, and only if over all layers grouping beats the balance-only plans by
-   more than `MIN_CV_GAIN` (a margin for the noise of two or three windows); the other layers
-   keep the balance-only plan (`fast` on all the training loads): no layer is returned whose
-   held-out predicted time is worse than the balance-only plan's. Grouped layers: steps 1-4 on
-   all training steps at the chosen strength.
+   strengths) on the rows each expert serves on that node, then `spread_within_nodes`: swaps of
+   slots between the GPUs of a node, first while they lower the rows over the GPU cap (the
+   balance-only plan's busiest GPU per training step, or `FLOOR_HEADROOM` of the floor), then
+   while they lower the co-activation affinity (`LayerTokens.affinity`, cosine of the experts'
+   token sets) of the experts sharing a GPU without going over it: the experts a new batch makes
+   hot together land on different GPUs of their node.
+5. The guard (`guard`), per layer: the training steps form `W <= MAX_WINDOWS` windows of
+   consecutive steps (one step: its two halves); for each window, steps 1-4 on the others
+   (greedy replicas), judged by `layer_cost` on the held-out window beside the balance-only plan
+   of the same steps (`quick_plan`, `fast`'s anytime start). The layer is grouped only if its
+   dispatch + combine beat the balance-only plan's on every window (by more than
+   `MIN_COMM_GAIN`); then steps 1-4 on all training steps. Otherwise it keeps the balance-only
+   plan (`fast` on all the training loads). Only the traffic is judged on the windows: the
+   held-out compute of two plans balanced on the same loads differs by chance (which GPU the
+   next batch's hot experts land on), so one or two windows' compute says nothing about the
+   next batch; steps 2 and 4 hedge it instead. Each layer's plan depends on its own tokens only.
 
 Lower bound (`layer_lower_bound_s`, reported per layer on the training tokens): busiest-GPU
 compute is at least the mean GPU's rows (`F/C`) and at least `ceil(experts used / G)` expert
@@ -56,13 +67,14 @@ of rank `r` on other nodes that use it: per step, the largest over experts of th
 nodes of that count is a bound on the busiest NIC's rows, for dispatch and for combine.
 
 Determinism: no randomness and no wall-clock decisions; a time limit is a safety stop only
-(`notes` say when it cut a phase: the layers not reached keep the balance-only plan).
+(`notes` say when it cut the plan: the layers not reached keep the balance-only plan).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import networkx as nx
 import numpy as np
@@ -77,14 +89,18 @@ from moe_place.solvers import solve
 from moe_place.solvers.base import require_ortools, stoppable_solve
 from moe_place.solvers.quick import quick_plan
 
-STRENGTHS = (0, 2, 4, 8, 16, 32, 64)  # node swaps away from the start (step 2)
+STRENGTHS = (0, 2, 4, 8, 16, 32, 64)  # node swaps away from the start (step 2) that benchmarks and tests try
+GROUP_STRENGTH = 0                    # swaps of step 2 in the guarded plan: none (module docstring, step 5)
 MAX_WINDOWS = 3                       # cross-validation windows (folds) at most
 SEARCH_CANDIDATES = 32                # swaps tried per round, best first-order change first
 SWAPS_PER_ROUND = 4                   # swaps taken per round before the ranking is recomputed
 MEAN_WEIGHT = 1.0                     # weight of the mean NIC's term in the search surrogate
 PRICE_TEMPERATURE = 0.02              # softmax temperature of the NIC prices, relative to the busiest NIC
-MIN_CV_GAIN = 0.01                    # group only if held-out time beats the balance-only plans' by this share
+JUDGES = ("comm", "layer")            # step 5 judges dispatch + combine (the default) or the whole layer time
+MIN_COMM_GAIN = 0.0                   # step 5: dispatch + combine beat the balance-only plan's by this share, every window
 COMMUNITY_NEIGHBOURS = 16            # co-activation graph: each expert joined to its 16 most frequent partners
+FLOOR_HEADROOM = 0.25                 # caps are at least a quarter of the rows at which FLOPs outlast weight reads
+SPREAD_SWAPS = 4                      # step 4's swaps inside a node: at most this many per slot of the node
 REPLICA_DET_S = 0.2                   # CP-SAT deterministic seconds for the replica nodes of one layer
 REPLICA_CANDIDATES = 4                # candidate experts per spare slot offered to CP-SAT
 HOME_FIRST = ("sglang-static", "node-aware")  # dispatchers that prefer a replica on the token's node
@@ -117,6 +133,20 @@ class LayerTokens:
     def num_steps(self) -> int:
         return self.loads.shape[0]
 
+    @cached_property
+    def pairs(self) -> np.ndarray:
+        """float64 `[E, E]`: tokens picking both experts (`coactivation`; the diagonal is each expert's load)."""
+        return coactivation(self.ids[:, None, :], self.loads.shape[1])[0].astype(np.float64)
+
+    def affinity(self) -> np.ndarray:
+        """float64 `[E, E]`: cosine similarity of the experts' token sets, `pairs[a, b] / sqrt(load_a * load_b)`
+        (0 for an unused expert; 1 on the diagonal): how often two experts fire together whatever
+        their volume, the part of the co-activation that carries over to other batches."""
+        loads = self.loads.sum(axis=0)
+        out = self.pairs / np.sqrt(np.maximum(loads[:, None] * loads[None, :], 1.0))
+        np.fill_diagonal(out, 1.0)
+        return out
+
 
 def community_nodes(tokens: LayerTokens, num_nodes: int, neighbours: int = COMMUNITY_NEIGHBOURS,
                     seed: int = 0) -> np.ndarray:
@@ -130,7 +160,7 @@ def community_nodes(tokens: LayerTokens, num_nodes: int, neighbours: int = COMMU
     """
     loads = tokens.loads.sum(axis=0)
     experts = loads.size
-    pairs = coactivation(tokens.ids[:, None, :], experts)[0].astype(np.float64)
+    pairs = tokens.pairs.copy()
     np.fill_diagonal(pairs, 0.0)
     near = np.argsort(-pairs, axis=1, kind="stable")[:, :neighbours]
     graph = nx.Graph()
@@ -179,8 +209,9 @@ class NodeSearch:
     """
 
     def __init__(self, tokens: LayerTokens, node_of: np.ndarray, num_gpus: int, num_nodes: int,
-                 slots_per_gpu: int, model: CommModel):
+                 slots_per_gpu: int, model: CommModel, cap: np.ndarray | None = None):
         self.tokens, self.model = tokens, model
+        self.cap = None if cap is None else np.asarray(cap, dtype=np.float64)   # [steps] node rows (`excess`)
         self.num_gpus, self.num_nodes, self.slots_per_gpu = num_gpus, num_nodes, slots_per_gpu
         self.gpn = num_gpus // num_nodes
         experts = tokens.loads.shape[1]
@@ -300,8 +331,59 @@ class NodeSearch:
 
     def swap_value(self, e: int, f: int) -> float:
         """The surrogate if experts e and f (on different nodes) swapped nodes."""
+        return self.swap_outcome(e, f)[0]
+
+    def swap_outcome(self, e: int, f: int) -> tuple[float, float]:
+        """(surrogate, `excess`) if experts e and f (on different nodes) swapped nodes."""
         toks, _, dv_a, dv_b = self._swap_delta(e, f)
-        return self.value(*self._after_swap(e, f, toks, dv_a, dv_b))
+        visits, node_load = self._after_swap(e, f, toks, dv_a, dv_b)
+        return self.value(visits, node_load), self.excess(node_load)
+
+    # ------------------------------------------------------------------ the node cap (compute hedge)
+    def excess(self, node_load: np.ndarray | None = None) -> float:
+        """Rows over the cap, summed over steps and nodes: `sum max(0, node_load[s, n] - cap[s])`
+        (0 without a cap). node_load: `[steps, N]`, default the current one."""
+        if self.cap is None:
+            return 0.0
+        node_load = self.node_load if node_load is None else node_load
+        return float(np.maximum(node_load - self.cap[:, None], 0.0).sum())
+
+    def within_cap(self, max_swaps: int = 4 * 128) -> int:
+        """Swaps that lower `excess` until it is 0 (or no swap lowers it, or `max_swaps`); of the swaps
+        that lower it most, the one that keeps most co-activation inside the nodes (tokens picking
+        two experts of one node, `LayerTokens.pairs`). Returns the swaps taken. Every pair of experts
+        on different nodes is scored at once on the node loads alone (`[steps, pairs]`)."""
+        if self.cap is None:
+            return 0
+        loads = self.tokens.loads
+        together = self.tokens.pairs.copy()
+        np.fill_diagonal(together, 0.0)
+        first, second = np.triu_indices(self.node_of.size, 1)
+        taken = 0
+        while taken < max_swaps:
+            over = np.maximum(self.node_load - self.cap[:, None], 0.0)      # [steps, N]
+            excess = over.sum()
+            if excess <= 0:
+                break
+            a, b = self.node_of[first], self.node_of[second]
+            apart = a != b
+            e, f, a, b = first[apart], second[apart], a[apart], b[apart]
+            shift = loads[:, f] - loads[:, e]                               # [steps, pairs]: rows node a gains
+            cap = self.cap[:, None]
+            left = (excess - over[:, a].sum(axis=0) - over[:, b].sum(axis=0)
+                    + np.maximum(self.node_load[:, a] + shift - cap, 0.0).sum(axis=0)
+                    + np.maximum(self.node_load[:, b] - shift - cap, 0.0).sum(axis=0))
+            best = left.min()
+            if not best < excess * (1 - 1e-9):
+                break
+            tied = np.flatnonzero(left <= best + 1e-9 * excess)
+            inside = together @ (self.node_of[:, None] == np.arange(self.num_nodes)[None, :])   # [E, N]
+            e, f, a, b = e[tied], f[tied], a[tied], b[tied]
+            kept = inside[f, a] + inside[e, b] - inside[e, a] - inside[f, b] - 2 * together[e, f]
+            pick = int(np.argmax(kept))
+            self.apply_swap(int(e[pick]), int(f[pick]))
+            taken += 1
+        return taken
 
     def apply_swap(self, e: int, f: int) -> None:
         a, b = self.node_of[e], self.node_of[f]
@@ -315,7 +397,7 @@ class NodeSearch:
         """Swaps while the surrogate falls, at most `max_swaps` (step 2); {swaps: node_of} for every
         count in `snapshots` (a search that stops early gives its last state for the larger ones)."""
         out = {0: self.node_of.copy()}
-        current = self.value()
+        current, over = self.value(), self.excess()
         experts = self.node_of.size
         upper = np.triu_indices(experts, 1)
         swaps = 0
@@ -334,10 +416,10 @@ class NodeSearch:
                     break
                 if e in moved or f in moved or self.node_of[e] == self.node_of[f]:
                     continue  # the ranking is stale for experts already moved this round
-                value = self.swap_value(e, f)
-                if value < current * (1 - 1e-12):
+                value, excess = self.swap_outcome(e, f)
+                if value < current * (1 - 1e-12) and excess <= over:   # never further over the cap
                     self.apply_swap(e, f)
-                    current, swaps, taken = value, swaps + 1, taken + 1
+                    current, over, swaps, taken = value, excess, swaps + 1, taken + 1
                     moved |= {e, f}
                     out[swaps] = self.node_of.copy()
             if not taken:
@@ -369,10 +451,23 @@ class ReplicaNodes:
 
 
 def local_demand(tokens: LayerTokens, num_experts: int, num_nodes: int, gpus_per_node: int) -> np.ndarray:
-    """float64 `[E, N]`: dispatches to each expert from the tokens homed on each node."""
-    home_node = np.repeat(tokens.home // gpus_per_node, tokens.ids.shape[1])
-    flat = tokens.ids.ravel() * num_nodes + home_node
-    return np.bincount(flat, minlength=num_experts * num_nodes).reshape(num_experts, num_nodes).astype(np.float64)
+    """float64 `[steps, E, N]`: dispatches to each expert from the tokens homed on each node, per step."""
+    k = tokens.ids.shape[1]
+    home_node = np.repeat(tokens.home // gpus_per_node, k)
+    flat = (np.repeat(tokens.step, k) * num_experts + tokens.ids.ravel()) * num_nodes + home_node
+    size = tokens.num_steps * num_experts * num_nodes
+    return np.bincount(flat, minlength=size).reshape(tokens.num_steps, num_experts, num_nodes).astype(np.float64)
+
+
+def served_per_step(plan: "ReplicaNodes", node_of: np.ndarray, demand: np.ndarray) -> np.ndarray:
+    """float64 `[steps, E, N]`: rows each node serves for each expert per step under `plan` (a remote
+    replica serves its node's demand, the expert's own node the rest). demand: `local_demand`."""
+    experts = node_of.size
+    own = np.zeros_like(plan.present)
+    own[np.arange(experts), node_of] = True
+    served = np.where((plan.present & ~own)[None], demand, 0.0)
+    served[:, np.arange(experts), node_of] = demand.sum(axis=2) - served.sum(axis=2)
+    return served
 
 
 def replica_nodes(search: NodeSearch, num_physical: int, seed: int = 0, det_time_s: float = REPLICA_DET_S,
@@ -384,7 +479,7 @@ def replica_nodes(search: NodeSearch, num_physical: int, seed: int = 0, det_time
     """
     tokens, model = search.tokens, search.model
     experts, nodes, gpn = search.node_of.size, search.num_nodes, search.gpn
-    demand = local_demand(tokens, experts, nodes, gpn)                     # [E, N]
+    demand = local_demand(tokens, experts, nodes, gpn).sum(axis=0)         # [E, N]
     own = np.zeros((experts, nodes), dtype=bool)
     own[np.arange(experts), search.node_of] = True
     spare = num_physical // nodes - own.sum(axis=0)
@@ -410,11 +505,11 @@ def replica_nodes(search: NodeSearch, num_physical: int, seed: int = 0, det_time
     return ReplicaNodes(present, served, status)
 
 
-def _compute_rows_seconds(search: NodeSearch) -> tuple[float, float]:
-    """(seconds per row on the busiest GPU, the per-step weight-read floor in seconds) of the model."""
-    slots = search.slots_per_gpu
-    one_row = search.model.compute_times_s(np.full((1, slots), 1e6 / slots), 1)[0, 0] / 1e6
-    floor = search.model.compute_times_s(np.full((1, slots), 1e-9), 1)[0, 0]
+def _compute_rows_seconds(model: CommModel, slots: int) -> tuple[float, float]:
+    """(seconds per row on the busiest GPU, the per-step weight-read floor in seconds) of the model,
+    for a GPU of `slots` slots."""
+    one_row = model.compute_times_s(np.full((1, slots), 1e6 / slots), 1)[0, 0] / 1e6
+    floor = model.compute_times_s(np.full((1, slots), 1e-9), 1)[0, 0]
     return float(one_row), float(floor)
 
 
@@ -432,7 +527,7 @@ def _node_loads(search: NodeSearch, demand: np.ndarray, present: np.ndarray) -> 
 def _replica_greedy(search: NodeSearch, demand: np.ndarray, saving: np.ndarray, spare: np.ndarray) -> np.ndarray:
     """bool `[E, N]` remote replicas: each spare slot to the largest saving still positive after the
     compute change it causes (a slot at a time, nodes in turn)."""
-    per_row, floor = _compute_rows_seconds(search)
+    per_row, floor = _compute_rows_seconds(search.model, search.slots_per_gpu)
     steps = search.tokens.num_steps
     present = np.zeros_like(saving, dtype=bool)
     left = spare.copy()
@@ -462,7 +557,7 @@ def _replica_cpsat(search: NodeSearch, demand: np.ndarray, saving: np.ndarray, s
                    det_time_s: float) -> tuple[np.ndarray, str]:
     """bool `[E, N]` remote replicas chosen by CP-SAT (module docstring, step 3), and the status name."""
     experts, nodes = saving.shape
-    per_row, floor = _compute_rows_seconds(search)
+    per_row, floor = _compute_rows_seconds(search.model, search.slots_per_gpu)
     steps, gpn = search.tokens.num_steps, search.gpn
     unit = 1e-12  # objective in picoseconds
     present = np.zeros((experts, nodes), dtype=bool)
@@ -531,6 +626,74 @@ def assemble(plans: list[ReplicaNodes], num_gpus: int, num_nodes: int, num_physi
     return rows
 
 
+def spread_within_nodes(row: np.ndarray, served: np.ndarray, affinity: np.ndarray, gpu_cap: np.ndarray | None,
+                        num_gpus: int, num_nodes: int) -> np.ndarray:
+    """int64 `[P]`: `row` with slots swapped between the GPUs of each node (step 4, the compute hedge):
+    first while that lowers the rows over `gpu_cap` (`[steps]`, summed over steps and GPUs), then
+    while it lowers the `affinity` (`[E, E]`) of the experts sharing a GPU without raising that
+    excess. Experts that fire together are hot together in other batches, so they go to different
+    GPUs of their node. served: `served_per_step` `[steps, E, N]`, replicas of one expert on a node
+    split its rows evenly. Each round, every node takes its best swap (all nodes at once, arrays
+    `[N, ...]`); never two replicas of one expert on one GPU."""
+    held = np.asarray(row, dtype=np.int64).reshape(num_nodes, -1).copy()   # [N, Q] expert of each slot
+    per_node, gpn = held.shape[1], num_gpus // num_nodes
+    experts = affinity.shape[0]
+    gpu = np.arange(per_node) // (per_node // gpn)                       # GPU of each slot, inside its node
+    on_gpu = (gpu[:, None] == np.arange(gpn)[None, :]).astype(np.float64)   # [Q, gpn]
+    first, second = np.triu_indices(per_node, 1)
+    apart = gpu[first] != gpu[second]
+    first, second = first[apart], second[apart]                          # slot pairs on different GPUs
+    g1, g2 = gpu[first], gpu[second]
+    steps = served.shape[0]
+    cap = (np.full(steps, np.inf) if gpu_cap is None else np.asarray(gpu_cap, dtype=np.float64))[None, :, None]
+    node = np.arange(num_nodes)[:, None]
+    count = np.zeros((num_nodes, experts))
+    np.add.at(count, (node, held), 1.0)
+    rows = served[:, held, node].transpose(1, 0, 2) / count[node, held][:, None, :]   # [N, steps, Q]
+    for _ in range(SPREAD_SWAPS * per_node):
+        load = rows @ on_gpu                                             # [N, steps, gpn]
+        over = np.maximum(load - cap, 0.0)
+        excess = over.sum(axis=(1, 2))                                   # [N]
+        pair = affinity[held[:, :, None], held[:, None, :]]              # [N, Q, Q]
+        near = pair @ on_gpu                                             # affinity of each slot to each GPU
+        # affinity change if slots first and second swap GPUs (each leaves its GPU, joins the other's)
+        change = (near[:, first, g2] - near[:, first, g1] + near[:, second, g1] - near[:, second, g2]
+                  - 2 * pair[:, first, second] + pair[:, first, first] + pair[:, second, second])
+        holds = np.zeros((num_nodes, gpn, experts), dtype=bool)
+        holds[node, gpu[None, :], held] = True
+        allowed = (held[:, first] != held[:, second]) & ~holds[node, g1[None, :], held[:, second]] \
+            & ~holds[node, g2[None, :], held[:, first]]
+        moved = rows[:, :, second] - rows[:, :, first]                   # [N, steps, pairs]: rows GPU g1 gains
+        after = (excess[:, None] - over[:, :, g1].sum(axis=1) - over[:, :, g2].sum(axis=1)
+                 + np.maximum(load[:, :, g1] + moved - cap, 0.0).sum(axis=1)
+                 + np.maximum(load[:, :, g2] - moved - cap, 0.0).sum(axis=1))      # [N, pairs]
+        repair = excess[:, None] > 0
+        score = np.where(repair, after + 1e-9 * excess[:, None] * change,     # ties: the lower affinity
+                         np.where(after <= 0, change, np.inf))
+        better = allowed & np.where(repair, after < excess[:, None] * (1 - 1e-9), (after <= 0) & (change < -1e-9))
+        moving = np.flatnonzero(better.any(axis=1))
+        if not moving.size:
+            break
+        pick = np.argmin(np.where(better, score, np.inf)[moving], axis=1)
+        a, b = first[pick], second[pick]
+        held[moving, a], held[moving, b] = held[moving, b], held[moving, a].copy()
+        rows[moving, :, a], rows[moving, :, b] = rows[moving, :, b], rows[moving, :, a].copy()
+    return held.reshape(-1)
+
+
+def balance_caps(loads: np.ndarray, phy2log: np.ndarray, num_gpus: int,
+                 num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 `[steps]` busiest node rows, float64 `[steps]` busiest GPU rows) of the plan `phy2log [P]`
+    (the balance-only plan) under each step's loads (`[steps, E]`), replicas splitting evenly: what
+    the time plan's nodes and GPUs may carry on that step (the compute hedge of steps 2 and 4)."""
+    row = np.asarray(phy2log, dtype=np.int64)
+    count = np.bincount(row, minlength=loads.shape[1])
+    share = loads[:, row] / count[row]                                   # [steps, P]
+    steps = loads.shape[0]
+    return (share.reshape(steps, num_nodes, -1).sum(axis=2).max(axis=1),
+            share.reshape(steps, num_gpus, -1).sum(axis=2).max(axis=1))
+
+
 def node_closed_feasible(num_experts: int, num_gpus: int, num_nodes: int, num_physical: int) -> bool:
     """Every node can hold its `E // N` experts and fill its GPUs' slots without two replicas of one
     expert on one GPU (`S <= E // N`)."""
@@ -581,12 +744,14 @@ def layer_lower_bound_s(steps: list[np.ndarray], model: CommModel, num_experts: 
 class TimeLayer:
     """One layer of a time plan.
 
-    phy2log: int64 `[P]`. choice: "grouped" (steps 1-4 at the chosen strength) or "balance"
-    (the balance-only plan: the guard of step 5, or no grouping possible). predicted_s: the
-    predicted layer time on the training tokens; lower_bound_s: `layer_lower_bound_s`.
-    held_out_s / balance_held_out_s: summed held-out time over the cross-validation windows at
-    the chosen strength and of the balance-only plan (None without cross-validation).
-    replica_status: step 3's status.
+    phy2log: int64 `[P]`. choice: "grouped" (steps 1-4) or "balance" (the balance-only plan: the
+    guard of step 5 said no, the time limit came first, or no grouping is possible). predicted_s:
+    the predicted layer time on the training tokens; lower_bound_s: `layer_lower_bound_s`.
+    held_out_s / balance_held_out_s: layer time summed over the held-out windows of step 5, of the
+    grouped plans and of the balance-only plans (None without cross-validation).
+    windows / balance_windows: per held-out window, the grouped plan's and the balance-only plan's
+    figures there (`HeldOut`, the guard's evidence; empty without cross-validation); `comm_gains`
+    and `layer_gains` are the shares they saved. replica_status: step 3's status.
     """
 
     phy2log: np.ndarray
@@ -596,15 +761,25 @@ class TimeLayer:
     held_out_s: float | None
     balance_held_out_s: float | None
     replica_status: str = "node-closed"
+    windows: tuple["HeldOut", ...] = ()
+    balance_windows: tuple["HeldOut", ...] = ()
+
+    @property
+    def comm_gains(self) -> tuple[float, ...]:
+        return comm_gains(self.windows, self.balance_windows)
+
+    @property
+    def layer_gains(self) -> tuple[float, ...]:
+        return layer_gains(self.windows, self.balance_windows)
 
 
 @dataclass(frozen=True)
 class TimePlan:
     """A whole-model plan for the layer time.
 
-    placement: the plan. layers: one TimeLayer per layer. strength: the chosen number of swaps
-    (None when every layer kept the balance-only plan before any choice). cv: held-out time
-    summed over windows and layers, per strength (`"balance"` for the balance-only plans).
+    placement: the plan. layers: one TimeLayer per layer. strength: the swaps of step 2 (None when
+    no layer could be grouped). cv: held-out time summed over windows and layers, of the grouped
+    plans (`"grouped"`) and of the balance-only plans (`"balance"`); empty without cross-validation.
     balance: the balance-only plan (`fast`), kept for reports. notes: lines about the time limit
     or a fallback. wall_s: seconds.
     """
@@ -616,6 +791,46 @@ class TimePlan:
     balance: Placement | None = None
     notes: tuple[str, ...] = ()
     wall_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One layer's plan on one held-out window (step 5): dispatch + combine and compute, seconds."""
+
+    comm_s: float
+    compute_s: float
+
+    @classmethod
+    def of(cls, cost) -> "HeldOut":
+        """From a `LayerCost`."""
+        return cls(cost.dispatch_s + cost.combine_s, cost.compute_s)
+
+    @property
+    def layer_time_s(self) -> float:
+        return self.comm_s + self.compute_s
+
+
+def comm_gains(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...]) -> tuple[float, ...]:
+    """Per window, the share of the balance-only plan's dispatch + combine time the grouped plan saves
+    (0 where the balance-only plan has none)."""
+    return tuple(1.0 - g.comm_s / b.comm_s if b.comm_s > 0 else 0.0 for g, b in zip(grouped, balance))
+
+
+def layer_gains(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...]) -> tuple[float, ...]:
+    """Per window, the share of the balance-only plan's layer time the grouped plan saves."""
+    return tuple(1.0 - g.layer_time_s / b.layer_time_s if b.layer_time_s > 0 else 0.0
+                 for g, b in zip(grouped, balance))
+
+
+def guard(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...], judge: str = "comm") -> bool:
+    """Step 5's decision for one layer: group it only if its grouped plan beats the balance-only plan on
+    every held-out window by more than `MIN_COMM_GAIN`: in dispatch + combine (`judge="comm"`, the
+    default; compute is hedged by steps 2 and 4, module docstring) or in the whole layer time
+    (`judge="layer"`, what judging compute on the windows too does). No window: no grouping."""
+    if judge not in JUDGES:
+        raise InputError("judge", f"one of {', '.join(JUDGES)}", judge)
+    gains = layer_gains(grouped, balance) if judge == "layer" else comm_gains(grouped, balance)
+    return bool(gains) and min(gains) > MIN_COMM_GAIN
 
 
 def cv_windows(steps: list[np.ndarray]) -> list[list[np.ndarray]]:
@@ -633,141 +848,138 @@ def cv_windows(steps: list[np.ndarray]) -> list[list[np.ndarray]]:
 
 
 def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel, strengths: tuple[int, ...],
-               exact: bool, start: str = "communities") -> dict[int, tuple[np.ndarray, str]]:
+               exact: bool, start: str = "communities",
+               balance_row: np.ndarray | None = None) -> dict[int, tuple[np.ndarray, str]]:
     """{strength: (phy2log `[P]`, replica status)}: steps 1-4 of one layer on `tokens` from the
-    `communities` of the co-activation graph (`community_nodes`) or the `balanced` split."""
+    `communities` of the co-activation graph (`community_nodes`) or the `balanced` split.
+    balance_row: the balance-only plan `[P]` of these tokens; its busiest node and GPU per step
+    (`balance_caps`) cap the nodes (step 2) and the GPUs (step 4); None: no caps."""
+    gpus, nodes = problem.num_gpus, problem.num_nodes
     if start == "communities":
-        start = community_nodes(tokens, problem.num_nodes, seed=problem.seed)
+        start = community_nodes(tokens, nodes, seed=problem.seed)
     else:
-        start = balanced_nodes(tokens.loads.sum(axis=0), problem.num_nodes)
-    search = NodeSearch(tokens, start, problem.num_gpus, problem.num_nodes, problem.slots_per_gpu, model)
+        start = balanced_nodes(tokens.loads.sum(axis=0), nodes)
+    node_cap = gpu_cap = None
+    if balance_row is not None:
+        node_cap, gpu_cap = balance_caps(tokens.loads, balance_row, gpus, nodes)
+        per_row, floor = _compute_rows_seconds(model, problem.slots_per_gpu)
+        free = FLOOR_HEADROOM * floor / per_row                          # rows a GPU may always carry
+        node_cap, gpu_cap = np.maximum(node_cap, free * gpus // nodes), np.maximum(gpu_cap, free)
+    search = NodeSearch(tokens, start, gpus, nodes, problem.slots_per_gpu, model, cap=node_cap)
+    search.within_cap()
     snapshots = search.search(max(strengths), strengths)
     order = sorted(strengths, reverse=True)  # the search ends at the largest: no reset for it
-    plans = []
+    plans, homes = [], []
     for strength in order:
         if not np.array_equal(search.node_of, snapshots[strength]):
             search.reset(snapshots[strength])
         plans.append(replica_nodes(search, problem.num_physical, problem.seed, exact=exact))
-    rows = assemble(plans, problem.num_gpus, problem.num_nodes, problem.num_physical)
+        homes.append(search.node_of.copy())
+    rows = assemble(plans, gpus, nodes, problem.num_physical)
+    demand = local_demand(tokens, problem.num_experts, nodes, gpus // nodes)
+    affinity = tokens.affinity()
+    rows = [spread_within_nodes(row, served_per_step(plan, home, demand), affinity, gpu_cap, gpus, nodes)
+            for row, plan, home in zip(rows, plans, homes)]
     return {strength: (row, plan.status) for strength, row, plan in zip(order, rows, plans)}
 
 
 def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommModel,
               time_limit_s: float | None = None, progress: bool = False, strength: int | None = None,
-              start: str = "communities") -> TimePlan:
+              start: str = "communities", judge: str = "comm") -> TimePlan:
     """Plan every layer of `problem` for the predicted layer time (module docstring).
 
     steps: the training trace, one int `[tokens, layers, k]` array per step (the problem's layers).
     model: the cost model (topology with the problem's GPUs and nodes).
     time_limit_s: wall-clock safety stop for the whole plan (None: none).
     strength: group every layer at this strength with no cross-validation and no guard (to measure
-        what grouping does when nothing holds it back, e.g. in benchmarks); None: step 5.
+        what grouping does when nothing holds it back, e.g. in benchmarks); None: `GROUP_STRENGTH`
+        with the guard of step 5.
     start: `communities` (`community_nodes`, the default) or `balanced` (`balanced_nodes`): step 1.
+    judge: what step 5 judges on the windows (`guard`): `comm` (the default) or `layer`.
+    Each layer's plan depends on that layer's tokens only: a plan of some of the layers has the
+    rows the whole model's plan has for them (unless the time limit cut the whole model's).
     """
     if start not in ("balanced", "communities"):
         raise InputError("start", "balanced or communities", start)
+    if judge not in JUDGES:
+        raise InputError("judge", f"one of {', '.join(JUDGES)}", judge)
     began = time.monotonic()
     deadline = None if time_limit_s is None else began + time_limit_s
     model.check_placement(problem.num_gpus, problem.num_nodes, "topology")
     if problem.current is not None:
         raise InputError("--objective time", "no --current plan (migration-aware re-plans balance load only)")
     experts, layers = problem.num_experts, problem.num_layers
+    gpus, nodes, physical = problem.num_gpus, problem.num_nodes, problem.num_physical
     steps = [np.asarray(s) for s in steps]
     if not steps or any(s.ndim != 3 or s.shape[1] != layers for s in steps):
         raise InputError("trace", f"token-level steps [tokens, {layers} layers, k] for --objective time")
     notes: list[str] = []
-    full_loads = np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=experts) for s in steps)
-                           for i in range(layers)]).astype(np.float64)
-    balance = solve(PlacementProblem(full_loads, problem.num_gpus, problem.num_physical, problem.num_nodes,
-                                     problem.num_groups, seed=problem.seed), "fast").placement
+
+    def loads_of(on: list[np.ndarray]) -> np.ndarray:
+        return np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=experts) for s in on)
+                         for i in range(layers)]).astype(np.float64)
+
+    balance = solve(PlacementProblem(loads_of(steps), gpus, physical, nodes, problem.num_groups, seed=problem.seed),
+                    "fast").placement
     balance_rows = balance.phy2log
 
-    def finish(rows, layer_reports, strength, cv) -> TimePlan:
-        return TimePlan(Placement(np.stack(rows), experts, problem.num_gpus, problem.num_nodes),
-                        tuple(layer_reports), strength, cv, balance, tuple(notes), time.monotonic() - began)
-
-    def train_cost(i: int, row: np.ndarray, on: list[np.ndarray]) -> float:
-        table = SlotTable(row, problem.num_gpus, problem.num_nodes, experts)
-        return layer_cost(model, [s[:, i, :] for s in on], table, i).layer_time_s
+    def cost(i: int, row: np.ndarray, on: list[np.ndarray]):   # seeded by the layer's id, not its position
+        return layer_cost(model, [s[:, i, :] for s in on], SlotTable(row, gpus, nodes, experts), problem.layer_id(i))
 
     def bound(i: int) -> float:
-        return layer_lower_bound_s([s[:, i, :] for s in steps], model, experts, problem.num_gpus, problem.num_nodes,
-                                   problem.num_physical)
+        return layer_lower_bound_s([s[:, i, :] for s in steps], model, experts, gpus, nodes, physical)
 
-    if not node_closed_feasible(experts, problem.num_gpus, problem.num_nodes, problem.num_physical):
-        notes.append(f"no grouping: {problem.num_nodes} node(s) of {experts // problem.num_nodes} experts cannot fill "
+    def tokens_of(i: int, on: list[np.ndarray]) -> LayerTokens:
+        return LayerTokens.from_steps([s[:, i, :] for s in on], experts, gpus, model.token_home)
+
+    if not node_closed_feasible(experts, gpus, nodes, physical):
+        notes.append(f"no grouping: {nodes} node(s) of {experts // nodes} experts cannot fill "
                      f"{problem.slots_per_gpu} slots per GPU with distinct experts; returned the balance-only plan")
-        reports = [TimeLayer(balance_rows[i], "balance", train_cost(i, balance_rows[i], steps), bound(i), None, None)
-                   for i in range(layers)]
-        return finish(list(balance_rows), reports, None, {})
+        reports = [TimeLayer(balance_rows[i], "balance", cost(i, balance_rows[i], steps).layer_time_s, bound(i),
+                             None, None) for i in range(layers)]
+        return TimePlan(balance, tuple(reports), None, {}, balance, tuple(notes), time.monotonic() - began)
 
-    windows = cv_windows(steps) if strength is None else []
-    bar = ProgressBar((len(windows) + 1) * layers, "plan time", "layer plans") if progress else None
-    # held-out time per finished window: [windows, strengths, layers] and the balance-only plans' [windows, layers]
-    held: list[np.ndarray] = []
-    held_balance: list[np.ndarray] = []
-    for w, validation in enumerate(windows):
-        train = [s for v, window in enumerate(windows) if v != w for s in window]
-        train_loads = np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=experts) for s in train)
-                                for i in range(layers)]).astype(np.float64)
-        fold_balance_rows = quick_plan(train_loads, problem.num_gpus, problem.num_physical)
-        fold = np.zeros((len(STRENGTHS), layers))
-        fold_balance = np.zeros(layers)
-        for i in range(layers):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            tokens = LayerTokens.from_steps([s[:, i, :] for s in train], experts, problem.num_gpus, model.token_home)
-            for strength, (row, _) in plan_layer(tokens, problem, model, STRENGTHS, False, start).items():
-                fold[STRENGTHS.index(strength), i] = train_cost(i, row, validation)
-            fold_balance[i] = train_cost(i, fold_balance_rows[i], validation)
-            if bar:
-                bar.advance(1)
-        else:
-            held.append(fold)
-            held_balance.append(fold_balance)
-            continue
-        notes.append(f"time limit {time_limit_s:g} s ran out during cross-validation window {w + 1} of "
-                     f"{len(windows)}: the strength is chosen on the windows finished, and a rerun may differ")
-        break
-    if held:
-        total = np.sum(held, axis=0)                                          # [strengths, layers]
-        choice = min(range(len(STRENGTHS)), key=lambda j: (total[j].sum(), STRENGTHS[j]))
-        strength = STRENGTHS[choice]
-        cv = {str(s): float(total[j].sum()) for j, s in enumerate(STRENGTHS)}
-        cv["balance"] = float(np.sum(held_balance))
-        # a layer is grouped only if, at that strength, no held-out window found it slower than balance-only,
-        # and only if grouping wins by more than the noise of a few windows over all layers
-        wins = np.all([fold[choice] <= base for fold, base in zip(held, held_balance)], axis=0)
-        if total[choice].sum() > (1 - MIN_CV_GAIN) * np.sum(held_balance):
-            wins[:] = False
-            notes.append(f"held-out time at the best strength ({strength}) is within {MIN_CV_GAIN:.0%} of the "
-                         f"balance-only plans': returned the balance-only plan")
-        held_chosen, held_base = total[choice], np.sum(held_balance, axis=0)
-    else:
-        cv, wins = {}, np.full(layers, strength is not None)
-        held_chosen = held_base = None
-        if windows:
-            notes.append("no cross-validation window finished within the time limit: returned the balance-only plan")
-    rows, reports = [], []
+    guarded = strength is None
+    strength = GROUP_STRENGTH if guarded else strength
+    windows = cv_windows(steps) if guarded else []
+    # per window: the steps the layer is planned on and its balance-only plans (quick_plan, fast's anytime start)
+    folds = [[s for v, window in enumerate(windows) if v != w for s in window] for w in range(len(windows))]
+    fold_balance = [quick_plan(loads_of(train), gpus, physical) for train in folds]
+    if guarded and not windows:
+        notes.append("no held-out window (a single step of one token): returned the balance-only plan")
+    bar = ProgressBar(layers, "plan time", "layers") if progress else None
+    rows, reports, cv = [], [], {"grouped": 0.0, "balance": 0.0} if windows else {}
     stopped = False
     for i in range(layers):
-        grouped = bool(wins[i])
-        if grouped and not stopped and deadline is not None and time.monotonic() > deadline:
+        if not stopped and deadline is not None and time.monotonic() > deadline:
             stopped = True
             notes.append(f"time limit {time_limit_s:g} s ran out at layer {problem.layer_id(i)}: the layers from "
                          f"there keep the balance-only plan, and a rerun may differ")
-        grouped = grouped and not stopped
+        held = held_balance = []
+        if windows and not stopped:
+            held, held_balance = [], []
+            for w, validation in enumerate(windows):
+                row = plan_layer(tokens_of(i, folds[w]), problem, model, (strength,), False, start,
+                                 fold_balance[w][i])[strength][0]
+                held.append(HeldOut.of(cost(i, row, validation)))
+                held_balance.append(HeldOut.of(cost(i, fold_balance[w][i], validation)))
+            cv["grouped"] += sum(h.layer_time_s for h in held)
+            cv["balance"] += sum(h.layer_time_s for h in held_balance)
+        grouped = not stopped and (guard(held, held_balance, judge) if guarded else True)
         if grouped:
-            tokens = LayerTokens.from_steps([s[:, i, :] for s in steps], experts, problem.num_gpus, model.token_home)
-            row, status = plan_layer(tokens, problem, model, (strength,), True, start)[strength]
+            row, status = plan_layer(tokens_of(i, steps), problem, model, (strength,), True, start,
+                                     balance_rows[i])[strength]
         else:
             row, status = balance_rows[i], "node-closed"
         rows.append(row)
-        reports.append(TimeLayer(np.asarray(row), "grouped" if grouped else "balance", train_cost(i, row, steps),
-                                 bound(i), None if held_chosen is None else float(held_chosen[i]),
-                                 None if held_base is None else float(held_base[i]), status))
+        reports.append(TimeLayer(np.asarray(row), "grouped" if grouped else "balance",
+                                 cost(i, row, steps).layer_time_s, bound(i),
+                                 sum(h.layer_time_s for h in held) if held else None,
+                                 sum(h.layer_time_s for h in held_balance) if held else None, status,
+                                 tuple(held), tuple(held_balance)))
         if bar:
             bar.advance(1)
     if bar:
         bar.close()
-    return finish(rows, reports, strength, cv)
+    return TimePlan(Placement(np.stack(rows), experts, gpus, nodes), tuple(reports), strength, cv, balance,
+                    tuple(notes), time.monotonic() - began)

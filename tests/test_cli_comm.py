@@ -65,6 +65,25 @@ def test_plan_time_records_the_objective_and_evaluate_reports_the_layer_time(tok
     assert mapping.shape == (2, 24) and all(set(row) == set(range(16)) for row in mapping.tolist())
 
 
+@pytest.mark.parametrize("objective", ["time", "balance"])
+def test_a_plan_of_one_layer_is_the_whole_plans_row_and_evaluates_alike(tmp_path, capsys, objective):
+    # each layer is planned on its own tokens, and the random replica choices are seeded by the layer's id:
+    # `plan --layers 5` gives layer 5's row of the whole plan, and evaluate gives it the same figures
+    path = tmp_path / "six.npz"
+    write_token_trace(path, np.random.default_rng(3), layers=6)
+    whole, one = tmp_path / "whole.json", tmp_path / "one.json"
+    common = ["--gpus", "8", "--nodes", "2", "--redundant", "8", "--objective", objective, "--no-progress",
+              "--format", "json"]
+    run_json(capsys, ["plan", str(path), *common, "--out", str(whole)])
+    run_json(capsys, ["plan", str(path), *common, "--layers", "5", "--out", str(one)])
+    assert read_plan(one).placement.phy2log.tolist() == read_plan(whole).placement.phy2log[5:].tolist()
+    dynamic = ["--replica-choice", "sglang-dynamic", "--format", "json"]     # a random replica per token and expert
+    ev_whole = run_json(capsys, ["evaluate", str(whole), str(path), *dynamic])
+    ev_one = run_json(capsys, ["evaluate", str(one), str(path), *dynamic])
+    for key in ("rdma_bytes", "dispatch_s", "compute_s", "layer_time_s"):
+        assert ev_one["layers"][0][key] == pytest.approx(ev_whole["layers"][5][key], rel=1e-12)
+
+
 def test_distinct_nodes_per_token_is_a_direct_count(token_trace, tmp_path, capsys):
     path, ids = token_trace
     out = tmp_path / "b.json"

@@ -1,5 +1,6 @@
-"""The time-objective planner (moe_place.solvers.comm): valid plans, the held-out guard, the bound,
-the search's incremental state, and a trace where grouping must pay."""
+"""The time-objective planner (moe_place.solvers.comm): valid plans, the held-out guard (a window that
+contradicts the others), the node and GPU caps, spreading co-activated experts over a node's GPUs,
+the bound, the search's incremental state, and a trace where grouping must pay."""
 
 import itertools
 
@@ -12,8 +13,10 @@ from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
-from moe_place.solvers.comm import (STRENGTHS, LayerTokens, NodeSearch, balanced_nodes, community_nodes, cv_windows,
-                                    layer_lower_bound_s, plan_layer, plan_time, replica_nodes)
+from moe_place.solvers.comm import (GROUP_STRENGTH, MIN_COMM_GAIN, HeldOut, LayerTokens, NodeSearch, assemble,
+                                    balance_caps, balanced_nodes, community_nodes, cv_windows, guard,
+                                    layer_lower_bound_s, local_demand, plan_layer, plan_time, replica_nodes,
+                                    served_per_step, spread_within_nodes)
 
 SHAPE = ExpertShape("test", 512, 256, 16, 4, 2)
 
@@ -34,11 +37,11 @@ def clustered_steps(rng, experts=16, layers=2, k=4, tokens=160, steps=3, groups=
     return out
 
 
-def problem_for(steps, gpus, nodes, redundant=0):
+def problem_for(steps, gpus, nodes, redundant=0, layer_ids=()):
     experts = 16
     loads = np.stack([sum(np.bincount(s[:, i, :].ravel(), minlength=experts) for s in steps)
                       for i in range(steps[0].shape[1])]).astype(float)
-    return PlacementProblem(loads, gpus, experts + redundant, num_nodes=nodes)
+    return PlacementProblem(loads, gpus, experts + redundant, num_nodes=nodes, layer_ids=tuple(layer_ids))
 
 
 def layer_time(model, steps, row, layer, gpus, nodes):
@@ -58,12 +61,13 @@ def test_time_plan_is_valid_deterministic_and_guarded(redundant, rule):
     placement = first.placement
     assert placement.phy2log.shape == (2, 16 + redundant) and not placement.allow_colocated
     Placement(placement.phy2log, 16, 8, 2)  # engine-compatible: every expert, equal slots, no co-location
-    assert set(first.cv) == {str(s) for s in STRENGTHS} | {"balance"}
+    assert set(first.cv) == {"grouped", "balance"} and first.strength == GROUP_STRENGTH
     for i, layer in enumerate(first.layers):
         assert layer.lower_bound_s <= layer.predicted_s * (1 + 1e-9)
         assert layer.predicted_s == pytest.approx(layer_time(model, steps, placement.phy2log[i], i, 8, 2))
+        assert len(layer.comm_gains) == 3                       # three steps: three held-out windows
         if layer.choice == "grouped":
-            assert layer.held_out_s <= layer.balance_held_out_s
+            assert min(layer.comm_gains) > MIN_COMM_GAIN
         else:
             assert np.array_equal(placement.phy2log[i], first.balance.phy2log[i])
 
@@ -96,7 +100,7 @@ def test_a_layer_that_grouping_does_not_help_keeps_the_balance_plan():
         if layer.choice == "balance":
             assert np.array_equal(result.placement.phy2log[i], result.balance.phy2log[i])
         else:
-            assert layer.held_out_s <= layer.balance_held_out_s
+            assert min(layer.comm_gains) > MIN_COMM_GAIN
 
 
 def test_node_search_keeps_its_incremental_state_exact():
@@ -178,3 +182,145 @@ def test_community_start_puts_each_cluster_on_one_node():
     Placement(result.placement.phy2log, 16, 8, 2)
     with pytest.raises(InputError, match="start"):
         plan_time(problem, steps, model, start="random")
+
+
+def test_guard_groups_only_on_a_traffic_gain_seen_on_every_window():
+    balance = [HeldOut(10.0, 5.0), HeldOut(10.0, 5.0)]
+    assert guard([HeldOut(8.0, 5.0), HeldOut(9.0, 5.0)], balance)             # consistent: 20% and 10% less
+    assert not guard([HeldOut(6.0, 5.0), HeldOut(10.5, 5.0)], balance)        # 40% on one window, lost on the other
+    assert not guard([HeldOut(6.0, 5.0), HeldOut(10.0, 5.0)], balance)        # no gain on one window
+    assert not guard([], [])                                                  # no window, no evidence
+    # compute is hedged by the plan, not judged on one or two windows (module docstring, step 5) ...
+    assert guard([HeldOut(8.0, 5.5), HeldOut(9.0, 4.0)], balance)
+    assert guard([HeldOut(8.0, 8.0), HeldOut(9.0, 5.0)], balance)
+    # ... unless asked to judge the whole layer time: 16 against 15 on the first window
+    assert not guard([HeldOut(8.0, 8.0), HeldOut(9.0, 5.0)], balance, judge="layer")
+    assert guard([HeldOut(8.0, 5.5), HeldOut(9.0, 4.0)], balance, judge="layer")
+    with pytest.raises(InputError, match="judge"):
+        guard(balance, balance, judge="compute")
+
+
+def misleading_steps(rng, tokens=160):
+    """Three steps of two layers, 16 experts in four fixed quartets. Layer 0: every token picks the
+    four experts of one quartet, on every step (grouping the quartets pays on every window).
+    Layer 1: so on steps 0 and 1, but on step 2 every token picks one expert of each quartet, so the
+    quartets learned on steps 0-1 send every token of step 2 to all four nodes, more than a plan
+    blind to them: the held-out window of step 2 says grouping loses there, the two others that it wins."""
+    quartets = rng.permutation(16).reshape(4, 4)
+    out = []
+    for step in range(3):
+        ids = np.empty((tokens, 2, 4), dtype=np.int64)
+        for t in range(tokens):
+            ids[t, 0] = rng.permutation(quartets[rng.integers(4)])
+            ids[t, 1] = rng.permutation(quartets[rng.integers(4)] if step < 2 else
+                                        quartets[np.arange(4), rng.integers(4, size=4)])
+        out.append(ids)
+    return out
+
+
+def test_a_layer_whose_gain_one_window_contradicts_keeps_the_balance_plan():
+    rng = np.random.default_rng(11)
+    steps = misleading_steps(rng)
+    problem = problem_for(steps, 8, 4)
+    model = CommModel(default_topology(8, 4), SHAPE)
+    result = plan_time(problem, steps, model)
+    consistent, misled = result.layers
+    assert consistent.choice == "grouped" and min(consistent.comm_gains) > 0
+    assert min(misled.comm_gains[:2]) > 0 > misled.comm_gains[2]      # wins on two windows, loses on the third
+    assert misled.choice == "balance"
+    assert np.array_equal(result.placement.phy2log[1], result.balance.phy2log[1])
+
+
+
+@pytest.mark.parametrize("redundant", [0, 8])
+def test_each_layer_is_planned_alone(redundant):
+    # planning one layer alone (its id kept: SGLang's fair draw of replicas is seeded by the layer's id)
+    # gives the row, choice and held-out figures the whole model's plan has for it
+    rng = np.random.default_rng(11)
+    steps = misleading_steps(rng)
+    model = CommModel(default_topology(8, 4), SHAPE)
+    whole = plan_time(problem_for(steps, 8, 4, redundant), steps, model)
+    for i in range(2):
+        part = [s[:, i:i + 1, :] for s in steps]
+        alone = plan_time(problem_for(part, 8, 4, redundant, layer_ids=(i,)), part, model)
+        assert alone.layers[0].choice == whole.layers[i].choice
+        assert alone.layers[0].windows == whole.layers[i].windows
+        assert np.array_equal(alone.placement.phy2log[0], whole.placement.phy2log[i])
+
+
+def test_within_cap_lowers_the_rows_over_the_node_cap_and_the_search_never_raises_them():
+    rng = np.random.default_rng(12)
+    steps = clustered_steps(rng, layers=1)
+    tokens = LayerTokens.from_steps([s[:, 0, :] for s in steps], 16, 8, "blocks")
+    problem = problem_for(steps, 8, 2)
+    balance = solve(problem, "fast").placement.phy2log[0]
+    node_cap, gpu_cap = balance_caps(tokens.loads, balance, 8, 2)
+    count = np.bincount(balance, minlength=16)
+    for step in range(3):   # the same figures, slot by slot
+        gpu_rows = [sum(tokens.loads[step, balance[p]] / count[balance[p]] for p in range(2 * g, 2 * g + 2))
+                    for g in range(8)]
+        assert gpu_cap[step] == pytest.approx(max(gpu_rows))
+        assert node_cap[step] == pytest.approx(max(sum(gpu_rows[:4]), sum(gpu_rows[4:])))
+    model = CommModel(default_topology(8, 2), SHAPE)
+    tight = 0.95 * tokens.loads.sum(axis=1) / 2 + 0.05 * node_cap   # between the mean node and the balance plan's
+    search = NodeSearch(tokens, community_nodes(tokens, 2), 8, 2, 2, model, cap=tight)
+    before = search.excess()
+    assert before > 0                                                    # a cluster's node is over it
+    search.within_cap()
+    assert search.excess() < before
+    after = search.excess()
+    search.search(16)
+    assert search.excess() <= after                                      # the search never goes further over
+    assert np.bincount(search.node_of, minlength=2).tolist() == [8, 8]
+
+
+def test_spread_within_nodes_puts_experts_that_fire_together_on_different_gpus():
+    rng = np.random.default_rng(13)
+    # 16 experts in 4 fixed quartets; each token picks one quartet; 2 nodes x 4 GPUs x 2 slots
+    quartets = rng.permutation(16).reshape(4, 4)
+    ids = quartets[rng.integers(4, size=400)]
+    tokens = LayerTokens.from_steps([ids[:200], ids[200:]], 16, 8, "blocks")
+    model = CommModel(default_topology(8, 2), SHAPE)
+    node_of = np.zeros(16, dtype=np.int64)
+    node_of[quartets[2:].ravel()] = 1                                    # two quartets per node
+    search = NodeSearch(tokens, node_of, 8, 2, 2, model)
+    plan = replica_nodes(search, 16)
+    packed = np.concatenate([quartets[:2].ravel(), quartets[2:].ravel()])   # each quartet on two GPUs: the worst
+    served = served_per_step(plan, node_of, local_demand(tokens, 16, 2, 4))
+    row = spread_within_nodes(packed, served, tokens.affinity(), None, 8, 2)
+    Placement(row[None], 16, 8, 2)                                        # still a valid plan, same nodes
+    assert sorted(row[:8].tolist()) == sorted(packed[:8].tolist())
+    gpu_of = np.empty(16, dtype=int)
+    gpu_of[row] = np.arange(16) // 2
+    for quartet in quartets:
+        assert len(set(gpu_of[quartet])) == 4                             # one expert of each quartet per GPU
+    # with a GPU cap the rows over it never grow
+    cap = np.full(2, 0.9 * served.sum(axis=(1, 2)).max() / 8)
+    capped = spread_within_nodes(packed, served, tokens.affinity(), cap, 8, 2)
+    def over(r):
+        gpu_rows = np.stack([served[s][r, np.arange(16) // 8].reshape(8, 2).sum(axis=1) for s in range(2)])
+        return np.maximum(gpu_rows - cap[:, None], 0).sum()
+    assert over(capped) <= over(packed)
+
+
+def test_spread_within_nodes_with_replicas_keeps_a_valid_plan_and_never_raises_the_affinity():
+    rng = np.random.default_rng(14)
+    steps = clustered_steps(rng, layers=1)
+    tokens = LayerTokens.from_steps([s[:, 0, :] for s in steps], 16, 8, "blocks")
+    model = CommModel(default_topology(8, 2), SHAPE)
+    search = NodeSearch(tokens, community_nodes(tokens, 2), 8, 2, 3, model)      # P = 24: replicas on each node
+    plan = replica_nodes(search, 24, exact=False)
+    row = assemble([plan], 8, 2, 24)[0]
+    served = served_per_step(plan, search.node_of, local_demand(tokens, 16, 2, 4))
+    affinity = tokens.affinity()
+
+    def shared(r):   # affinity of the slot pairs that share a GPU
+        gpu = np.arange(24) // 3
+        same = (gpu[:, None] == gpu[None, :]) & ~np.eye(24, dtype=bool)
+        return float(affinity[r[:, None], r[None, :]][same].sum())
+
+    spread = spread_within_nodes(row, served, affinity, None, 8, 2)
+    Placement(spread[None], 16, 8, 2)                                   # no two replicas of one expert on a GPU
+    for n in range(2):
+        assert sorted(spread[n * 12:(n + 1) * 12].tolist()) == sorted(row[n * 12:(n + 1) * 12].tolist())
+    assert shared(spread) <= shared(row) + 1e-12

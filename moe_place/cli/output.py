@@ -63,5 +63,5 @@ def print_report(report: dict, fmt: str, header: str = "") -> None:
                      f"{t['lower_bound_s'] * 1e3:.4f} ms; grouping strength {t['strength']} "
                      f"({t['layers_grouped']} of {len(report['layers'])} layers grouped)")
         if cv:
-            lines.append("held-out time by strength (ms): " + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in cv.items()))
+            lines.append("held-out time of the guard's windows (ms): " + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in cv.items()))
     sys.stdout.write("\n".join(lines) + "\n")

@@ -39,11 +39,13 @@ def plan_for_time(args: argparse.Namespace, problem, trace, options: dict) -> in
         figures = layer_figures(layer.phy2log, problem.layer_loads(i), problem.num_gpus, args.split,
                                 problem.window_objective, problem.quantile, problem.layer_id(i))
         table = SlotTable(result.balance.phy2log[i], problem.num_gpus, problem.num_nodes, problem.num_experts)
-        balance_s = layer_cost(model, [s[:, i, :] for s in steps], table, i).layer_time_s
+        balance_s = layer_cost(model, [s[:, i, :] for s in steps], table, problem.layer_id(i)).layer_time_s
         rows.append({**figures.to_dict(), "status": "heuristic", "choice": layer.choice,
                      "predicted_time_s": layer.predicted_s, "balance_predicted_time_s": balance_s,
                      "time_lower_bound_s": layer.lower_bound_s, "held_out_s": layer.held_out_s,
-                     "balance_held_out_s": layer.balance_held_out_s, "replicas": layer.replica_status})
+                     "balance_held_out_s": layer.balance_held_out_s,
+                     "held_out_comm_gains": list(layer.comm_gains), "held_out_layer_gains": list(layer.layer_gains),
+                     "replicas": layer.replica_status})
     predicted = sum(r["predicted_time_s"] for r in rows)
     report = {"objective": "time", "solver": "time", "status": "heuristic", "wall_s": round(result.wall_s, 6),
               "split": args.split, "layers": rows,

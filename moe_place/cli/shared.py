@@ -161,13 +161,14 @@ def options_from_plan(args: argparse.Namespace, plan) -> dict:
 
 def time_figures(placement, trace, model) -> tuple[list[dict], dict]:
     """(per-layer dicts with TIME_KEYS and the NIC/node bytes, top-level sums and notes) of a plan on a
-    trace whose layers are the plan's. Count-level traces get the compute time only."""
+    trace whose layers are the plan's. Count-level traces get the compute time only. The random replica
+    choices are seeded by each layer's id in the model (as `plan --objective time` does)."""
     layers, top = [], {"time_model": model.describe()}
     if trace.is_token_level:
         for i in range(placement.num_layers):
             table = SlotTable(placement.phy2log[i], placement.num_gpus, placement.num_nodes,
                               placement.num_experts)
-            cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, i)
+            cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, trace.meta.layer_ids[i])
             layers.append(cost.to_dict())
         top["layer_time_s"] = float(sum(x["layer_time_s"] for x in layers))
         top["rdma_bytes"] = float(sum(x["rdma_bytes"] for x in layers))
