@@ -163,7 +163,14 @@ class RebalanceRule:
         gpus = current.num_gpus
         mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
         cur_busy = current.gpu_loads(lam).max(axis=1)
-        planned = self._plan(lam)                                                  # [layers, P]
+        # one vectorised EPLB call plans the window and, for the layers whose load did not change
+        # beyond noise (step 3), the resampled windows of their noise floor
+        same = np.flatnonzero(~self._changed)
+        replicas = [self._resample(total[same], None if samples is None else samples[:, same], rng) / steps
+                    for _ in range(NOISE_REPLICATES if same.size else 0)]
+        every = self._plan(np.concatenate([lam] + replicas))
+        planned = every[:self.num_layers]                                          # [layers, P]
+        replica_rows = every[self.num_layers:].reshape(len(replicas), same.size, every.shape[1])
         last_planned, self._last_planned = self._last_planned, planned
         new_busy = even_split_gpu_loads(planned, lam, gpus).max(axis=1)
         deficit = (cur_busy - new_busy) / mean
@@ -179,10 +186,9 @@ class RebalanceRule:
             # call (a changed load is a real gap), and not a gap this large
             near = open_layers[(deficit[open_layers] < NOISE_CHECK_BELOW) & ~self._changed[open_layers]]
             if near.size:
-                replicas = [self._resample(total[near], None if samples is None else samples[:, near], rng) / steps
-                            for _ in range(NOISE_REPLICATES)]
-                plans = self._plan(np.concatenate(replicas))        # one vectorised EPLB call for all of them
-                plans = np.concatenate([plans, last_planned[near]])  # + the plan of the last call's window
+                where = np.searchsorted(same, near)                  # their rows among the replicas
+                plans = np.concatenate([replica_rows[:, where].reshape(-1, replica_rows.shape[-1]),
+                                        last_planned[near]])         # + the plan of the last call's window
                 busy = even_split_gpu_loads(plans, np.tile(lam[near], (NOISE_REPLICATES + 1, 1)), gpus).max(axis=1)
                 behind = (busy.reshape(NOISE_REPLICATES + 1, -1) - new_busy[near]) / mean[near]
                 floor[near] = np.maximum(behind.max(axis=0), 0.0)
