@@ -14,8 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PY_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
 SH_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.sh"))
 # scripts without the shared record options, with the reason
-OWN_OUTPUT_OPTIONS = {"bench_comm.py": "owned by another session this round: only its import was fixed",
-                      "check_sglang_kt_stats.py": "a check: it writes no file"}
+OWN_OUTPUT_OPTIONS = {"check_sglang_kt_stats.py": "a check: it writes no file"}
 
 
 def _run(*argv, timeout: float = 120) -> subprocess.CompletedProcess:
