@@ -31,7 +31,7 @@ Targets (issue): held out, `time`/`fast` at most 1.00 on 95% of the subset-fold 
 EP64+64. `eplb`/`fast` over the same pairs is the chance between two balance-only plans.
 Plan time of 48 layers at EP32 on 2 cores: `moe-place plan` timed end to end.
 
-    python bench/bench_comm.py [--layers 48] [--output-json bench/results/comm.json] [--plot bench/results/comm.png]
+    python bench/bench_comm.py [--layers 48] [--out bench/results/comm.json] [--plot bench/results/comm.png] [--force]
     python bench/bench_comm.py --timing-only [--output-json FILE]   # just the end-to-end plan times
 """
 
@@ -47,6 +47,7 @@ import time
 
 import numpy as np
 
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cost.comm import CommModel, SlotTable, default_topology, layer_cost
 from moe_place.cost.models import get_model
 from moe_place.io import write_atomic, write_json_atomic
@@ -336,11 +337,11 @@ def plot_png(rows: list[dict]) -> bytes:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=48, help="layers, evenly spaced (default all 48)")
-    parser.add_argument("--output-json", metavar="FILE")
-    parser.add_argument("--plot", metavar="PNG")
+    add_record_options(parser, plot=True, committed=("bench/results/comm.json", "bench/results/comm.png"))
     parser.add_argument("--no-cli-timing", action="store_true", help="skip timing `moe-place plan` end to end")
     parser.add_argument("--timing-only", action="store_true", help="only time `moe-place plan` end to end")
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
     path = str(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))
     if args.timing_only:
         timing = [plan_time_cli(path, redundant, 60.0) for redundant in (0, 32)]
