@@ -71,19 +71,29 @@ def balanced_packing(weight: np.ndarray, num_packs: int,
         pack_index = np.broadcast_to(np.arange(items, dtype=np.int64), (rows, items)).copy()
         return pack_index, np.zeros((rows, items), dtype=np.int64)
     order = np.asarray(descending_order(weight), dtype=np.int64)
-    pack_weight = np.zeros((rows, num_packs), dtype=np.float32)
-    pack_items = np.zeros((rows, num_packs), dtype=np.int64)
-    pack_index = np.full((rows, items), -1, dtype=np.int64)
-    rank_in_pack = np.full((rows, items), -1, dtype=np.int64)
-    row_ids = np.arange(rows)
+    taken = np.take_along_axis(weight, order, axis=1)        # [rows, n] in packing order
+    # the packs' loads, flat (row-major): a full pack's load becomes inf, so "the lightest pack
+    # with room, first on ties" is a plain argmin (the other packs keep their float32 sums)
+    load = np.zeros(rows * num_packs, dtype=np.float32)
+    count = np.zeros(rows * num_packs, dtype=np.int64)
+    base = np.arange(rows) * num_packs
+    packs = np.empty((rows, items), dtype=np.int64)          # the pack of the item at each position
     for position in range(items):
-        item = order[:, position]
-        candidates = np.where(pack_items < per_pack, pack_weight, np.float32(np.inf))
-        pack = np.argmin(candidates, axis=1)  # the lightest pack with room, first on ties
-        pack_index[row_ids, item] = pack
-        rank_in_pack[row_ids, item] = pack_items[row_ids, pack]
-        pack_weight[row_ids, pack] += weight[row_ids, item]
-        pack_items[row_ids, pack] += 1
+        pack = np.argmin(load.reshape(rows, num_packs), axis=1)
+        packs[:, position] = pack
+        flat = base + pack
+        load[flat] += taken[:, position]
+        count[flat] += 1
+        load[flat[count[flat] == per_pack]] = np.inf
+    # an item's rank in its pack: the items put there before it (every pack ends with per_pack)
+    by_pack = np.argsort(packs, axis=1, kind="stable")      # positions grouped by pack, in order
+    rank = np.empty_like(packs)
+    np.put_along_axis(rank, by_pack, np.arange(items)[None, :] - np.take_along_axis(packs, by_pack, axis=1) * per_pack,
+                      axis=1)
+    pack_index = np.empty((rows, items), dtype=np.int64)
+    rank_in_pack = np.empty((rows, items), dtype=np.int64)
+    np.put_along_axis(pack_index, order, packs, axis=1)
+    np.put_along_axis(rank_in_pack, order, rank, axis=1)
     return pack_index, rank_in_pack
 
 

@@ -164,8 +164,9 @@ class RebalanceRule:
         mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
         cur_busy = current.gpu_loads(lam).max(axis=1)
         # one vectorised EPLB call plans the window and, for the layers whose load did not change
-        # beyond noise (step 3), the resampled windows of their noise floor
-        same = np.flatnonzero(~self._changed)
+        # beyond noise (step 3) and whose map could still gain more than `min_gain` (no plan beats
+        # the mean), the resampled windows of their noise floor
+        same = np.flatnonzero(~self._changed & ((cur_busy - mean) / mean > self.min_gain))
         replicas = [self._resample(total[same], None if samples is None else samples[:, same], rng) / steps
                     for _ in range(NOISE_REPLICATES if same.size else 0)]
         every = self._plan(np.concatenate([lam] + replicas))
