@@ -623,7 +623,7 @@ class _StandinSglangEngine:
 
 
 def _run_standin_sglang(policy: str, size: Size, counts: np.ndarray, cadence: dict, clock: Clock, on_step=None):
-    with standins.standin_sglang_modules() as modules, ExitStack() as stack:
+    with standins.standin_sglang_modules(cadence["step_interval"]) as modules, ExitStack() as stack:
         algorithms, location = modules
         _time_sglang_policy(algorithms, location, policy, clock, stack)
         eplb = standins.StandinSglangEplb(modules, size.layers, size.experts, size.redundant, size.gpus, size.nodes,

@@ -251,18 +251,24 @@ class _Metadata:
 
 
 @contextmanager
-def standin_sglang_modules() -> Iterator[tuple[types.ModuleType, types.ModuleType]]:
+def standin_sglang_modules(num_iterations: int = 1000) -> Iterator[tuple[types.ModuleType, types.ModuleType]]:
     """`sglang.srt.eplb.eplb_algorithms` and `sglang.srt.eplb.expert_location` for the block; yields both:
     `StandinSglangEplb` calls the first one's `rebalance_experts` attribute (which the hook replaces) and
-    publishes its map through the second."""
+    publishes its map through the second. Also `sglang.srt.runtime_context`, whose `get_exec().moe`
+    holds the server's `eplb_rebalance_num_iterations` (`num_iterations`), where SGLang 0.5.23's
+    running server publishes it (`sglang/srt/runtime_context.py`) and the hook reads it."""
     algorithms = types.ModuleType("sglang.srt.eplb.eplb_algorithms")
     algorithms.rebalance_experts = sglang_rebalance_experts
     algorithms.compute_algorithm = compute_algorithm
     location = types.ModuleType("sglang.srt.eplb.expert_location")
     location.metadata = None
     location.get_global_expert_location_metadata = lambda: location.metadata
+    runtime = types.ModuleType("sglang.srt.runtime_context")
+    exec_args = types.SimpleNamespace(moe=types.SimpleNamespace(eplb_rebalance_num_iterations=num_iterations))
+    runtime.get_exec = lambda: exec_args
     tree = {name: types.ModuleType(name) for name in ("sglang", "sglang.srt", "sglang.srt.eplb")}
-    tree.update({"sglang.srt.eplb.eplb_algorithms": algorithms, "sglang.srt.eplb.expert_location": location})
+    tree.update({"sglang.srt.eplb.eplb_algorithms": algorithms, "sglang.srt.eplb.expert_location": location,
+                 "sglang.srt.runtime_context": runtime})
     with _modules(tree):
         yield algorithms, location
 
