@@ -78,8 +78,9 @@ def balanced_packing(weight: np.ndarray, num_packs: int,
     count = np.zeros(rows * num_packs, dtype=np.int64)
     base = np.arange(rows) * num_packs
     packs = np.empty((rows, items), dtype=np.int64)          # the pack of the item at each position
+    by_row = load.reshape(rows, num_packs)                   # a view of `load`
     for position in range(items):
-        pack = np.argmin(load.reshape(rows, num_packs), axis=1)
+        pack = np.argmin(by_row, axis=1)
         packs[:, position] = pack
         flat = base + pack
         load[flat] += taken[:, position]

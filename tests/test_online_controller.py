@@ -236,3 +236,29 @@ def test_unknown_controller_and_bad_rule_settings_are_input_errors():
         rule.decide(np.full((LAYERS, EXPERTS), np.nan), start, 100)
     with pytest.raises(Exception, match="load window"):
         rule.decide(np.ones((3, EXPERTS)), start, 100)
+
+
+def _unbalanced_rows(popularity, seed):
+    """A map that is balanced for another popularity (`seed`): the current map has a real gap."""
+    return eplb_rebalance(_popularity(seed) * 1e4, PHYSICAL, 1, 1, GPUS)
+
+
+def test_retention_is_measured_what_a_plan_keeps_on_the_next_window():
+    """Step 4's retention: a gap that persists (the same popularity, a new sample) keeps ~all of
+    itself, a gap to a popularity that is gone by the next window keeps none, and the horizon
+    follows (interval / (1 - retention))."""
+    popularity = _popularity(3)
+    counts = _stationary(80, popularity, tokens=4096, seed=1)
+    cost = _cost(migration="stall")
+    for later, kept in ((counts[40:80].sum(axis=0), "most"), (_stationary(40, _popularity(9), 4096, 2).sum(axis=0),
+                                                                "none")):
+        rule = RebalanceRule(cost, LAYERS, EXPERTS, max_moved_slots=0)   # decide, move nothing: the gap stays
+        current = Placement(_unbalanced_rows(popularity, 5), EXPERTS, GPUS, allow_colocated=True)
+        rule.decide(counts[:40].sum(axis=0), current, interval_steps=100, window_steps=40)
+        assert rule.last_retention == 0.0                                # nothing measured yet
+        rule.decide(later, current, interval_steps=100, window_steps=40)
+        if kept == "most":
+            assert rule.last_retention > 0.8
+            assert min(v.horizon_steps for v in rule.last_verdicts) >= 100 / (1 - 0.8)
+        else:
+            assert rule.last_retention < 0.3

@@ -195,8 +195,8 @@ class PaybackRebalance:
 
     def __call__(self, tokens_per_expert, num_physical_experts: int, num_local_physical_experts: int,
                  num_groups: int | None, num_nodes: int, algorithm: Any = None):
-        loads = tokens_per_expert.detach().to("cpu").double().numpy() if hasattr(tokens_per_expert, "detach") \
-            else np.asarray(tokens_per_expert, dtype=np.float64)
+        loads = tokens_per_expert.detach().to("cpu").numpy() if hasattr(tokens_per_expert, "detach") \
+            else np.asarray(tokens_per_expert)   # the rule checks and converts the counts once
         if loads.ndim == 2:
             loads = loads[None]
         _, num_layers, num_experts = loads.shape

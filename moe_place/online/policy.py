@@ -27,10 +27,16 @@ states the rule and what it assumes. Per layer:
    falls behind the fresh plan by more than `noise_margin` times the worst of them plus `min_gain`
    (shares of the mean GPU load); a layer whose load changed needs only `min_gain`.
 4. Does it pay back? Its saving `dt` per step (the cost model's busiest-GPU time, formulas 1/5,
-   on `lam`) accrues until the load pattern changes. The rule believes the pattern lasts
-   `H = max(interval, age)` more steps: at least until the next call, since the map cannot change
-   before it, and as long again as it has already lasted (`age`: how long the layer's load has
-   stayed the same up to noise, measured from call to call). The move is taken when it pays back
+   on `lam`) accrues until the load pattern changes. The rule believes the saving lasts
+   `H = max(interval, age, interval / (1 - retention))` more steps: at least until the next call,
+   since the map cannot change before it; as long again as the layer's load has already lasted
+   (`age`: how long it has stayed the same up to noise, measured from call to call); and, on a
+   load that drifts (never the same twice, yet its hot experts stay hot a while), the life of a
+   saving that keeps `retention` of itself from one interval to the next (a geometric series),
+   where `retention` is measured, not assumed: the gain the last calls' plans realised on the
+   window that came after them over the gain they showed on their own window, pooled over the
+   layers that had a gap and the last `RETENTION_CALLS` calls (0 before any, clipped to [0, 1)).
+   H is capped at `MAX_HORIZON_INTERVALS` intervals. The move is taken when it pays back
    within that horizon, `dt * (H - copy steps) > charge` (formula 7, with the engine's migration
    model: `stall` pays the copy time, `async` the delay the copies cause beside dispatch/combine),
    and taken whole: no cap on moved slots, unless the engine states one (`max_moved_slots`, or
@@ -55,6 +61,7 @@ SAME_PATTERN_FLOOR = 0.02    # ... or by at most this total-variation distance, 
 MAX_HORIZON_INTERVALS = 100  # the believed life of a pattern is capped at this many intervals
 NOISE_CHECK_BELOW = 0.05     # a layer further behind than this share of the mean GPU load is not noise
 NOISE_REPLICATES = 2         # resampled windows per call (besides the last call's); the floor is the worst
+RETENTION_CALLS = 4          # the retention of a saving is pooled over this many past calls
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,10 @@ class RebalanceRule:
     _previous: np.ndarray | None = field(default=None, init=False, repr=False)
     _previous_total: np.ndarray | None = field(default=None, init=False, repr=False)
     _last_planned: np.ndarray | None = field(default=None, init=False, repr=False)
+    _last_rows: np.ndarray | None = field(default=None, init=False, repr=False)   # map in use at the last call
+    _last_gap: np.ndarray | None = field(default=None, init=False, repr=False)    # its deficit then
+    _kept: list = field(default_factory=list, init=False, repr=False)             # (realised, shown) per call
+    last_retention: float = field(default=0.0, init=False)  # the retention the last call used (module note)
     _calls: int = field(default=0, init=False, repr=False)
     _num_physical: int = field(default=0, init=False, repr=False)
 
@@ -163,6 +174,7 @@ class RebalanceRule:
         gpus = current.num_gpus
         mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
         cur_busy = current.gpu_loads(lam).max(axis=1)
+        self.last_retention = retention = self._retention(lam, mean, gpus)
         # one vectorised EPLB call plans the window and, for the layers whose load did not change
         # beyond noise (step 3) and whose map could still gain more than `min_gain` (no plan beats
         # the mean), the resampled windows of their noise floor
@@ -175,6 +187,7 @@ class RebalanceRule:
         last_planned, self._last_planned = self._last_planned, planned
         new_busy = even_split_gpu_loads(planned, lam, gpus).max(axis=1)
         deficit = (cur_busy - new_busy) / mean
+        self._last_rows, self._last_gap = np.array(current.phy2log), deficit
         floor = np.zeros(self.num_layers)
         open_layers = np.flatnonzero(deficit > self.min_gain)
         fresh = current
@@ -193,7 +206,9 @@ class RebalanceRule:
                 busy = even_split_gpu_loads(plans, np.tile(lam[near], (NOISE_REPLICATES + 1, 1)), gpus).max(axis=1)
                 behind = (busy.reshape(NOISE_REPLICATES + 1, -1) - new_busy[near]) / mean[near]
                 floor[near] = np.maximum(behind.max(axis=0), 0.0)
-        horizon = np.minimum(np.maximum(interval_steps, self._age), MAX_HORIZON_INTERVALS * interval_steps)
+        kept_for = interval_steps / (1.0 - retention)                               # geometric life of a saving
+        horizon = np.minimum(np.maximum(np.maximum(interval_steps, self._age), kept_for),
+                             MAX_HORIZON_INTERVALS * interval_steps)
         cur_s = self.cost.layer_times_s(current, lam)
         new_s = self.cost.layer_times_s(fresh, lam) if open_layers.size else cur_s
         step = (float(cur_s.sum()), self.cost.moves.comm_time_s(current, lam))   # what async copies run beside
@@ -221,13 +236,14 @@ class RebalanceRule:
     def _window(self, window: np.ndarray, current: Placement,
                 window_steps: int | None) -> tuple[np.ndarray, int, np.ndarray | None]:
         """(counts summed `[layers, E]`, steps they cover, per-step samples `[S, layers, E]` or None)."""
-        loads = np.asarray(window, dtype=np.float64)
+        loads = np.asarray(window)
         shape = (current.num_layers, current.num_experts)
         if loads.shape[-2:] != shape or loads.ndim not in (2, 3) or 0 in loads.shape:
             raise InputError("load window", f"[samples, {shape[0]}, {shape[1]}] or [{shape[0]}, {shape[1]}]",
                              list(loads.shape))
-        if not np.isfinite(loads).all() or (loads < 0).any():
+        if loads.dtype.kind not in "iub" and not np.isfinite(loads).all() or loads.min() < 0:
             raise InputError("load window", "finite counts >= 0", "NaN, inf or a negative count")
+        loads = loads.astype(np.float64, copy=False)            # engines hand integer counts: one conversion
         if (current.num_layers, current.num_experts) != (self.num_layers, self.num_experts):
             raise InputError("current map", f"{self.num_layers} layers x {self.num_experts} experts",
                              f"{current.num_layers} x {current.num_experts}")
@@ -260,8 +276,9 @@ class RebalanceRule:
         the same load (step 3). A draw like this window (its per-step counts bootstrapped when there are
         enough of them, else a multinomial draw of its total) differs from it by one window's sampling
         noise; two independent windows differ by twice its variance, so the deviation is scaled by sqrt(2)."""
-        if samples is not None and len(samples) >= 8:
-            draw = samples[rng.integers(0, len(samples), len(samples))].sum(axis=0)
+        if samples is not None and len(samples) >= 8:   # a bootstrap: each step drawn as often as a multinomial says
+            times = rng.multinomial(len(samples), np.full(len(samples), 1.0 / len(samples))).astype(np.float64)
+            draw = (times @ samples.reshape(len(samples), -1)).reshape(total.shape)
         else:
             draw = np.zeros_like(total)
             for layer, row in enumerate(total):
@@ -305,6 +322,23 @@ class RebalanceRule:
             else:
                 verdicts[v.layer] = LayerVerdict(**{**v.__dict__, "moved": False, "reason": "cap"})
         return kept
+
+    def _retention(self, lam: np.ndarray, mean: np.ndarray, gpus: int) -> float:
+        """Step 4's retention: of the gap the last call's plan showed over the map then in use (on
+        its own window, layers with a gap over `min_gain`), the share it still shows on this
+        window; pooled over the layers and the last `RETENTION_CALLS` calls, clipped to
+        [0, 1 - 1/MAX_HORIZON_INTERVALS]; 0 until a call has had a gap."""
+        if self._last_planned is not None and self._last_rows is not None:
+            had = np.flatnonzero(self._last_gap > self.min_gain)
+            if had.size:
+                then = even_split_gpu_loads(self._last_rows[had], lam[had], gpus).max(axis=1)
+                plan = even_split_gpu_loads(self._last_planned[had], lam[had], gpus).max(axis=1)
+                self._kept = (self._kept + [(float(((then - plan) / mean[had]).sum()),
+                                             float(self._last_gap[had].sum()))])[-RETENTION_CALLS:]
+        shown = sum(s for _, s in self._kept)
+        if shown <= 0:
+            return 0.0
+        return float(np.clip(sum(r for r, _ in self._kept) / shown, 0.0, 1.0 - 1.0 / MAX_HORIZON_INTERVALS))
 
     def _update_age(self, total: np.ndarray, interval_steps: int, window_steps: int) -> None:
         """Each layer's pattern age: grows by the interval while two calls' windows agree up to
