@@ -213,6 +213,9 @@ def test_install_plugs_into_the_standins_like_into_the_engines():
         assert isinstance(algorithms.rebalance_experts, sglang_adapter.PaybackRebalance)
         sglang_adapter.uninstall_rebalance_hook(handle)
         assert algorithms.rebalance_experts is standins.sglang_rebalance_experts
+        assert sglang_adapter.sglang_rebalance_interval() == 1000   # the server's default, where SGLang keeps it
+    with standins.standin_sglang_modules(100):
+        assert sglang_adapter.sglang_rebalance_interval() == 100    # the hook's horizon is the server's interval
     assert "vllm.distributed.eplb.policy" not in sys.modules or importlib.util.find_spec("vllm") is not None
 
 
