@@ -222,20 +222,21 @@ def _swap_rounds(share: np.ndarray, table: np.ndarray, bound: np.ndarray, rounds
     width = min(SWAP_PARTNERS, gpus - 1)
     diff_buffer = np.empty((layers, slots, width, slots))
     score_buffer = np.empty_like(diff_buffer)
+    # every slot's load and every GPU's, kept up to date by the swaps (a swap changes two GPUs)
+    sizes_all = np.take_along_axis(share, table.reshape(layers, -1), axis=1).reshape(table.shape)
+    load_all = sizes_all.sum(axis=2)                                   # [L, G]
     for _ in range(rounds):
         if active.size == 0 or (deadline is not None and time.perf_counter() > deadline):
             break
-        t = table[active]                                              # [A, G, S]
         a = np.arange(active.size)
-        sizes = np.take_along_axis(share[active], t.reshape(active.size, -1), axis=1).reshape(t.shape)
-        gpu_load = sizes.sum(axis=2)                                   # [A, G]
+        gpu_load = load_all[active]                                    # [A, G]
         busiest = np.argmax(gpu_load, axis=1)
         top = gpu_load[a, busiest]
-        on_g, size_g = t[a, busiest], sizes[a, busiest]                # [A, S]
+        on_g, size_g = table[active, busiest], sizes_all[active, busiest]          # [A, S]
         # partners: the `SWAP_PARTNERS` lightest GPUs (the busiest one is never among them)
         partners = np.argsort(gpu_load, axis=1, kind="stable")[:, :width]          # [A, K]
-        t_p = t[a[:, None], partners]                                   # [A, K, S]
-        sizes_p = sizes[a[:, None], partners]
+        t_p = table[active[:, None], partners]                          # [A, K, S]
+        sizes_p = sizes_all[active[:, None], partners]
         load_p = gpu_load[a[:, None], partners]                         # [A, K]
         # swap slot (busiest, i) with slot (h, j): the larger of the two new loads, [A, S, K, S]
         # (written into buffers allocated once: fresh arrays of this size cost page faults each round)
@@ -259,6 +260,8 @@ def _swap_rounds(share: np.ndarray, table: np.ndarray, bound: np.ndarray, rounds
         layer, g = active[better], busiest[better]
         out, into = table[layer, g, i], table[layer, h, j]
         table[layer, g, i], table[layer, h, j] = into, out
+        sizes_all[layer, g, i], sizes_all[layer, h, j] = sizes_all[layer, h, j], sizes_all[layer, g, i]
+        load_all[layer, g], load_all[layer, h] = sizes_all[layer, g].sum(axis=-1), sizes_all[layer, h].sum(axis=-1)
         held[layer, g, out], held[layer, h, into] = False, False
         held[layer, g, into], held[layer, h, out] = True, True
         active = active[better]
