@@ -47,7 +47,7 @@ from moe_place.engines.config import EngineConfig, load_engine_config
 from moe_place.eplb import placement_tensors, plan_placement
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
-from moe_place.online.policy import RebalanceRule
+from moe_place.online.policy import RebalanceRule, warm_up
 from moe_place.placement import Placement
 
 MAP_KEY = "physical_to_logical_map"
@@ -238,6 +238,7 @@ def install_rebalance_hook(hook: PaybackRebalance | None = None) -> RebalanceHoo
         module = importlib.import_module(ALGORITHMS_MODULE)
     except ImportError:
         raise InputError("sglang", f"an importable SGLang with {ALGORITHMS_MODULE}", "not importable") from None
+    warm_up()   # the rule's one-time costs now, not in SGLang's first rebalance
     handle = RebalanceHook(module, module.rebalance_experts, hook or PaybackRebalance())
     module.rebalance_experts = handle.hook
     return handle

@@ -64,7 +64,7 @@ import numpy as np
 from moe_place.engines.config import EngineConfig, load_engine_config
 from moe_place.eplb import placement_tensors, plan_placement, weight_to_numpy
 from moe_place.errors import InputError
-from moe_place.online.policy import RebalanceRule
+from moe_place.online.policy import RebalanceRule, warm_up
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.planfile import read_plan
 from moe_place.solvers.deepseek import check_eplb_arguments
@@ -452,6 +452,7 @@ def install(policy: type | None = None, name: str = "default", policies: dict | 
                              "not importable")
         policies = module.EPLB_POLICIES
     policy = policy or make_policy()
+    warm_up()   # the rule's one-time costs now, not in vLLM's first (timed) rebalance
     handle = Registration(name=name, policy=policy, policies=policies,
                           previous_policy=policies.get(name, _MISSING))
     policies[name] = policy

@@ -356,3 +356,20 @@ class RebalanceRule:
         self._changed = ~same
         self._previous, self._previous_total = share, sums
 
+
+def warm_up() -> None:
+    """Run the rule once on a tiny problem (2 layers x 8 experts on 2 GPUs), so that what is paid
+    once per process (lazy imports, numpy's first calls of each routine, the cost model's caches)
+    is paid when an engine installs the policy, not in its first rebalance, which the engine
+    times as serving. The engines' own policies pay theirs at import."""
+    from moe_place.online.controller import initial_map
+    from moe_place.online.costing import cluster_cost
+
+    rule = RebalanceRule(cluster_cost(2, 1, "H100", "Qwen3-30B-A3B", migration="async"), 2, 8)
+    rng = np.random.default_rng(0)
+    current = initial_map(2, 8, 10, 2)
+    for _ in range(3):   # a first call, then calls with a "same" load: every step of the rule runs
+        window = rng.multinomial(4096, np.linspace(1.0, 3.0, 8) / 16.0, size=(16, 2)).astype(np.float64)
+        decision = rule.decide(window, current, interval_steps=100)
+        current = current if decision is None else decision.placement
+
