@@ -52,7 +52,7 @@ import numpy as np
 
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
-from moe_place.online.costing import ReplayCost
+from moe_place.online.costing import ReplayCost, cluster_cost
 from moe_place.placement import Placement, align_slots, even_split_gpu_loads
 from moe_place.solvers.deepseek import eplb_rebalance
 
@@ -362,12 +362,9 @@ def warm_up() -> None:
     once per process (lazy imports, numpy's first calls of each routine, the cost model's caches)
     is paid when an engine installs the policy, not in its first rebalance, which the engine
     times as serving. The engines' own policies pay theirs at import."""
-    from moe_place.online.controller import initial_map
-    from moe_place.online.costing import cluster_cost
-
     rule = RebalanceRule(cluster_cost(2, 1, "H100", "Qwen3-30B-A3B", migration="async"), 2, 8)
     rng = np.random.default_rng(0)
-    current = initial_map(2, 8, 10, 2)
+    current = Placement(np.tile(np.arange(10) % 8, (2, 1)), 8, 2)   # the engines' start map, slot p -> p % E
     for _ in range(3):   # a first call, then calls with a "same" load: every step of the rule runs
         window = rng.multinomial(4096, np.linspace(1.0, 3.0, 8) / 16.0, size=(16, 2)).astype(np.float64)
         decision = rule.decide(window, current, interval_steps=100)
