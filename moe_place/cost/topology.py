@@ -104,8 +104,7 @@ class Topology:
         """float64 `[G, G]`: `path_bandwidth_bytes_per_s` of every pair (`inf` on the diagonal), built
         once per topology (read-only)."""
         if not self._bandwidths:
-            gpus = self.num_gpus
-            table = np.array([[self.path_bandwidth_bytes_per_s(s, d) for d in range(gpus)] for s in range(gpus)])
+            table = _widest_widths(self.graph, self.num_gpus)
             table.setflags(write=False)
             self._bandwidths.append(table)
         return self._bandwidths[0]
@@ -208,6 +207,29 @@ class Topology:
             kinds.setdefault(d["kind"], set()).add(d["capacity"])
         links = ", ".join(f"{k} {'/'.join(f'{c / GB_BYTES:g}' for c in sorted(v))} GB/s" for k, v in sorted(kinds.items()))
         return f"{self.num_servers} x {self.gpus_per_server} {g.name} ({links})"
+
+
+def _widest_widths(graph: nx.DiGraph, num_gpus: int) -> np.ndarray:
+    """float64 `[G, G]`: the bottleneck bandwidth of the widest route between every pair of GPUs
+    (`inf` on the diagonal), routes not transiting other GPUs: the max-min closure of the link
+    capacities over the non-GPU nodes (Floyd-Warshall in the bottleneck semiring), all pairs at
+    once. The widest width is unique, so it is the width of `_widest_routes`' route."""
+    nodes = list(graph.nodes)
+    index = {node: i for i, node in enumerate(nodes)}
+    width = np.zeros((len(nodes), len(nodes)))
+    for u, v, data in graph.edges(data=True):
+        width[index[u], index[v]] = max(width[index[u], index[v]], data["capacity"])
+    np.fill_diagonal(width, np.inf)
+    for k, node in enumerate(nodes):
+        if graph.nodes[node]["kind"] != "gpu":   # GPUs end routes, they do not forward
+            np.maximum(width, np.minimum(width[:, k:k + 1], width[k:k + 1, :]), out=width)
+    gpus = [index[gpu_node(g)] for g in range(num_gpus)]
+    table = width[np.ix_(gpus, gpus)]
+    missing = np.argwhere(table <= 0)
+    if missing.size:
+        src, dst = missing[0]
+        raise InputError("topology", f"a route from gpu{src} to gpu{dst}", "none")
+    return table
 
 
 def _widest_routes(graph: nx.DiGraph, source: str) -> dict[str, list[str]]:

@@ -90,6 +90,7 @@ class RuleSession:
     """One model's rule and how many calls it has answered (the first call's window is shorter)."""
 
     rule: RebalanceRule
+    config: EngineConfig
     calls: int = 0
 
 
@@ -147,12 +148,13 @@ class _PolicyCore:
         if cls.mode != "payback":
             raise InputError("mode", f"one of {', '.join(MODES)}", cls.mode)
         key = (num_layers, num_experts, num_replicas, num_ranks, num_nodes)
-        config = cls.engine_config()
-        if key not in sessions:
+        if key not in sessions:   # the settings are read once per model, with its rule
+            config = cls.engine_config()
             groups = num_groups if num_groups and num_experts % num_groups == 0 else None
             nodes = num_nodes if num_nodes >= 1 and num_ranks % num_nodes == 0 else 1
-            sessions[key] = RuleSession(config.rule(num_ranks, nodes, num_layers, num_experts, groups))
+            sessions[key] = RuleSession(config.rule(num_ranks, nodes, num_layers, num_experts, groups), config)
         session: RuleSession = sessions[key]
+        config = session.config
         servers = session.rule.cost.topology.num_servers
         if current.num_nodes != servers:
             current = Placement(current.phy2log, num_experts, num_ranks, servers, allow_colocated=True)
@@ -217,10 +219,11 @@ class MoePlaceEplbPolicy(_PolicyCore):
         """
         placement = cls.decide(weight_to_numpy(weight), num_replicas, num_groups, num_nodes, num_ranks,
                                old_global_expert_indices, cls._sessions)
-        phy2log, log2phy, logcnt = placement_tensors(placement, log2phy_width=num_replicas - placement.num_experts + 1)
-        if return_style(cls.returns) == "phy2log":
-            return phy2log
-        return phy2log, log2phy, logcnt
+        if return_style(cls.returns) == "phy2log":   # vLLM 0.33 takes the map alone
+            import torch  # lazy, as in placement_tensors: vLLM has it
+
+            return torch.from_numpy(np.array(placement.phy2log, dtype=np.int64))
+        return placement_tensors(placement, log2phy_width=num_replicas - placement.num_experts + 1)
 
 
 # ---------------------------------------------------------------------- the context interface

@@ -179,8 +179,8 @@ class RebalanceRule:
         # beyond noise (step 3) and whose map could still gain more than `min_gain` (no plan beats
         # the mean), the resampled windows of their noise floor
         same = np.flatnonzero(~self._changed & ((cur_busy - mean) / mean > self.min_gain))
-        replicas = [self._resample(total[same], None if samples is None else samples[:, same], rng) / steps
-                    for _ in range(NOISE_REPLICATES if same.size else 0)]
+        draws = None if samples is None or not same.size else samples[:, same].astype(np.float64)
+        replicas = [self._resample(total[same], draws, rng) / steps for _ in range(NOISE_REPLICATES if same.size else 0)]
         every = self._plan(np.concatenate([lam] + replicas))
         planned = every[:self.num_layers]                                          # [layers, P]
         replica_rows = every[self.num_layers:].reshape(len(replicas), same.size, every.shape[1])
@@ -243,16 +243,15 @@ class RebalanceRule:
                              list(loads.shape))
         if loads.dtype.kind not in "iub" and not np.isfinite(loads).all() or loads.min() < 0:
             raise InputError("load window", "finite counts >= 0", "NaN, inf or a negative count")
-        loads = loads.astype(np.float64, copy=False)            # engines hand integer counts: one conversion
         if (current.num_layers, current.num_experts) != (self.num_layers, self.num_experts):
             raise InputError("current map", f"{self.num_layers} layers x {self.num_experts} experts",
                              f"{current.num_layers} x {current.num_experts}")
-        if loads.ndim == 3:
+        if loads.ndim == 3:   # per-step counts as the engine hands them (step 3 converts what it resamples)
             steps = len(loads) if window_steps is None else int(window_steps)
-            total, samples = loads.sum(axis=0), loads
+            total, samples = loads.sum(axis=0, dtype=np.float64), loads
         else:
             steps = 1 if window_steps is None else int(window_steps)
-            total, samples = loads, None
+            total, samples = loads.astype(np.float64), None
         if steps < 1:
             raise InputError("window_steps", "an integer >= 1", window_steps)
         return total, steps, samples
