@@ -39,3 +39,21 @@ _no_thread_env
 _no_env
 no_vllm
 _.__getattr__  # a module-level __getattr__ on a stand-in vllm module (tests/test_engines_vllm.py)
+
+# bench/engine_harness.py: what vLLM's EplbState and SGLang's EPLBManager read or call on the harness's
+# stand-in objects (the MoE model, its layers, the group coordinator, the communicator, the recorder, the
+# device module, the weight updater); vulture cannot see the engines' code
+device_group
+world_size
+set_stream
+get_expert_weights
+set_eplb_state
+compute_hash
+num_expert_groups
+num_routed_experts
+num_redundant_experts
+num_shared_experts
+start_record
+dump_record
+empty_cache
+update_weights_from_disk

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PY_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+# modules of bench/ that scripts and tests import, not scripts themselves, with the reason
+MODULES = {"engine_harness.py": "the in-engine harness bench_engines.py and tests/test_engines_inengine.py import",
+           "engine_standins.py": "the engine stand-ins engine_harness.py imports"}
+PY_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py") if p.name not in MODULES)
 SH_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.sh"))
 # scripts without the shared record options, with the reason
 OWN_OUTPUT_OPTIONS = {"check_sglang_kt_stats.py": "a check: it writes no file"}
@@ -24,7 +27,9 @@ def _run(*argv, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_the_bench_folder_has_the_scripts_the_readme_names():
     assert {"bench_comm.py", "bench_plan_quality.py", "bench_replay.py", "bench_scale.py",
             "bench_trace_throughput.py", "bench_windows.py", "gemm_configs.py", "microbench.py"} <= set(PY_SCRIPTS)
-    assert SH_SCRIPTS == ["gpu_check.sh"]
+    assert SH_SCRIPTS == ["engine_overlay.sh", "gpu_check.sh"]
+    assert {"bench_engines.py", "bench_eplb_ties.py"} <= set(PY_SCRIPTS) and set(MODULES) <= {
+        p.name for p in (ROOT / "bench").glob("*.py")}
 
 
 @pytest.mark.parametrize("script", PY_SCRIPTS)

@@ -1,0 +1,241 @@
+"""moe-place's policy inside the engines' own rebalance code, against the engine's default (issue 21).
+
+Runs `bench/engine_harness.py`: each engine's real rebalance machinery (vLLM 0.33 `EplbState`, SGLang 0.5.23
+`EPLBManager`, when importable) or its stand-in (`standin-vllm`, `standin-sglang`: CI), from the engine's own
+start map at its own cadence, with its default policy and with moe-place's (`install()` /
+`install_rebalance_hook()`), on
+1. a stationary Dirichlet-skewed load for `--stationary-calls` policy calls, then a new popularity for
+   `--changed-calls` more, on each of `--sizes`; per call a table of both policies side by side
+   (busiest/mean GPU load of the steps the map serves, slots changed, MiB copied between GPUs, policy
+   seconds), and the targets: busiest/mean at most 1% above the default's after every call (calls whose
+   served steps span the change are shown, not judged), fewer slots and bytes over the run, no slot moved
+   on the stationary calls after the first (sampling noise alone), every group inside one node on a
+   hierarchical size;
+2. the replay's drifting traces (`--drift`, bench_replay.py SCENARIOS, `--steps` long), priced on the cost
+   model (expert-layer time + what serving pays for migration under the engine's model, a layer's copies
+   batched + the policy's own CPU time): both policies at the engine's default cadence (target: moe-place
+   at most the default's total time on every run, with fewer bytes), and both at the cadence given by
+   `--step-interval` / `--window` (vLLM) or `--sglang-iterations` (SGLang) (default: bench_replay.py's
+   RECOMMENDED, the cadence moe-place recommends), moe-place's against the default at its own cadence
+   (target: mean ratio <= 0.90).
+Each target is printed PASS/FAIL with its numbers; exit status 1 if any fails. `--out` writes the record
+(JSON, with the engine, torch and numpy versions); it refuses to overwrite a file unless `--force`.
+
+Real engines live in their own environments; put moe-place on the path as installed (its package-dir
+mapping) and run, e.g.:
+
+    PYTHONPATH=OVERLAY /path/to/vllm-venv/bin/python bench/bench_engines.py --engine vllm --out vllm.json
+    PYTHONPATH=OVERLAY /path/to/sglang-venv/bin/python bench/bench_engines.py --engine sglang --out sglang.json
+    python bench/bench_engines.py --engine standin-vllm,standin-sglang --sizes 1x8-e64 --drift none
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from moe_place.cli.options import add_record_options, refuse_overwrite
+from moe_place.io import write_json_atomic
+from moe_place.progress import ProgressBar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_harness as harness  # noqa: E402  (bench/ is not a package)
+
+RECOMMENDED = harness.bench_replay().RECOMMENDED  # the cadence moe-place recommends, (step_interval, window)
+VLLM_MODES = ("async", "sync")
+
+
+def _list(choices: tuple[str, ...] | list[str], allow_none: bool = False):
+    def parse(text: str) -> list[str]:
+        if text == "all":
+            return list(choices)
+        if allow_none and text == "none":
+            return []
+        items = [t for t in text.split(",") if t]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(choices)} or all, got {text!r}")
+        return items
+    return parse
+
+
+def _runs(engines: list[str], modes: list[str]) -> list[tuple[str, bool]]:
+    """(engine, use_async) pairs: vLLM engines once per mode, SGLang engines once."""
+    return [(e, m == "async") for e in engines for m in (modes if "vllm" in e else ["stall"])]
+
+
+def _label(engine: str, use_async: bool) -> str:
+    return f"{engine} {'async' if use_async else 'sync'}" if "vllm" in engine else engine
+
+
+def _run(engine, policy, size, counts, cadence, use_async, quiet):
+    bar = ProgressBar(len(counts), f"{engine} {policy} {size.name}", "steps", enabled=None if not quiet else False)
+    try:
+        return harness.run_engine(engine, policy, size, counts, cadence, use_async, on_step=lambda _: bar.advance())
+    finally:
+        bar.close()
+
+
+def workload_section(engine: str, use_async: bool, size, args) -> tuple[dict, list]:
+    cadence = harness.default_cadence(engine)
+    workload = harness.skewed_workload(size, engine, cadence["step_interval"], args.stationary_calls,
+                                       args.changed_calls, args.seed)
+    rows = {}
+    for policy in harness.POLICIES:
+        run = _run(engine, policy, size, workload.counts, cadence, use_async, args.quiet)
+        rows[policy] = harness.rebalance_rows(run, workload, size)
+    label = f"{_label(engine, use_async)} {size.name}"
+    targets = harness.judge_workload(label, rows["default"], rows["moe-place"], size, args.stationary_calls)
+    print(workload_table(label, size, workload, cadence, rows))
+    for target in targets:
+        print("  " + target.line())
+    print(flush=True)
+    record = {"engine": engine, "async": use_async, "size": size.name, "cadence": cadence,
+              "workload": workload.description, "change_step": workload.change_step, "rows": rows,
+              "targets": [t.__dict__ for t in targets]}
+    return record, targets
+
+
+def workload_table(label: str, size, workload, cadence: dict, rows: dict) -> str:
+    kind = "hierarchical" if size.hierarchical else "global"
+    lines = [f"{label}: {size.experts} experts + {size.redundant} redundant on {size.gpus} GPUs ({size.nodes} "
+             f"node{'s' if size.nodes > 1 else ''}), {size.layers} layers, {kind}; cadence {cadence}; "
+             f"{workload.description}",
+             f"{'call':>4} {'step':>6} | {'default: b/m':>12} {'slots':>6} {'MiB':>8} {'cpu s':>6} | "
+             f"{'moe-place: b/m':>14} {'slots':>6} {'MiB':>8} {'cpu s':>6} | note"]
+    for d, o in zip(rows["default"], rows["moe-place"]):
+        note = []
+        if d["stale"]:
+            note.append("workload changed: not judged")
+        for who, r in (("default", d), ("moe-place", o)):
+            if r.get("groups_inside_nodes") is False:
+                note.append(f"{who}: a group spans nodes")
+            if r["applied"] is False:
+                note.append(f"{who}: engine ran another map")
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"{d['call']:>4} {d['step']:>6} | {fmt(d['busiest_over_mean']):>12} {d['slots_changed']:>6} "
+                     f"{d['bytes_moved'] / 2**20:>8.0f} {d['policy_s']:>6.3f} | {fmt(o['busiest_over_mean']):>14} "
+                     f"{o['slots_changed']:>6} {o['bytes_moved'] / 2**20:>8.0f} {o['policy_s']:>6.3f} | "
+                     + "; ".join(note))
+    return "\n".join(lines)
+
+
+def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[list, list]:
+    default_cadence = harness.default_cadence(engine)
+    iterations = args.sglang_iterations
+    given = (dict(step_interval=iterations, window=iterations) if "sglang" in engine  # SGLang's buffer = interval
+             else dict(step_interval=args.step_interval, window=args.window))
+    label = _label(engine, use_async)
+    records, at_default, at_given = [], [], []
+    print(f"{label}: drifting traces, {args.steps} steps, seed {args.seed}; total = expert-layer time + migration "
+          f"({'async' if use_async else 'stall'}) + the policy's CPU time")
+    print(f"{'scenario':<22} {'policy':<10} {'cadence':<26} {'expert s':>9} {'migr. s':>8} {'policy s':>9} "
+          f"{'total s':>9} {'GiB':>7} {'calls':>6} {'vs default':>10}")
+    for scenario in args.drift:
+        size = harness.drift_size(scenario, scenarios)
+        workload = harness.drift_workload(scenario, scenarios, args.steps, args.seed)
+        priced = {}
+        for key, policy, cadence in (("default", "default", default_cadence),
+                                     ("moe-place", "moe-place", default_cadence),
+                                     ("default-given", "default", given), ("moe-place-given", "moe-place", given)):
+            run = _run(engine, policy, size, workload.counts, cadence, use_async, args.quiet)
+            priced[key] = {"scenario": scenario, "policy": policy, "cadence": run.cadence,
+                           **harness.price_run(run, workload.counts, size)}
+        base = priced["default"]["total_s"]
+        for key, p in priced.items():
+            cadence = f"{p['cadence']['step_interval']}/{p['cadence']['window']}"
+            print(f"{scenario:<22} {p['policy']:<10} {cadence + (' (given)' if 'given' in key else ' (default)'):<26} "
+                  f"{p['expert_s']:>9.3f} {p['migration_s']:>8.3f} {p['policy_s']:>9.3f} {p['total_s']:>9.3f} "
+                  f"{p['bytes_moved'] / 2**30:>7.2f} {p['calls']:>6} {p['total_s'] / base:>10.3f}")
+        at_default.append((priced["default"], priced["moe-place"]))
+        at_given.append((priced["default"], priced["moe-place-given"]))
+        records.append({"engine": engine, "async": use_async, "scenario": scenario, "workload": workload.description,
+                        "runs": priced})
+    targets = harness.judge_drift(label, at_default, at_given, given)
+    for target in targets:
+        print("  " + target.line())
+    print(flush=True)
+    return records, targets
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[1:]))
+    parser.add_argument("--engine", type=_list(harness.ENGINES), default=["standin-vllm", "standin-sglang"],
+                        help=f"comma list of {', '.join(harness.ENGINES)} (default: the stand-ins)")
+    parser.add_argument("--vllm-modes", type=_list(VLLM_MODES), default=list(VLLM_MODES),
+                        help="vLLM's use_async on (async, its default) and off (sync); default both")
+    parser.add_argument("--sizes", type=_list(list(harness.SIZES), allow_none=True), default=list(harness.SIZES),
+                        help=f"comma list of {', '.join(harness.SIZES)}, all or none (default all)")
+    parser.add_argument("--stationary-calls", type=int, default=6, help="policy calls on the first popularity")
+    parser.add_argument("--changed-calls", type=int, default=4, help="policy calls after the change")
+    parser.add_argument("--drift", default="all", help="bench_replay scenarios (comma list), all or none")
+    parser.add_argument("--steps", type=int, default=6000, help="steps of each drifting trace (default 6000)")
+    parser.add_argument("--step-interval", type=int, default=RECOMMENDED["vllm"][0],
+                        help="vLLM step_interval of the given cadence (drift; default %(default)s, bench_replay's "
+                             "RECOMMENDED)")
+    parser.add_argument("--window", type=int, default=RECOMMENDED["vllm"][1],
+                        help="vLLM window_size of the given cadence (drift; default %(default)s)")
+    parser.add_argument("--sglang-iterations", type=int, default=RECOMMENDED["sglang"][0],
+                        help="SGLang --eplb-rebalance-num-iterations of the given cadence (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    add_record_options(parser, committed=("bench/results/engines_vllm.json", "bench/results/engines_sglang.json"))
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
+    scenarios = harness.bench_replay().SCENARIOS
+    try:
+        args.drift = _list(list(scenarios), allow_none=True)(args.drift)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"--drift: {exc}")
+    for name in ("stationary_calls", "changed_calls", "steps", "step_interval", "window", "sglang_iterations"):
+        if getattr(args, name) < (2 if name == "stationary_calls" else 1):
+            parser.error(f"--{name.replace('_', '-')}: expected an integer >= {2 if name == 'stationary_calls' else 1}")
+    if args.window > args.step_interval:
+        parser.error("--window: expected at most --step-interval (vLLM records the last window of each interval)")
+    missing = [e for e in args.engine if not harness.importable(e)]
+    if missing:
+        print(f"bench_engines: --engine {missing[0]}: not importable in this Python ({sys.executable})",
+              file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    workloads, drifts, targets = [], [], []
+    for engine, use_async in _runs(args.engine, args.vllm_modes):
+        for name in args.sizes:
+            record, judged = workload_section(engine, use_async, harness.SIZES[name], args)
+            workloads.append(record)
+            targets += judged
+        if args.drift:
+            records, judged = drift_section(engine, use_async, args, scenarios)
+            drifts += records
+            targets += judged
+    failed = [t for t in targets if not t.passed]
+    print(f"summary: {len(targets) - len(failed)}/{len(targets)} targets met "
+          f"({time.perf_counter() - start:.0f} s)")
+    for target in targets:
+        print("  " + target.line())
+    if args.output_json:
+        write_json_atomic(args.output_json, {
+            "command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv)),
+            "moe_place_commit": _commit(), "versions": harness.engine_versions(args.engine),
+            "settings": {k: v for k, v in vars(args).items() if k not in ("output_json", "force", "quiet")},
+            "workloads": workloads, "drift": drifts, "targets": [t.__dict__ for t in targets],
+            "summary": {"met": len(targets) - len(failed), "targets": len(targets)}})
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
