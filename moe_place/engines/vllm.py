@@ -21,9 +21,9 @@ What the policy decides (`mode`):
 - "payback" (default): the rebalance rule (`moe_place.online.policy.RebalanceRule`, docs/MODEL.md
   "The rebalance rule"), the same decision `moe-place replay --controller ours` makes at vLLM's
   cadence: from the map in use, DeepSeek EPLB's plan of the window aligned to it, taken for the
-  layers where the gap is above the measured noise floor and the copies pay back before the next
-  call or the pattern's age (formula 7 with the migration model, `async` as vLLM's `use_async`),
-  whole; otherwise the map in use unchanged (vLLM then copies nothing). Its state (the pattern
+  layers where the gap is above the measured noise floor and the copies pay back within the
+  horizon (the next call, the pattern's age, or the measured retention's life of a saving;
+  formula 7 with the migration model, `async` as vLLM's `use_async`), whole; otherwise the map in use unchanged (vLLM then copies nothing). Its state (the pattern
   ages, the last window) lives in the policy between calls: per model in the class for the legacy
   interface, in `policy_state` for the context one. Expert bytes, hardware and topology, and
   vLLM's `step_interval` / `window_size` if not the defaults: `moe_place.engines.config`
@@ -444,7 +444,8 @@ def install(policy: type | None = None, name: str = "default", policies: dict | 
     name "default" replaces vLLM's built-in policy in `EPLB_POLICIES` (nothing else changes, and
     vLLM's async mode, validated only for "default", keeps working). Any other name is added to
     `EPLB_POLICIES` and to the `EPLBPolicyOption` literal the config checks, so
-    `--eplb-config '{"policy": NAME}'` is accepted. `policies`: the registry dict to patch
+    `--eplb-config '{"policy": NAME}'` is accepted, but only with `use_async` off: vLLM 0.33
+    refuses async EPLB with any policy but "default". `policies`: the registry dict to patch
     (tests; default: vLLM's). The dict is changed in place: modules that imported it see it.
     """
     module = None
