@@ -183,7 +183,7 @@ class PaybackRebalance:
     """SGLang's `rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts,
     num_groups, num_nodes, algorithm)` decided by the rebalance rule (module note).
 
-    config: the rule's settings (None: `load_engine_config()`). current_map: returns the map in
+    config: the rule's settings (None: `load_engine_config()`, read once per model). current_map: returns the map in
     use `[layers, P]` (default: SGLang's global expert location). The rule's state lives here,
     one per model shape, between SGLang's calls.
     Returns `(phy2log, log2phy, logcnt)` CPU int64 tensors, as SGLang's own algorithms do.
@@ -212,11 +212,11 @@ class PaybackRebalance:
             placement = plan_placement(loads.sum(axis=0), num_physical_experts, num_groups, nodes, gpus)
         else:
             key = (num_layers, num_experts, num_physical_experts, gpus, nodes)
-            config = self.config or load_engine_config()
-            if key not in self.sessions:
+            if key not in self.sessions:   # the settings are read once per model, with its rule
+                config = self.config or load_engine_config()
                 groups = num_groups if num_groups and num_experts % num_groups == 0 else None
-                self.sessions[key] = config.rule(gpus, nodes, num_layers, num_experts, groups)
-            rule: RebalanceRule = self.sessions[key]
+                self.sessions[key] = (config.rule(gpus, nodes, num_layers, num_experts, groups), config)
+            rule, config = self.sessions[key]
             decision = rule.decide(loads, current, sglang_rebalance_interval() or config.step_interval)
             placement = current if decision is None else decision.placement
         return placement_tensors(placement)
