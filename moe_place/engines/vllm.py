@@ -23,7 +23,8 @@ What the policy decides (`mode`):
   cadence: from the map in use, DeepSeek EPLB's plan of the window aligned to it, taken for the
   layers where the gap is above the measured noise floor and the copies pay back within the
   horizon (the next call, the pattern's age, or the measured retention's life of a saving;
-  formula 7 with the migration model, `async` as vLLM's `use_async`), whole; otherwise the map in use unchanged (vLLM then copies nothing). Its state (the pattern
+  formula 7 with the migration model, `async` as vLLM's `use_async`), whole; otherwise the map
+  in use unchanged (vLLM then copies nothing). Its state (the pattern
   ages, the last window) lives in the policy between calls: per model in the class for the legacy
   interface, in `policy_state` for the context one. Expert bytes, hardware and topology, and
   vLLM's `step_interval` / `window_size` if not the defaults: `moe_place.engines.config`

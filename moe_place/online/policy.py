@@ -180,7 +180,8 @@ class RebalanceRule:
         # the mean), the resampled windows of their noise floor
         same = np.flatnonzero(~self._changed & ((cur_busy - mean) / mean > self.min_gain))
         draws = None if samples is None or not same.size else samples[:, same].astype(np.float64)
-        replicas = [self._resample(total[same], draws, rng) / steps for _ in range(NOISE_REPLICATES if same.size else 0)]
+        replicas = [self._resample(total[same], draws, rng) / steps
+                    for _ in range(NOISE_REPLICATES if same.size else 0)]
         every = self._plan(np.concatenate([lam] + replicas))
         planned = every[:self.num_layers]                                          # [layers, P]
         replica_rows = every[self.num_layers:].reshape(len(replicas), same.size, every.shape[1])
