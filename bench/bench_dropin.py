@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.eplb import rebalance_experts
 from moe_place.io import write_json_atomic
 from moe_place.solvers.evaluate import even_gpu_loads
@@ -82,13 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9, help="timed calls per shape (default 9)")
     parser.add_argument("--cores", type=int, default=1, help="pin the process to this many cores (default 1)")
-    parser.add_argument("--out", "--output-json", dest="out", metavar="FILE.json", help="write the rows (default: none)")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    add_record_options(parser, committed=("bench/results/dropin.json",))
     args = parser.parse_args(argv)
     if args.repeats < 1 or not 1 <= args.cores <= (os.cpu_count() or 1):
         parser.error(f"expected --repeats >= 1 and --cores in [1, {os.cpu_count()}]")
-    if args.out and os.path.exists(args.out) and not args.force:
-        parser.error(f"{args.out} exists: pass --force to overwrite it, or another path")
+    refuse_overwrite(parser, args)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.cores]))
     rows = []
@@ -107,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         all(r["busiest_vs_eplb_worst"] <= 1 + 1e-9 for r in rows)
     print(f"worst drop-in call {worst:.3f} s (target <= {STALL_TARGET_S} s), deterministic on every shape, never "
           f"busier than EPLB on any layer: {'MET' if ok else 'NOT MET'}")
-    if args.out:
-        write_json_atomic(args.out, {"cores": args.cores, "repeats": args.repeats, "rows": rows})
+    if args.output_json:
+        write_json_atomic(args.output_json, {"cores": args.cores, "repeats": args.repeats, "rows": rows})
     return 0 if ok else 1
 
 

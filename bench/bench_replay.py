@@ -32,7 +32,8 @@ Targets (issue "the online policy must never be worse than the engine's own defa
     python bench/bench_replay.py [--steps 6000] [--seeds 0,1,2] [--scenarios all] [--engines vllm,sglang] \
         [--starts engine,offline] [--jobs 2] [--out FILE.json] [--plot FILE.png] [--force]
 
-The committed record (bench/results/replay.json and .png) comes from:
+The committed record (bench/results/replay.json and .png; the figure shows the engine start map and
+the first seed) comes from:
 
     python bench/bench_replay.py --seeds 0,1,2 --jobs 2 --out bench/results/replay.json \
         --plot bench/results/replay.png --force
@@ -48,6 +49,7 @@ import time
 import numpy as np
 
 from moe_place.analysis.persistence import run_lengths
+from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cost.models import ExpertShape
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.online.controller import ENGINES, EngineCadence, initial_map, make_controller
@@ -230,17 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=_comma(STARTS), default=STARTS, help="engine,offline (default both)")
     parser.add_argument("--jobs", type=_positive, default=1,
                         help=f"scenario runs in parallel processes, at most the cores ({os.cpu_count()}; default 1)")
-    parser.add_argument("--out", "--output-json", dest="out", metavar="FILE.json",
-                        help=f"write the record (the committed one is {RESULTS_JSON}; default: none)")
-    parser.add_argument("--plot", metavar="FILE.png",
-                        help=f"write the figure: the engine start map, the first seed (committed: {RESULTS_PNG})")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing --out / --plot file")
+    add_record_options(parser, plot=True, committed=(RESULTS_JSON, RESULTS_PNG))
     args = parser.parse_args(argv)
     if args.jobs > (os.cpu_count() or 1):
         parser.error(f"--jobs: expected at most the {os.cpu_count()} cores, got {args.jobs}")
-    for path in (args.out, args.plot):
-        if path and os.path.exists(path) and not args.force:
-            parser.error(f"{path} exists (a committed record?): pass --force to overwrite it, or another path")
+    refuse_overwrite(parser, args)
     jobs = [(name, args.steps, seed, args.engines, args.starts) for name in args.scenarios for seed in args.seeds]
     started = time.perf_counter()
     if args.jobs > 1:
@@ -257,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(table(summary, engine, start) + "\n", flush=True)
     lines, ok = targets(summaries)
     print("\n".join(lines))
-    if args.out:
-        write_json_atomic(args.out, {"steps": args.steps, "seeds": args.seeds, "recommended": RECOMMENDED,
+    if args.output_json:
+        write_json_atomic(args.output_json, {"steps": args.steps, "seeds": args.seeds, "recommended": RECOMMENDED,
                                      "policy_time": "CPU seconds of the policy's calls (time.thread_time)",
                                      "wall_s": time.perf_counter() - started, "runs": summaries})
     if args.plot:
