@@ -188,7 +188,7 @@ class RebalanceRule:
         last_planned, self._last_planned = self._last_planned, planned
         new_busy = even_split_gpu_loads(planned, lam, gpus).max(axis=1)
         deficit = (cur_busy - new_busy) / mean
-        self._last_rows, self._last_gap = np.array(current.phy2log), deficit
+        self._last_rows, self._last_gap = current.phy2log, deficit          # a read-only array: no copy
         floor = np.zeros(self.num_layers)
         open_layers = np.flatnonzero(deficit > self.min_gain)
         fresh = current
@@ -242,7 +242,7 @@ class RebalanceRule:
         if loads.shape[-2:] != shape or loads.ndim not in (2, 3) or 0 in loads.shape:
             raise InputError("load window", f"[samples, {shape[0]}, {shape[1]}] or [{shape[0]}, {shape[1]}]",
                              list(loads.shape))
-        if loads.dtype.kind not in "iub" and not np.isfinite(loads).all() or loads.min() < 0:
+        if (loads.dtype.kind not in "iub" and not np.isfinite(loads).all()) or loads.min() < 0:
             raise InputError("load window", "finite counts >= 0", "NaN, inf or a negative count")
         if (current.num_layers, current.num_experts) != (self.num_layers, self.num_experts):
             raise InputError("current map", f"{self.num_layers} layers x {self.num_experts} experts",
@@ -328,7 +328,7 @@ class RebalanceRule:
         its own window, layers with a gap over `min_gain`), the share it still shows on this
         window; pooled over the layers and the last `RETENTION_CALLS` calls, clipped to
         [0, 1 - 1/MAX_HORIZON_INTERVALS]; 0 until a call has had a gap."""
-        if self._last_planned is not None and self._last_rows is not None:
+        if self._last_rows is not None:   # set with `_last_planned` and `_last_gap` by every call
             had = np.flatnonzero(self._last_gap > self.min_gain)
             if had.size:
                 then = even_split_gpu_loads(self._last_rows[had], lam[had], gpus).max(axis=1)
