@@ -56,9 +56,8 @@ class Placement:
         if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= experts):
             bad = phy2log[(phy2log < 0) | (phy2log >= experts)][0]
             raise InputError("phy2log", f"logical expert ids in [0, {experts})", int(bad))
-        logcnt = np.zeros((num_layers, experts), dtype=np.int64)
-        for layer in range(num_layers):
-            logcnt[layer] = np.bincount(phy2log[layer], minlength=experts)
+        offsets = (np.arange(num_layers) * experts)[:, None]
+        logcnt = np.bincount((phy2log + offsets).ravel(), minlength=num_layers * experts).reshape(num_layers, experts)
         if num_layers and logcnt.min() < 1:
             layer, expert = np.argwhere(logcnt < 1)[0]
             raise InputError(f"phy2log[{layer}]", f"every logical expert at least once (expert {expert} has no slot)")
@@ -176,19 +175,25 @@ def balancedness(gpu_load: np.ndarray) -> np.ndarray:
     return balance_ratio(gpu_load.mean(axis=-1), gpu_load.max(axis=-1))
 
 
-def even_split_gpu_loads(phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
-    """float64 `[rows, G]`: GPU loads of `phy2log` int `[rows, P]` under the even split.
+def even_split_slot_loads(phy2log: np.ndarray, expert_load: np.ndarray) -> np.ndarray:
+    """float64 `[rows, P]`: the load of each slot of `phy2log` int `[rows, P]` under the even split.
 
-    expert_load: `[rows, E]`. Each replica of an expert carries `load / replicas in its row`; slot
-    `p` is on GPU `p // (P/G)`. No validation (callers that need it build a `Placement`), so it
-    serves hot loops and plans with co-located replicas alike.
+    expert_load: `[rows, E]`. Each replica of an expert carries `load / replicas in its row`. No
+    validation (callers that need it build a `Placement`), so it serves hot loops and plans with
+    co-located replicas alike.
     """
     loads = np.asarray(expert_load, dtype=np.float64)
     rows, experts = loads.shape
-    offsets = (np.arange(rows) * experts)[:, None]
-    replicas = np.bincount((phy2log + offsets).ravel(), minlength=rows * experts).reshape(rows, experts)
-    share = loads / np.maximum(replicas, 1)
-    return np.take_along_axis(share, phy2log, axis=1).reshape(rows, num_gpus, -1).sum(axis=-1)
+    keys = phy2log + (np.arange(rows) * experts)[:, None]
+    replicas = np.bincount(keys.ravel(), minlength=rows * experts)
+    return (loads.ravel() / np.maximum(replicas, 1))[keys]
+
+
+def even_split_gpu_loads(phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
+    """float64 `[rows, G]`: GPU loads of `phy2log` int `[rows, P]` under the even split (slot `p` is
+    on GPU `p // (P/G)`; `even_split_slot_loads`, unchecked likewise)."""
+    slots = even_split_slot_loads(phy2log, expert_load)
+    return slots.reshape(len(slots), num_gpus, -1).sum(axis=-1)
 
 
 def keep_unchanged_slots(new_rows: np.ndarray, old_rows: np.ndarray, slots_per_gpu: int) -> np.ndarray:
@@ -208,23 +213,34 @@ def keep_unchanged_slots(new_rows: np.ndarray, old_rows: np.ndarray, slots_per_g
                          f"{new.shape} and {old.shape}")
     fresh = new.reshape(-1, slots_per_gpu)                   # one row per (layer, GPU)
     before = old.reshape(-1, slots_per_gpu)
-    rows = np.arange(len(fresh))
-    out = np.full_like(fresh, -1)
-    used = np.zeros(fresh.shape, dtype=bool)                 # new entries already given a slot
-    for i in range(slots_per_gpu):                           # old slot i keeps its expert if still there
-        match = (fresh == before[:, i:i + 1]) & ~used
-        found = match.any(axis=1)
-        first = np.argmax(match, axis=1)
-        out[found, i] = fresh[rows[found], first[found]]
-        used[rows[found], first[found]] = True
-    # the remaining new experts, in their order, fill the free slots in order
-    order_left = np.argsort(used, axis=1, kind="stable")     # unused entries first, in order
-    order_free = np.argsort(out >= 0, axis=1, kind="stable")  # free slots first, in order
-    count = (~used).sum(axis=1)
-    take = np.arange(slots_per_gpu)[None, :] < count[:, None]
-    r, k = np.nonzero(take)
-    out[r, order_free[r, k]] = fresh[r, order_left[r, k]]
+    # old slot i keeps its expert e when the GPU's new experts hold e at least as often as the old
+    # slots up to i do: the k-th old copy of e pairs with the k-th new copy (in slot order)
+    old_keys, new_keys = before, fresh
+    if _has_repeats(before) or _has_repeats(fresh):   # co-located replicas: number the copies
+        old_keys = before * slots_per_gpu + _occurrence(before)
+        new_keys = fresh * slots_per_gpu + _occurrence(fresh)
+    same = old_keys[:, :, None] == new_keys[:, None, :]      # [rows, old slot, new entry]
+    kept = same.any(axis=2)
+    used = same.any(axis=1)                                  # new entries already given a slot
+    # the remaining new experts, in their order, fill the free slots in order: the i-th free slot
+    # (free slots first, stable) takes the i-th unused entry (unused entries first, stable)
+    rows = np.arange(len(fresh))[:, None]
+    filled = np.empty_like(fresh)
+    filled[rows, np.argsort(kept, axis=1, kind="stable")] = fresh[rows, np.argsort(used, axis=1, kind="stable")]
+    out = np.where(kept, before, filled)
     return out.reshape(new.shape)
+
+
+def _has_repeats(rows: np.ndarray) -> bool:
+    """True when a row of `rows [n, S]` holds a value twice."""
+    ordered = np.sort(rows, axis=1)
+    return bool((ordered[:, 1:] == ordered[:, :-1]).any())
+
+
+def _occurrence(rows: np.ndarray) -> np.ndarray:
+    """int64 like `rows [n, S]`: per entry, how many entries before it in its row hold the same value."""
+    before = np.tri(rows.shape[1], k=-1, dtype=bool)        # [i, j]: j comes before i
+    return ((rows[:, :, None] == rows[:, None, :]) & before).sum(axis=2)
 
 
 def align_slots(new_rows: np.ndarray, old_rows: np.ndarray, num_gpus: int, num_nodes: int = 1) -> np.ndarray:
@@ -249,12 +265,13 @@ def align_slots(new_rows: np.ndarray, old_rows: np.ndarray, num_gpus: int, num_n
     slots = physical // num_gpus
     per_node = num_gpus // num_nodes
     experts = int(max(new.max(), old.max())) + 1
-    # overlap[l, i, j]: experts old GPU i and new GPU j of layer l both hold (all layers at once)
-    held_old = np.zeros((layers, num_gpus, experts), dtype=np.int64)
-    held_old[np.arange(layers)[:, None], np.repeat(np.arange(num_gpus), slots)[None, :], old] = 1
-    columns = new.reshape(layers, 1, num_gpus * slots)
-    overlap = np.take_along_axis(held_old, np.broadcast_to(columns, (layers, num_gpus, num_gpus * slots)),
-                                 axis=2).reshape(layers, num_gpus, num_gpus, slots).sum(axis=-1)
+    # overlap[l, i, j]: experts old GPU i and new GPU j of layer l both hold (all layers at once):
+    # copies of each expert per GPU, old times new, summed over experts (a batched product)
+    cell = (np.arange(layers * num_gpus).reshape(layers, num_gpus).repeat(slots, axis=1)) * experts  # (l, GPU)
+    size, shape = layers * num_gpus * experts, (layers, num_gpus, experts)
+    held_old = (np.bincount((cell + old).ravel(), minlength=size) > 0).reshape(shape).astype(np.float64)
+    held_new = np.bincount((cell + new).ravel(), minlength=size).reshape(shape).astype(np.float64)
+    overlap = held_old @ held_new.transpose(0, 2, 1)
     if num_nodes == 1:
         place = max_overlap_matching(overlap)                                # new GPU j -> old GPU place[l, j]
     else:
@@ -274,12 +291,30 @@ def max_overlap_matching(score: np.ndarray) -> np.ndarray:
     column once; ties by the lowest row-major index), columns left unmatched (no positive entry
     free) take the free rows in order. A greedy matching keeps at least half the best total; on
     these sparse overlaps (a GPU shares experts with few others) it was within 1% of a
-    pairwise-exchange search, at a fraction of the time. The batch is matched at once: n rounds,
-    each taking every matrix's largest free entry."""
+    pairwise-exchange search, at a fraction of the time."""
     score = np.asarray(score, dtype=np.float64)
     batch, n = score.shape[:-2], score.shape[-1]
     flat = score.reshape(-1, n, n)
     count = flat.shape[0]
+    row_of = _greedy_by_walk(flat) if count < WALK_MATCHING_BELOW else _greedy_by_rounds(flat)
+    # unmatched columns, in order, take the free rows, in order
+    taken = np.zeros((count, n), dtype=bool)
+    hit = row_of >= 0
+    taken[np.nonzero(hit)[0], row_of[hit]] = True
+    filled = np.empty_like(row_of)   # the k-th unmatched column (stable: those first) takes the k-th free row
+    np.put_along_axis(filled, np.argsort(hit, axis=1, kind="stable"), np.argsort(taken, axis=1, kind="stable"), axis=1)
+    return np.where(hit, row_of, filled).reshape(*batch, n)
+
+
+WALK_MATCHING_BELOW = 16
+"""`max_overlap_matching` walks fewer matrices than this one at a time down their sorted entries (cheaper
+for one engine call's few layers), more all at once in rounds with numpy; both take the same entries."""
+
+
+def _greedy_by_rounds(flat: np.ndarray) -> np.ndarray:
+    """int64 `[count, n]`: the greedy's row of each column of `flat [count, n, n]`, -1 where no positive
+    entry was left free. All matrices at once: n rounds, each taking every matrix's largest free entry."""
+    count, n = flat.shape[0], flat.shape[-1]
     every = np.arange(count)
     row_of = np.full((count, n), -1, dtype=np.int64)
     free = np.where(flat > 0, flat, -np.inf)                 # entries still takeable
@@ -292,16 +327,27 @@ def max_overlap_matching(score: np.ndarray) -> np.ndarray:
         row_of[every[ok], j[ok]] = i[ok]
         free[every[ok], i[ok], :] = -np.inf                  # row i and column j are taken
         free[every[ok], :, j[ok]] = -np.inf
-    # unmatched columns, in order, take the free rows, in order
-    taken = np.zeros((count, n), dtype=bool)
-    hit = row_of >= 0
-    taken[np.nonzero(hit)[0], row_of[hit]] = True
-    open_rows = np.argsort(taken, axis=1, kind="stable")     # free rows first, ascending
-    open_cols = np.argsort(hit, axis=1, kind="stable")       # unmatched columns first, ascending
-    left = n - hit.sum(axis=1)
-    r, k = np.nonzero(np.arange(n)[None, :] < left[:, None])
-    row_of[r, open_cols[r, k]] = open_rows[r, k]
-    return row_of.reshape(*batch, n)
+    return row_of
+
+
+def _greedy_by_walk(flat: np.ndarray) -> np.ndarray:
+    """`_greedy_by_rounds`, one matrix at a time: its positive entries in descending order (row-major on
+    ties), each taken when its row and column are still free."""
+    count, n = flat.shape[0], flat.shape[-1]
+    entries = flat.reshape(count, -1)
+    order = np.argsort(-entries, axis=1, kind="stable")
+    positive = (entries > 0).sum(axis=1).tolist()
+    rows, columns = (order // n).tolist(), (order % n).tolist()
+    row_of = np.full((count, n), -1, dtype=np.int64)
+    for matrix in range(count):
+        row_free, column_row, left = [True] * n, [-1] * n, n
+        for i, j in zip(rows[matrix][:positive[matrix]], columns[matrix][:positive[matrix]]):
+            if row_free[i] and column_row[j] < 0:
+                row_free[i], column_row[j], left = False, i, left - 1
+                if not left:
+                    break
+        row_of[matrix] = column_row
+    return row_of
 
 
 def _log2phy(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
@@ -310,10 +356,11 @@ def _log2phy(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
     experts = logcnt.shape[1]
     width = int(logcnt.max()) if logcnt.size else 0
     out = np.full((num_layers, experts, width), -1, dtype=np.int64)
-    for layer in range(num_layers):
-        order = np.argsort(phy2log[layer], kind="stable")
-        starts = np.concatenate(([0], np.cumsum(logcnt[layer])[:-1]))
-        rank = np.arange(num_physical) - np.repeat(starts, logcnt[layer])
-        out[layer, phy2log[layer, order], rank] = order
+    if out.size:
+        keys = (phy2log + (np.arange(num_layers) * experts)[:, None]).ravel()   # (layer, expert), flat
+        order = np.argsort(keys, kind="stable")            # every (layer, expert)'s slots, ascending
+        starts = np.cumsum(logcnt.ravel()) - logcnt.ravel()
+        rank = np.arange(keys.size) - np.repeat(starts, logcnt.ravel())
+        out.reshape(-1, width)[keys[order], rank] = order % num_physical
     out.setflags(write=False)
     return out

@@ -34,6 +34,7 @@ Public entry points (named apart from the drop-in `moe_place.eplb.rebalance_expe
 
 from __future__ import annotations
 
+import heapq
 import time
 from typing import Callable, ClassVar
 
@@ -72,6 +73,26 @@ def balanced_packing(weight: np.ndarray, num_packs: int,
         return pack_index, np.zeros((rows, items), dtype=np.int64)
     order = np.asarray(descending_order(weight), dtype=np.int64)
     taken = np.take_along_axis(weight, order, axis=1)        # [rows, n] in packing order
+    if rows < HEAP_PACKING_BELOW_ROWS and taken.dtype == np.float32:
+        packs, rank = _pack_rows_by_heap(taken, num_packs, per_pack)
+    else:
+        packs, rank = _pack_rows_at_once(taken, num_packs, per_pack)
+    pack_index = np.empty((rows, items), dtype=np.int64)
+    rank_in_pack = np.empty((rows, items), dtype=np.int64)
+    np.put_along_axis(pack_index, order, packs, axis=1)
+    np.put_along_axis(rank_in_pack, order, rank, axis=1)
+    return pack_index, rank_in_pack
+
+
+HEAP_PACKING_BELOW_ROWS = 12
+"""`balanced_packing` packs fewer rows than this one row at a time with a heap (cheaper for the few
+rows of one engine call on one node), more rows all at once with numpy; both give the same packs."""
+
+
+def _pack_rows_at_once(taken: np.ndarray, num_packs: int, per_pack: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(pack, rank)` int64 `[rows, n]` of the items of `taken` (float32, in packing order): all rows
+    together, one numpy step per item position."""
+    rows, items = taken.shape
     # the packs' loads, flat (row-major): a full pack's load becomes inf, so "the lightest pack
     # with room, first on ties" is a plain argmin (the other packs keep their float32 sums)
     load = np.zeros(rows * num_packs, dtype=np.float32)
@@ -91,11 +112,31 @@ def balanced_packing(weight: np.ndarray, num_packs: int,
     rank = np.empty_like(packs)
     np.put_along_axis(rank, by_pack, np.arange(items)[None, :] - np.take_along_axis(packs, by_pack, axis=1) * per_pack,
                       axis=1)
-    pack_index = np.empty((rows, items), dtype=np.int64)
-    rank_in_pack = np.empty((rows, items), dtype=np.int64)
-    np.put_along_axis(pack_index, order, packs, axis=1)
-    np.put_along_axis(rank_in_pack, order, rank, axis=1)
-    return pack_index, rank_in_pack
+    return packs, rank
+
+
+def _pack_rows_by_heap(taken: np.ndarray, num_packs: int, per_pack: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_pack_rows_at_once`, one row at a time: the packs with room in a heap of `(float32 load, pack)`,
+    so the top is the lightest, lowest index on ties (numpy's argmin); a full pack leaves the heap."""
+    rows, items = taken.shape
+    packs = np.empty((rows, items), dtype=np.int64)
+    rank = np.empty((rows, items), dtype=np.int64)
+    zero = np.float32(0.0)
+    for row in range(rows):
+        heap = [(zero, pack) for pack in range(num_packs)]   # sorted: a heap already
+        count = [0] * num_packs
+        row_packs, row_ranks = [], []
+        for w in taken[row]:                                 # np.float32 items: float32 sums
+            load, pack = heap[0]
+            row_packs.append(pack)
+            row_ranks.append(count[pack])
+            count[pack] += 1
+            if count[pack] == per_pack:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (load + w, pack))
+        packs[row], rank[row] = row_packs, row_ranks
+    return packs, rank
 
 
 def replicate_experts(weight: np.ndarray, num_physical: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -91,3 +91,50 @@ def test_random_valid_placements_conserve_load(experts, gpus, extra, seed):
     p = Placement(np.array([sum(per_gpu, [])]), experts, gpus)
     loads = rng.integers(0, 100, size=(1, experts)).astype(float)
     assert np.isclose(p.gpu_loads(loads).sum(), loads.sum())
+
+
+def _keep_by_slot_order(new: np.ndarray, old: np.ndarray, slots: int) -> np.ndarray:
+    """keep_unchanged_slots as its docstring says, one GPU and one old slot at a time (the reference)."""
+    out = np.empty_like(new)
+    for r, (fresh, before) in enumerate(zip(new.reshape(-1, slots), old.reshape(-1, slots))):
+        left, row = list(fresh), [-1] * slots
+        for i, expert in enumerate(before):
+            if expert in left:
+                row[i] = expert
+                left.remove(expert)
+        for i in range(slots):
+            if row[i] < 0:
+                row[i] = left.pop(0)
+        out.reshape(-1, slots)[r] = row
+    return out
+
+
+def _greedy_reference(score: np.ndarray) -> list[int]:
+    """max_overlap_matching's rule on one matrix, entry by entry: the largest free positive entry,
+    row-major on ties; then unmatched columns take the free rows in order."""
+    n, row_of, free = len(score), [-1] * len(score), score.astype(float).copy()
+    while (free > 0).any():
+        i, j = divmod(int(np.argmax(free)), n)
+        row_of[j] = i
+        free[i, :] = 0
+        free[:, j] = 0
+    rows = [i for i in range(n) if i not in row_of]
+    return [row if row >= 0 else rows.pop(0) for row in row_of]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(1, 3), st.integers(0, 10_000), st.booleans())
+def test_keep_unchanged_slots_and_matching_against_references(slots, gpus, layers, seed, repeats):
+    """The vectorised slot keeping (with co-located copies numbered) and both batch paths of the greedy
+    matching (a walk for few matrices, numpy rounds for many) agree with one-at-a-time references."""
+    from moe_place.placement import _greedy_by_rounds, _greedy_by_walk, keep_unchanged_slots, max_overlap_matching
+    rng = np.random.default_rng(seed)
+    experts = max(1, (slots * gpus) // 2 if repeats else slots * gpus)
+    new = rng.integers(0, experts, size=(layers, slots * gpus))
+    old = rng.integers(0, experts, size=(layers, slots * gpus))
+    assert np.array_equal(keep_unchanged_slots(new, old, slots), _keep_by_slot_order(new, old, slots))
+    scores = rng.integers(0, 3, size=(20, gpus, gpus)).astype(float)
+    expected = np.array([_greedy_reference(m) for m in scores])
+    assert np.array_equal(max_overlap_matching(scores), expected)          # 20 matrices: numpy rounds
+    assert np.array_equal(max_overlap_matching(scores[:3]), expected[:3])  # 3: the walk
+    assert np.array_equal(_greedy_by_walk(scores), _greedy_by_rounds(scores))

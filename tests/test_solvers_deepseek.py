@@ -50,6 +50,19 @@ def test_balanced_packing_exact_counts_and_greedy_choice():
     assert rank[0].tolist() == [0, 0, 1, 1, 2, 2]
 
 
+def test_balanced_packing_heap_and_numpy_paths_agree():
+    """Few rows are packed by a heap, many by numpy at once: the same packs and ranks, ties and zeros included."""
+    from moe_place.solvers.deepseek import _pack_rows_at_once, _pack_rows_by_heap
+    rng = np.random.default_rng(3)
+    for rows, items, packs in ((1, 6, 2), (5, 72, 8), (11, 40, 4), (3, 96, 32)):
+        taken = -np.sort(-rng.integers(0, 6, size=(rows, items)).astype(np.float32), axis=1)   # many ties
+        taken[0] = 0.0                                                                         # an idle row
+        per_pack = items // packs
+        heap, numpy_ = _pack_rows_by_heap(taken, packs, per_pack), _pack_rows_at_once(taken, packs, per_pack)
+        assert np.array_equal(heap[0], numpy_[0]) and np.array_equal(heap[1], numpy_[1]), (rows, items, packs)
+        assert (np.apply_along_axis(np.bincount, 1, heap[0], minlength=packs) == per_pack).all()
+
+
 def test_tiny_instance_reaches_232_with_colocation():
     loads = np.array([[600, 560, 120, 120, 20, 10, 10, 10]])
     phy2log = eplb_rebalance(loads, 16, 1, 1, 8)

@@ -264,12 +264,12 @@ class Migration:
         """
         rows = even_split_gpu_loads(placement.phy2log, np.asarray(expert_load, dtype=np.float64), placement.num_gpus)
         topo, gpus = self.topology, placement.num_gpus
-        per_server = topo.gpus_per_server
+        per_server, bandwidth = topo.gpus_per_server, topo.path_bandwidths()
         times = []
         if per_server > 1:      # GPU 1 shares GPU 0's server
-            times.append((per_server - 1) / gpus / topo.path_bandwidth_bytes_per_s(1, 0))
+            times.append((per_server - 1) / gpus / bandwidth[1, 0])
         if gpus > per_server:   # GPU `per_server` is on the next server
-            times.append((gpus - per_server) / gpus / topo.path_bandwidth_bytes_per_s(per_server, 0))
+            times.append((gpus - per_server) / gpus / bandwidth[per_server, 0])
         seconds_per_row = max(times, default=0.0) * self.row_bytes
         return float(2.0 * rows.max(axis=1).sum() * seconds_per_row)
 

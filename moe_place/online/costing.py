@@ -14,6 +14,7 @@ beside serving and delay dispatch/combine where they share a link; the switch wa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from moe_place.cost.models import ExpertShape, get_model
 from moe_place.cost.topology import Topology, build_cluster
 from moe_place.cost.units import gbit_per_s
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, even_split_slot_loads
 
 DEFAULT_ALPHA_S = 5e-6
 DEFAULT_BLOCK_M = 64
@@ -55,7 +56,7 @@ class ReplayCost:
             raise InputError("block sizes", "integers >= 1", (self.block_m, self.block_n))
         self.moves  # validates the schedule, the migration model and alpha
 
-    @property
+    @cached_property
     def moves(self) -> Migration:
         """The migration model of this cluster (copies, their time, what serving pays)."""
         return Migration(self.topology, self.model.expert_bytes, self.model.row_bytes, self.alpha_s,
@@ -87,8 +88,14 @@ class ReplayCost:
 
     def layer_times_s(self, placement: Placement, expert_load: np.ndarray) -> np.ndarray:
         """float64 `[layers]`: busiest-GPU expert time of each layer for `expert_load [layers, E]`."""
-        slots = placement.slot_loads(expert_load).reshape(placement.num_layers, placement.num_gpus, -1)
-        return self.gpu_times_s(slots).max(axis=-1)
+        return self.gpu_times_s(placement.slot_loads(expert_load).reshape(placement.num_layers, placement.num_gpus,
+                                                                          -1)).max(axis=-1)
+
+    def rows_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
+        """float64 `[rows]`: `layer_times_s` of map rows `phy2log [rows, P]` under loads `expert_load
+        [rows, E]`, unchecked (`even_split_slot_loads`): for a caller whose maps are valid."""
+        return self.gpu_times_s(even_split_slot_loads(phy2log, expert_load).reshape(len(phy2log), num_gpus,
+                                                                                   -1)).max(axis=-1)
 
     def step_time_s(self, placement: Placement, expert_load: np.ndarray) -> float:
         """Expert-layer time of one step: the sum over layers of the busiest GPU's time."""

@@ -168,20 +168,21 @@ class RebalanceRule:
         if interval_steps < 1:
             raise InputError("interval_steps", "an integer >= 1", interval_steps)
         lam = total / steps                                                       # [layers, E] per step
-        rng = np.random.default_rng([self.seed, self._calls])
-        self._calls += 1
+        calls, self._calls = self._calls, self._calls + 1
         self._update_age(total, interval_steps, steps)
         gpus = current.num_gpus
         mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
-        cur_busy = current.gpu_loads(lam).max(axis=1)
+        cur_busy = even_split_gpu_loads(current.phy2log, lam, gpus).max(axis=1)
         self.last_retention = retention = self._retention(lam, mean, gpus)
         # one vectorised EPLB call plans the window and, for the layers whose load did not change
         # beyond noise (step 3) and whose map could still gain more than `min_gain` (no plan beats
         # the mean), the resampled windows of their noise floor
         same = np.flatnonzero(~self._changed & ((cur_busy - mean) / mean > self.min_gain))
-        draws = None if samples is None or not same.size else samples[:, same].astype(np.float64)
-        replicas = [self._resample(total[same], draws, rng) / steps
-                    for _ in range(NOISE_REPLICATES if same.size else 0)]
+        replicas = []
+        if same.size:
+            rng = np.random.default_rng([self.seed, calls])
+            draws = None if samples is None else samples[:, same].astype(np.float64)
+            replicas = [self._resample(total[same], draws, rng) / steps for _ in range(NOISE_REPLICATES)]
         every = self._plan(np.concatenate([lam] + replicas))
         planned = every[:self.num_layers]                                          # [layers, P]
         replica_rows = every[self.num_layers:].reshape(len(replicas), same.size, every.shape[1])
@@ -210,10 +211,14 @@ class RebalanceRule:
         kept_for = interval_steps / (1.0 - retention)                               # geometric life of a saving
         horizon = np.minimum(np.maximum(np.maximum(interval_steps, self._age), kept_for),
                              MAX_HORIZON_INTERVALS * interval_steps)
-        cur_s = self.cost.layer_times_s(current, lam)
-        new_s = self.cost.layer_times_s(fresh, lam) if open_layers.size else cur_s
-        step = (float(cur_s.sum()), self.cost.moves.comm_time_s(current, lam))   # what async copies run beside
+        # the busiest GPU's time of every layer on the map in use, and of the open layers on the fresh one
+        times = self.cost.rows_times_s(np.concatenate([current.phy2log, fresh.phy2log[open_layers]]),
+                                       np.concatenate([lam, lam[open_layers]]), gpus)
+        cur_s, new_s = times[:self.num_layers], times[:self.num_layers].copy()
+        new_s[open_layers] = times[self.num_layers:]
         moves = self.cost.moves
+        # what asynchronous copies run beside: a step's expert and dispatch/combine time on the map in use
+        step = (float(cur_s.sum()), moves.comm_time_s(current, lam)) if moves.model == "async" else (0.0, 0.0)
         plan = moves.copy_plan(current, fresh, open_layers)
         moved = np.bincount(plan.layer, minlength=self.num_layers)
         copy_s = moves.copy_times_by_layer(plan, self.num_layers)
@@ -225,11 +230,14 @@ class RebalanceRule:
         self.last_policy_s = time.thread_time() - started
         if not chosen:
             return None
-        rows = np.array(current.phy2log)
         layers = sorted(v.layer for v in chosen)
-        rows[layers] = fresh.phy2log[layers]
-        new = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
-                        allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
+        if layers == open_layers.tolist() and fresh.num_nodes == self.cost.topology.num_servers:
+            new = fresh                          # every layer that could move does
+        else:
+            rows = np.array(current.phy2log)
+            rows[layers] = fresh.phy2log[layers]
+            new = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
+                            allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
         return Decision(new, tuple(layers), sum(v.saving_s for v in chosen),
                         float(min(v.horizon_steps for v in chosen)), sum(v.charge_s for v in chosen))
 
@@ -331,8 +339,9 @@ class RebalanceRule:
         if self._last_rows is not None:   # set with `_last_planned` and `_last_gap` by every call
             had = np.flatnonzero(self._last_gap > self.min_gain)
             if had.size:
-                then = even_split_gpu_loads(self._last_rows[had], lam[had], gpus).max(axis=1)
-                plan = even_split_gpu_loads(self._last_planned[had], lam[had], gpus).max(axis=1)
+                busy = even_split_gpu_loads(np.concatenate([self._last_rows[had], self._last_planned[had]]),
+                                            np.tile(lam[had], (2, 1)), gpus).max(axis=1)
+                then, plan = busy[:had.size], busy[had.size:]
                 self._kept = (self._kept + [(float(((then - plan) / mean[had]).sum()),
                                              float(self._last_gap[had].sum()))])[-RETENTION_CALLS:]
         shown = sum(s for _, s in self._kept)
