@@ -42,7 +42,8 @@ class Placement:
             raise InputError("phy2log", "a 2-D array [layers, physical]", f"shape {phy2log.shape}")
         if phy2log.size and not np.issubdtype(phy2log.dtype, np.integer):
             raise InputError("phy2log", "integer expert ids", f"dtype {phy2log.dtype}")
-        phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
+        phy2log = np.array(phy2log, dtype=np.int64, order="C")   # its own copy: the caller's array (an
+        # engine's map tensor, say) may change after this, and it stays writable for its owner
         num_layers, num_physical = phy2log.shape
         experts, gpus, nodes = self.num_experts, self.num_gpus, self.num_nodes
         if experts < 1:

@@ -138,3 +138,16 @@ def test_keep_unchanged_slots_and_matching_against_references(slots, gpus, layer
     assert np.array_equal(max_overlap_matching(scores), expected)          # 20 matrices: numpy rounds
     assert np.array_equal(max_overlap_matching(scores[:3]), expected[:3])  # 3: the walk
     assert np.array_equal(_greedy_by_walk(scores), _greedy_by_rounds(scores))
+
+
+def test_placement_owns_its_map():
+    """An engine updates its map tensor in place: a Placement made from it (or from a numpy view of
+    it) must not change with it, and must not make the engine's array read-only."""
+    torch = pytest.importorskip("torch")
+    engine_map = torch.arange(8).reshape(2, 4) % 4
+    placement = Placement(engine_map.numpy(), 4, 2)
+    engine_map[0].copy_(torch.tensor([3, 2, 1, 0]))       # the engine applies its next map
+    assert placement.phy2log[0].tolist() == [0, 1, 2, 3]
+    rows = np.tile(np.arange(4), (2, 1))
+    Placement(rows, 4, 2)
+    assert rows.flags.writeable
