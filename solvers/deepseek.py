@@ -154,11 +154,14 @@ def replicate_experts(weight: np.ndarray, num_physical: int) -> tuple[np.ndarray
     replica_rank = np.zeros((rows, num_physical), dtype=np.int64)
     logcnt = np.ones((rows, experts), dtype=np.int64)
     row_ids = np.arange(rows)
+    per_replica = weight / logcnt.astype(np.float32)                   # float32, updated where a count changes
     for slot in range(experts, num_physical):
-        expert = np.argmax(weight / logcnt.astype(np.float32), axis=1)  # first on ties
+        expert = np.argmax(per_replica, axis=1)                        # first on ties
         phy2log[:, slot] = expert
-        replica_rank[:, slot] = logcnt[row_ids, expert]
-        logcnt[row_ids, expert] += 1
+        count = logcnt[row_ids, expert]
+        replica_rank[:, slot] = count
+        logcnt[row_ids, expert] = count + 1
+        per_replica[row_ids, expert] = weight[row_ids, expert] / (count + 1).astype(np.float32)
     return phy2log, replica_rank, logcnt
 
 
