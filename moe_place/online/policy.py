@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moe_place.cost.migration import Migration
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
 from moe_place.online.costing import ReplayCost, cluster_cost
@@ -217,8 +218,7 @@ class RebalanceRule:
         cur_s, new_s = times[:self.num_layers], times[:self.num_layers].copy()
         new_s[open_layers] = times[self.num_layers:]
         moves = self.cost.moves
-        # what asynchronous copies run beside: a step's expert and dispatch/combine time on the map in use
-        step = (float(cur_s.sum()), moves.comm_time_s(current, lam)) if moves.model == "async" else (0.0, 0.0)
+        step = _StepTimes(moves, current, lam, float(cur_s.sum()))
         plan = moves.copy_plan(current, fresh, open_layers)
         moved = np.bincount(plan.layer, minlength=self.num_layers)
         copy_s = moves.copy_times_by_layer(plan, self.num_layers)
@@ -295,9 +295,9 @@ class RebalanceRule:
                     draw[layer] = rng.multinomial(n, row / row.sum())
         return np.clip(total + np.sqrt(2.0) * (draw - total), 0.0, None)
 
-    def _judge(self, layer: int, moved: int, copy_s: float, step: tuple[float, float], deficit: float, floor: float,
+    def _judge(self, layer: int, moved: int, copy_s: float, step: "_StepTimes", deficit: float, floor: float,
                saving_s: float, horizon: float) -> LayerVerdict:
-        """Steps 3-4 for one layer: its move changes `moved` slots whose copies take `copy_s`; `step` is a
+        """Steps 3-4 for one layer: its move changes `moved` slots whose copies take `copy_s`; `step` gives a
         step's expert and dispatch/combine seconds on the map in use (what asynchronous copies run beside)."""
 
         def verdict(ok: bool, reason: str, charge: float = 0.0) -> LayerVerdict:
@@ -311,7 +311,7 @@ class RebalanceRule:
             return verdict(False, "no-time")
         if self.max_moved_slots is not None and moved > self.max_moved_slots:
             return verdict(False, "cap")
-        charge = self.cost.moves.charge_for(copy_s, *step)
+        charge = self.cost.moves.charge_for(copy_s, *step.times())
         after = n_min(charge.charged_s, saving_s)   # batches until the move has paid for itself (formula 7)
         if after is None or after > horizon - charge.steps:
             return verdict(False, "no-payback", charge.charged_s)
@@ -364,6 +364,25 @@ class RebalanceRule:
         self._age = np.where(same, self._age + interval_steps, float(window_steps))
         self._changed = ~same
         self._previous, self._previous_total = share, sums
+
+
+@dataclass
+class _StepTimes:
+    """A step's expert and dispatch/combine seconds on the map in use, `(expert_s, comm_s)`: what
+    asynchronous copies run beside (`Migration.charge_for`). The link time is worked out on the
+    first layer that is priced, and only for `async` (a stalling engine's charge does not use it)."""
+
+    moves: Migration
+    current: Placement
+    lam: np.ndarray
+    expert_s: float
+    _times: tuple[float, float] | None = None
+
+    def times(self) -> tuple[float, float]:
+        if self._times is None:
+            comm_s = self.moves.comm_time_s(self.current, self.lam) if self.moves.model == "async" else 0.0
+            self._times = (self.expert_s, comm_s)
+        return self._times
 
 
 def warm_up() -> None:
