@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from moe_place.cost.files import get_number, read_table_file
@@ -292,8 +293,9 @@ def _parse_part(kind: str, name: str, entry: dict, where: str) -> Part:
                    notes=notes)
 
 
+@lru_cache(maxsize=1)
 def builtin_catalog() -> Catalog:
-    """The parts shipped with moe-place."""
+    """The parts shipped with moe-place (parsed once: a Catalog is immutable)."""
     return parse_parts(BUILTIN_PARTS, "built-in catalog")
 
 
