@@ -57,8 +57,7 @@ class Placement:
         if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= experts):
             bad = phy2log[(phy2log < 0) | (phy2log >= experts)][0]
             raise InputError("phy2log", f"logical expert ids in [0, {experts})", int(bad))
-        offsets = (np.arange(num_layers) * experts)[:, None]
-        logcnt = np.bincount((phy2log + offsets).ravel(), minlength=num_layers * experts).reshape(num_layers, experts)
+        logcnt = replica_counts(phy2log, experts)
         if num_layers and logcnt.min() < 1:
             layer, expert = np.argwhere(logcnt < 1)[0]
             raise InputError(f"phy2log[{layer}]", f"every logical expert at least once (expert {expert} has no slot)")
@@ -176,6 +175,21 @@ def balancedness(gpu_load: np.ndarray) -> np.ndarray:
     return balance_ratio(gpu_load.mean(axis=-1), gpu_load.max(axis=-1))
 
 
+def _layer_expert_keys(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
+    """int64 like `phy2log [rows, P]`: each slot's (row, expert) as one flat index `row * E + expert`."""
+    return phy2log + (np.arange(len(phy2log)) * num_experts)[:, None]
+
+
+def replica_counts(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
+    """int64 `[rows, E]`: how many slots of each row of `phy2log [rows, P]` hold each expert."""
+    return _replica_counts(_layer_expert_keys(phy2log, num_experts), len(phy2log), num_experts)
+
+
+def _replica_counts(keys: np.ndarray, rows: int, num_experts: int) -> np.ndarray:
+    """`replica_counts` from the slots' `_layer_expert_keys`."""
+    return np.bincount(keys.ravel(), minlength=rows * num_experts).reshape(rows, num_experts)
+
+
 def even_split_slot_loads(phy2log: np.ndarray, expert_load: np.ndarray) -> np.ndarray:
     """float64 `[rows, P]`: the load of each slot of `phy2log` int `[rows, P]` under the even split.
 
@@ -185,9 +199,9 @@ def even_split_slot_loads(phy2log: np.ndarray, expert_load: np.ndarray) -> np.nd
     """
     loads = np.asarray(expert_load, dtype=np.float64)
     rows, experts = loads.shape
-    keys = phy2log + (np.arange(rows) * experts)[:, None]
-    replicas = np.bincount(keys.ravel(), minlength=rows * experts)
-    return (loads.ravel() / np.maximum(replicas, 1))[keys]
+    keys = _layer_expert_keys(phy2log, experts)
+    share = loads / np.maximum(_replica_counts(keys, rows, experts), 1)
+    return share.ravel()[keys]                               # flat indexing: this is a hot loop's
 
 
 def even_split_gpu_loads(phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
@@ -223,13 +237,18 @@ def keep_unchanged_slots(new_rows: np.ndarray, old_rows: np.ndarray, slots_per_g
     same = old_keys[:, :, None] == new_keys[:, None, :]      # [rows, old slot, new entry]
     kept = same.any(axis=2)
     used = same.any(axis=1)                                  # new entries already given a slot
-    # the remaining new experts, in their order, fill the free slots in order: the i-th free slot
-    # (free slots first, stable) takes the i-th unused entry (unused entries first, stable)
-    rows = np.arange(len(fresh))[:, None]
-    filled = np.empty_like(fresh)
-    filled[rows, np.argsort(kept, axis=1, kind="stable")] = fresh[rows, np.argsort(used, axis=1, kind="stable")]
-    out = np.where(kept, before, filled)
-    return out.reshape(new.shape)
+    # the remaining new experts, in their order, fill the free slots in order
+    return _fill_in_order(before, kept, fresh, used).reshape(new.shape)
+
+
+def _fill_in_order(values: np.ndarray, kept: np.ndarray, spares: np.ndarray, spent: np.ndarray) -> np.ndarray:
+    """Like `values [n, S]` where `kept`; per row, the other positions, in order, take the entries of
+    `spares [n, S]` not `spent`, in order (the k-th free position the k-th unspent spare: each row has
+    as many of one as of the other)."""
+    rows = np.arange(len(values))[:, None]
+    filled = np.empty_like(values)
+    filled[rows, np.argsort(kept, axis=1, kind="stable")] = spares[rows, np.argsort(spent, axis=1, kind="stable")]
+    return np.where(kept, values, filled)
 
 
 def _has_repeats(rows: np.ndarray) -> bool:
@@ -302,9 +321,8 @@ def max_overlap_matching(score: np.ndarray) -> np.ndarray:
     taken = np.zeros((count, n), dtype=bool)
     hit = row_of >= 0
     taken[np.nonzero(hit)[0], row_of[hit]] = True
-    filled = np.empty_like(row_of)   # the k-th unmatched column (stable: those first) takes the k-th free row
-    np.put_along_axis(filled, np.argsort(hit, axis=1, kind="stable"), np.argsort(taken, axis=1, kind="stable"), axis=1)
-    return np.where(hit, row_of, filled).reshape(*batch, n)
+    every_row = np.broadcast_to(np.arange(n), (count, n))
+    return _fill_in_order(row_of, hit, every_row, taken).reshape(*batch, n)
 
 
 WALK_MATCHING_BELOW = 16
@@ -358,7 +376,7 @@ def _log2phy(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
     width = int(logcnt.max()) if logcnt.size else 0
     out = np.full((num_layers, experts, width), -1, dtype=np.int64)
     if out.size:
-        keys = (phy2log + (np.arange(num_layers) * experts)[:, None]).ravel()   # (layer, expert), flat
+        keys = _layer_expert_keys(phy2log, experts).ravel()
         order = np.argsort(keys, kind="stable")            # every (layer, expert)'s slots, ascending
         starts = np.cumsum(logcnt.ravel()) - logcnt.ravel()
         rank = np.arange(keys.size) - np.repeat(starts, logcnt.ravel())

@@ -88,14 +88,14 @@ class ReplayCost:
 
     def layer_times_s(self, placement: Placement, expert_load: np.ndarray) -> np.ndarray:
         """float64 `[layers]`: busiest-GPU expert time of each layer for `expert_load [layers, E]`."""
-        return self.gpu_times_s(placement.slot_loads(expert_load).reshape(placement.num_layers, placement.num_gpus,
-                                                                          -1)).max(axis=-1)
+        slots = placement.slot_loads(expert_load).reshape(placement.num_layers, placement.num_gpus, -1)
+        return self.gpu_times_s(slots).max(axis=-1)
 
     def rows_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
         """float64 `[rows]`: `layer_times_s` of map rows `phy2log [rows, P]` under loads `expert_load
         [rows, E]`, unchecked (`even_split_slot_loads`): for a caller whose maps are valid."""
-        return self.gpu_times_s(even_split_slot_loads(phy2log, expert_load).reshape(len(phy2log), num_gpus,
-                                                                                   -1)).max(axis=-1)
+        slots = even_split_slot_loads(phy2log, expert_load).reshape(len(phy2log), num_gpus, -1)
+        return self.gpu_times_s(slots).max(axis=-1)
 
     def step_time_s(self, placement: Placement, expert_load: np.ndarray) -> float:
         """Expert-layer time of one step: the sum over layers of the busiest GPU's time."""

@@ -47,10 +47,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cache
+from typing import Callable
 
 import numpy as np
 
-from moe_place.cost.migration import Migration
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
 from moe_place.online.costing import ReplayCost, cluster_cost
@@ -190,7 +191,7 @@ class RebalanceRule:
         last_planned, self._last_planned = self._last_planned, planned
         new_busy = even_split_gpu_loads(planned, lam, gpus).max(axis=1)
         deficit = (cur_busy - new_busy) / mean
-        self._last_rows, self._last_gap = current.phy2log, deficit          # a read-only array: no copy
+        self._last_rows, self._last_gap = current.phy2log, deficit          # the Placement's own read-only copy
         floor = np.zeros(self.num_layers)
         open_layers = np.flatnonzero(deficit > self.min_gain)
         fresh = current
@@ -198,7 +199,8 @@ class RebalanceRule:
             rows = np.array(current.phy2log)
             keep_nodes = self.cost.topology.num_servers if self._hierarchical else 1
             rows[open_layers] = align_slots(planned[open_layers], current.phy2log[open_layers], gpus, keep_nodes)
-            fresh = Placement(rows, current.num_experts, gpus, current.num_nodes, allow_colocated=True)
+            fresh = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
+                              allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
             # noise can only explain a gap where the load has not changed beyond noise since the last
             # call (a changed load is a real gap), and not a gap this large
             near = open_layers[(deficit[open_layers] < NOISE_CHECK_BELOW) & ~self._changed[open_layers]]
@@ -218,7 +220,14 @@ class RebalanceRule:
         cur_s, new_s = times[:self.num_layers], times[:self.num_layers].copy()
         new_s[open_layers] = times[self.num_layers:]
         moves = self.cost.moves
-        step = _StepTimes(moves, current, lam, float(cur_s.sum()))
+
+        @cache
+        def step() -> tuple[float, float]:
+            """A step's expert and dispatch/combine seconds on the map in use (what asynchronous copies
+            run beside), worked out when the first layer is priced; a stalling engine's charge does
+            not use the link time."""
+            return float(cur_s.sum()), (moves.comm_time_s(current, lam) if moves.model == "async" else 0.0)
+
         plan = moves.copy_plan(current, fresh, open_layers)
         moved = np.bincount(plan.layer, minlength=self.num_layers)
         copy_s = moves.copy_times_by_layer(plan, self.num_layers)
@@ -231,13 +240,12 @@ class RebalanceRule:
         if not chosen:
             return None
         layers = sorted(v.layer for v in chosen)
-        if layers == open_layers.tolist() and fresh.num_nodes == self.cost.topology.num_servers:
+        if layers == open_layers.tolist():
             new = fresh                          # every layer that could move does
         else:
             rows = np.array(current.phy2log)
             rows[layers] = fresh.phy2log[layers]
-            new = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
-                            allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
+            new = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers, allow_colocated=True)
         return Decision(new, tuple(layers), sum(v.saving_s for v in chosen),
                         float(min(v.horizon_steps for v in chosen)), sum(v.charge_s for v in chosen))
 
@@ -295,9 +303,9 @@ class RebalanceRule:
                     draw[layer] = rng.multinomial(n, row / row.sum())
         return np.clip(total + np.sqrt(2.0) * (draw - total), 0.0, None)
 
-    def _judge(self, layer: int, moved: int, copy_s: float, step: "_StepTimes", deficit: float, floor: float,
-               saving_s: float, horizon: float) -> LayerVerdict:
-        """Steps 3-4 for one layer: its move changes `moved` slots whose copies take `copy_s`; `step` gives a
+    def _judge(self, layer: int, moved: int, copy_s: float, step: Callable[[], tuple[float, float]], deficit: float,
+               floor: float, saving_s: float, horizon: float) -> LayerVerdict:
+        """Steps 3-4 for one layer: its move changes `moved` slots whose copies take `copy_s`; `step()` gives a
         step's expert and dispatch/combine seconds on the map in use (what asynchronous copies run beside)."""
 
         def verdict(ok: bool, reason: str, charge: float = 0.0) -> LayerVerdict:
@@ -311,7 +319,7 @@ class RebalanceRule:
             return verdict(False, "no-time")
         if self.max_moved_slots is not None and moved > self.max_moved_slots:
             return verdict(False, "cap")
-        charge = self.cost.moves.charge_for(copy_s, *step.times())
+        charge = self.cost.moves.charge_for(copy_s, *step())
         after = n_min(charge.charged_s, saving_s)   # batches until the move has paid for itself (formula 7)
         if after is None or after > horizon - charge.steps:
             return verdict(False, "no-payback", charge.charged_s)
@@ -364,25 +372,6 @@ class RebalanceRule:
         self._age = np.where(same, self._age + interval_steps, float(window_steps))
         self._changed = ~same
         self._previous, self._previous_total = share, sums
-
-
-@dataclass
-class _StepTimes:
-    """A step's expert and dispatch/combine seconds on the map in use, `(expert_s, comm_s)`: what
-    asynchronous copies run beside (`Migration.charge_for`). The link time is worked out on the
-    first layer that is priced, and only for `async` (a stalling engine's charge does not use it)."""
-
-    moves: Migration
-    current: Placement
-    lam: np.ndarray
-    expert_s: float
-    _times: tuple[float, float] | None = None
-
-    def times(self) -> tuple[float, float]:
-        if self._times is None:
-            comm_s = self.moves.comm_time_s(self.current, self.lam) if self.moves.model == "async" else 0.0
-            self._times = (self.expert_s, comm_s)
-        return self._times
 
 
 def warm_up() -> None:
