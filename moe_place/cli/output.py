@@ -61,7 +61,9 @@ def print_report(report: dict, fmt: str, header: str = "") -> None:
         lines.append(f"predicted layer time on the training tokens (summed over layers and steps) "
                      f"{t['predicted_layer_time_s'] * 1e3:.4f} ms, balance-only plan {t['balance_predicted_layer_time_s'] * 1e3:.4f} ms, lower bound "
                      f"{t['lower_bound_s'] * 1e3:.4f} ms; grouping strength {t['strength']} "
-                     f"({t['layers_grouped']} of {len(report['layers'])} layers grouped)")
+                     f"({t['layers_grouped']} of {len(report['layers'])} layers grouped"
+                     + (f": those whose dispatch + combine saved more than {t['min_saving']:.0%} of the layer time "
+                        f"on every held-out window" if t.get("min_saving") is not None else "") + ")")
         if cv:
             lines.append("held-out time of the guard's windows (ms): " + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in cv.items()))
     sys.stdout.write("\n".join(lines) + "\n")

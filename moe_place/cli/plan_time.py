@@ -11,7 +11,7 @@ from moe_place.cli.shared import time_model_from_args
 from moe_place.cost.comm import SlotTable, layer_cost
 from moe_place.errors import InputError
 from moe_place.planfile import PlanFile, file_sha256, write_plan
-from moe_place.solvers.comm import plan_time
+from moe_place.solvers.comm import MIN_SAVING, plan_time
 from moe_place.solvers.evaluate import layer_figures
 
 
@@ -45,12 +45,14 @@ def plan_for_time(args: argparse.Namespace, problem, trace, options: dict) -> in
                      "time_lower_bound_s": layer.lower_bound_s, "held_out_s": layer.held_out_s,
                      "balance_held_out_s": layer.balance_held_out_s,
                      "held_out_comm_gains": list(layer.comm_gains), "held_out_layer_gains": list(layer.layer_gains),
+                     "held_out_traffic_savings": list(layer.traffic_savings),
                      "replicas": layer.replica_status})
     predicted = sum(r["predicted_time_s"] for r in rows)
     report = {"objective": "time", "solver": "time", "status": "heuristic", "wall_s": round(result.wall_s, 6),
               "split": args.split, "layers": rows,
               "time": {"model": model.describe(), "strength": result.strength, "cv_held_out_s": result.cv,
                        "layers_grouped": sum(r["choice"] == "grouped" for r in rows),
+                       "min_saving": MIN_SAVING if result.cv else None,
                        "predicted_layer_time_s": predicted,
                        "balance_predicted_layer_time_s": sum(r["balance_predicted_time_s"] for r in rows),
                        "lower_bound_s": sum(r["time_lower_bound_s"] for r in rows),
