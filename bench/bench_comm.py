@@ -13,8 +13,9 @@ Samples: `in` (plan on the three recorded batches, judge on the same three) and 
 - `fast`: our balance-only plan (`--objective balance --solver fast`);
 - `time`: `--objective time` (`moe_place.solvers.comm.plan_time`: nodes from Louvain communities
   of the networkx co-activation graph held to the balance-only plan's node loads, co-activated
-  experts spread over a node's GPUs, a layer grouped only if its dispatch + combine beat the
-  balance-only plan's on every held-out window of the training batches);
+  experts spread over a node's GPUs, a layer grouped only if its dispatch + combine save more
+  than `MIN_SAVING` (5%) of the balance-only plan's layer time on every held-out window of the
+  training batches);
 - `time-layer`: the same with the guard judging the whole layer time on the windows, compute too;
 - `time-bal`: the same from the grouping-free balanced node split instead of the communities;
 - `ungated`: `time`'s plan on every layer, without the guard (`strength=0`);
@@ -29,6 +30,9 @@ by layer: `check_subsets` plans some subsets alone and checks the rows are the w
 Targets (issue): held out, `time`/`fast` at most 1.00 on 95% of the subset-fold pairs and at most
 1.01 on every pair; over all layers, the mean over folds at most 0.97 at EP32+32 and 0.95 at
 EP64+64. `eplb`/`fast` over the same pairs is the chance between two balance-only plans.
+What the windows say: does the guard's evidence (each layer planned on one training batch, judged
+on the other) predict the held-out batch? The correlation of the windows' compute and traffic
+differences with the held-out ones, and the frontier of the guard's bar (`SAVING_LEVELS`).
 Plan time of 48 layers at EP32 on 2 cores: `moe-place plan` timed end to end.
 
     python bench/bench_comm.py [--layers 48] [--out bench/results/comm.json] [--plot bench/results/comm.png] [--force]
@@ -54,7 +58,7 @@ from moe_place.io import write_atomic, write_json_atomic
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
-from moe_place.solvers.comm import GROUP_STRENGTH, STRENGTHS, guard, plan_time
+from moe_place.solvers.comm import GROUP_STRENGTH, MIN_SAVING, STRENGTHS, HeldOut, guard, plan_time
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
@@ -67,6 +71,7 @@ SUBSETS, SUBSET_LAYERS, SUBSET_SEED = 50, 4, 0
 SUBSET_METHODS = ("time", "time-layer", "ungated", "grouped", "eplb")   # each over fast, per subset and fold
 CHECKED_SUBSETS = 2                                        # per case and sample: planned alone, rows compared
 MEAN_TARGETS = {(32, 32): 0.97, (64, 64): 0.95}            # time/fast over all layers, mean over folds
+SAVING_LEVELS = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06)   # the guard's bar (`min_saving`) the frontier tries
 
 
 def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model: CommModel,
@@ -94,6 +99,9 @@ def plans(train: list[np.ndarray], gpus: int, nodes: int, redundant: int, model:
         start = time.perf_counter()
         results[method] = result = plan_time(problem, train, model, strength=strength, start=begin)
         extra = {"strength": result.strength, "layers_grouped": sum(x.choice == "grouped" for x in result.layers),
+                 # the guard's evidence per layer and window: grouped and balance-only dispatch + combine, compute
+                 "windows": [[[g.comm_s, g.compute_s, b.comm_s, b.compute_s]
+                              for g, b in zip(x.windows, x.balance_windows)] for x in result.layers],
                  "cv_held_out_s": result.cv, "lower_bound_s": sum(x.lower_bound_s for x in result.layers),
                  "predicted_train_s": sum(x.predicted_s for x in result.layers)}
         out[method] = (result.placement.phy2log, time.perf_counter() - start, extra)
@@ -122,7 +130,9 @@ def judge(phy2log: np.ndarray, test: list[np.ndarray], gpus: int, nodes: int, mo
             "busiest_over_mean_nic": sum(c.dispatch_s for c in costs) / mean_nic_s if mean_nic_s else 0.0,
             **{part: sum(getattr(c, part) for c in costs) for part in PARTS},
             "layer_time_s": sum(c.layer_time_s for c in costs),
-            "layer_times_s": [c.layer_time_s for c in costs]}
+            "layer_times_s": [c.layer_time_s for c in costs],
+            "layer_comm_s": [c.dispatch_s + c.combine_s for c in costs],
+            "layer_compute_s": [c.compute_s for c in costs]}
 
 
 def subset_list(num_layers: int) -> list[list[int]]:
@@ -193,6 +203,56 @@ def subset_figures(rows: list[dict], gpus: int, redundant: int, method: str) -> 
             "median": float(np.median(ratios)), "q95": float(np.quantile(ratios, 0.95)), "max": float(ratios.max())}
 
 
+def window_evidence(rows: list[dict], gpus: int, redundant: int) -> dict:
+    """What the guard's windows say about the held-out batch, per case (layers x folds): the correlation of
+    the windows' compute difference (hedged plan minus balance-only, mean over windows) with the held-out
+    one (`ungated` minus `fast`), the same for dispatch + combine, and the held-out compute difference's
+    spread over fast's layer time. Then the frontier: the guard at each bar of `SAVING_LEVELS` on the same
+    evidence (time's grouped rows are ungated's, so each bar picks, per layer, ungated's or fast's held-out
+    figures exactly): mean over folds of time/fast and the subset statistics. And a bound no planner has:
+    the same bars on the held-out batch's own dispatch + combine saving (`ungated` against `fast`, over
+    fast's layer time), a guard told the traffic of the batch it has not seen but not its compute."""
+    case = [r for r in rows if (r["ep"], r["redundant"]) == (gpus, redundant) and r["sample"] != "in"]
+    folds = sorted({r["sample"] for r in case})
+
+    def get(sample, method):
+        return next(r for r in case if r["sample"] == sample and r["method"] == method)
+
+    win_compute, win_comm, held_compute, held_comm, spread = [], [], [], [], []
+    for f in folds:
+        ung, fast = get(f, "ungated"), get(f, "fast")
+        for i, windows in enumerate(get(f, "time")["windows"]):
+            w = np.array(windows)
+            win_compute.append(float(np.mean(w[:, 1] - w[:, 3])))
+            win_comm.append(float(np.mean(w[:, 0] - w[:, 2])))
+            held_compute.append(ung["layer_compute_s"][i] - fast["layer_compute_s"][i])
+            held_comm.append(ung["layer_comm_s"][i] - fast["layer_comm_s"][i])
+            spread.append(held_compute[-1] / fast["layer_times_s"][i])
+    def point(level: float, told: bool) -> dict:
+        means, ratios = [], []
+        for f in folds:
+            ung, fast = get(f, "ungated"), get(f, "fast")
+            ung_s, fast_s = np.array(ung["layer_times_s"]), np.array(fast["layer_times_s"])
+            if told:
+                picked = (np.array(fast["layer_comm_s"]) - np.array(ung["layer_comm_s"])) / fast_s > level
+            else:
+                picked = np.array([guard(tuple(HeldOut(g, c) for g, c, _, _ in windows),
+                                         tuple(HeldOut(g, c) for _, _, g, c in windows), min_saving=level)
+                                   for windows in get(f, "time")["windows"]], dtype=bool)
+            times = np.where(picked, ung_s, fast_s)
+            means.append(float(times.sum() / fast_s.sum()))
+            ratios += [times[s].sum() / fast_s[s].sum() for s in subset_list(fast_s.size)]
+        ratios = np.array(ratios)
+        return {"min_saving": level, "mean_over_folds": float(np.mean(means)),
+                "subsets_at_most_1.00": float(np.mean(ratios <= 1.0)), "subsets_max": float(ratios.max())}
+
+    return {"corr_compute": float(np.corrcoef(win_compute, held_compute)[0, 1]),
+            "corr_comm": float(np.corrcoef(win_comm, held_comm)[0, 1]),
+            "held_out_compute_spread": float(np.std(spread)), "held_out_compute_mean": float(np.mean(spread)),
+            "frontier": [point(level, False) for level in SAVING_LEVELS],
+            "told_traffic": [point(level, True) for level in SAVING_LEVELS]}
+
+
 def verdicts(rows: list[dict]) -> list[dict]:
     """Per case: time vs the best baseline and vs eplb's RDMA in sample; mean over folds out of sample."""
     out = []
@@ -221,7 +281,8 @@ def verdicts(rows: list[dict]) -> list[dict]:
                     "held_out_time_over_fast_mean": float(np.mean([get(f, "time")["layer_time_s"]
                                                                    / get(f, "fast")["layer_time_s"] for f in folds])),
                     "layers_grouped": {f: get(f, "time")["layers_grouped"] for f in folds},
-                    "subsets": {m: subset_figures(rows, gpus, redundant, m) for m in SUBSET_METHODS}})
+                    "subsets": {m: subset_figures(rows, gpus, redundant, m) for m in SUBSET_METHODS},
+                    "windows": window_evidence(rows, gpus, redundant)})
     return out
 
 
@@ -270,6 +331,20 @@ def subset_table(summary: list[dict], checks: list[dict]) -> str:
                 text += (f" (targets: <= 1.00 on 95%: {met(f['at_most_1.00'] >= 0.95)}; "
                          f"<= 1.01 on every pair: {met(f['max'] <= 1.01)})")
             lines.append(text)
+    lines.append(f"what the windows say (layers x folds; ungated - fast held out; the guard's bar is {MIN_SAVING:g}):")
+    for v in summary:
+        w = v["windows"]
+        mean_target = MEAN_TARGETS.get((v["ep"], v["redundant"]))
+        lines.append(f"  EP{v['ep']}+{v['redundant']}: corr(windows' compute difference, held-out compute difference) "
+                     f"{w['corr_compute']:+.2f}, dispatch + combine {w['corr_comm']:+.2f}; held-out compute difference "
+                     f"over fast's layer time: mean {w['held_out_compute_mean']:+.4f}, spread {w['held_out_compute_spread']:.4f}")
+        for told, points in ((False, w["frontier"]), (True, w["told_traffic"])):
+            lines.append("    the guard at each bar, on its windows:" if not told else
+                         "    bound: the same bars on the held-out batch's own traffic saving (compute unknown):")
+            for p in points:
+                lines.append(f"      bar {p['min_saving']:.2f}: mean over folds {p['mean_over_folds']:.4f}"
+                             f"{f' (target <= {mean_target:.2f})' if mean_target is not None else ''}, subsets <= 1.00 "
+                             f"on {p['subsets_at_most_1.00']:.1%}, max {p['subsets_max']:.4f}")
     for method in ("time", "fast"):
         same = sum(c[method] for c in checks)
         lines.append(f"subsets planned alone ({method}): rows identical to the whole model's on {same} of {len(checks)}")
