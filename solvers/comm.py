@@ -904,7 +904,7 @@ def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel,
 
 def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommModel,
               time_limit_s: float | None = None, progress: bool = False, strength: int | None = None,
-              start: str = "communities", judge: str = "comm") -> TimePlan:
+              start: str = "communities", judge: str = "comm", min_saving: float = MIN_SAVING) -> TimePlan:
     """Plan every layer of `problem` for the predicted layer time (module docstring).
 
     steps: the training trace, one int `[tokens, layers, k]` array per step (the problem's layers).
@@ -915,6 +915,8 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
         with the guard of step 5.
     start: `communities` (`community_nodes`, the default) or `balanced` (`balanced_nodes`): step 1.
     judge: what step 5 judges on the windows (`guard`): `comm` (the default) or `layer`.
+    min_saving: step 5's bar (`guard`), a share of the balance-only layer time in [0, 1): a trace of
+        many batches says more per window than the bundled three, and a lower bar may pay there.
     Each layer's plan depends on that layer's tokens only: a plan of some of the layers has the
     rows the whole model's plan has for them (unless the time limit cut the whole model's).
     """
@@ -922,6 +924,8 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
         raise InputError("start", "balanced or communities", start)
     if judge not in JUDGES:
         raise InputError("judge", f"one of {', '.join(JUDGES)}", judge)
+    if not 0.0 <= min_saving < 1.0:
+        raise InputError("min_saving", "a share of the layer time in [0, 1)", min_saving)
     began = time.monotonic()
     deadline = None if time_limit_s is None else began + time_limit_s
     model.check_placement(problem.num_gpus, problem.num_nodes, "topology")
@@ -984,7 +988,7 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
                 held_balance.append(HeldOut.of(cost(i, fold_balance[w][i], validation)))
             cv["grouped"] += sum(h.layer_time_s for h in held)
             cv["balance"] += sum(h.layer_time_s for h in held_balance)
-        grouped = not stopped and (guard(held, held_balance, judge) if guarded else True)
+        grouped = not stopped and (guard(held, held_balance, judge, min_saving) if guarded else True)
         if grouped:
             row, status = plan_layer(tokens_of(i, steps), problem, model, (strength,), True, start,
                                      balance_rows[i])[strength]
