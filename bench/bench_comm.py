@@ -228,6 +228,7 @@ def window_evidence(rows: list[dict], gpus: int, redundant: int) -> dict:
             held_compute.append(ung["layer_compute_s"][i] - fast["layer_compute_s"][i])
             held_comm.append(ung["layer_comm_s"][i] - fast["layer_comm_s"][i])
             spread.append(held_compute[-1] / fast["layer_times_s"][i])
+
     def point(level: float, told: bool) -> dict:
         means, ratios = [], []
         for f in folds:

@@ -57,7 +57,7 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    balance-only plan (`fast` on all the training loads). Only the traffic is judged on the
    windows, and only a saving as large as the chance it has to outweigh: the held-out compute of
    two plans balanced on the same loads differs by chance (which GPU the next batch's hot experts
-   land on; on the bundled Qwen3 trace, per layer, a spread of 2-9% of the layer time that the
+   land on; on the bundled Qwen3 trace, per layer, a spread of 3-7% of the layer time that the
    windows' compute does not predict: bench/bench_comm.py, "what the windows say"), so one or two
    windows' compute says nothing about the next batch, and a layer whose traffic saves less than
    that can lose its whole gain to it. Each layer's plan depends on its own tokens only.
