@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import os
 import subprocess
 import sys
@@ -195,6 +196,21 @@ def subset_ratios(rows: list[dict], gpus: int, redundant: int, method: str) -> n
     return np.array(ratios)
 
 
+def every_subset_figures(rows: list[dict], gpus: int, redundant: int, method: str) -> dict:
+    """`method`/fast on the held-out batch over every set of `SUBSET_LAYERS` layers x every fold (not only the
+    seeded sample): the share at most 1.00 and 1.01, and the worst."""
+    case = [r for r in rows if (r["ep"], r["redundant"]) == (gpus, redundant) and r["sample"] != "in"]
+    ratios = []
+    for sample in sorted({r["sample"] for r in case}):
+        times = np.array(next(r for r in case if r["sample"] == sample and r["method"] == method)["layer_times_s"])
+        base = np.array(next(r for r in case if r["sample"] == sample and r["method"] == "fast")["layer_times_s"])
+        sets = np.array(list(itertools.combinations(range(base.size), min(SUBSET_LAYERS, base.size))))
+        ratios.append(times[sets].sum(axis=1) / base[sets].sum(axis=1))
+    ratios = np.concatenate(ratios)
+    return {"pairs": int(ratios.size), "at_most_1.00": float(np.mean(ratios <= 1.0)),
+            "at_most_1.01": float(np.mean(ratios <= 1.01)), "max": float(ratios.max())}
+
+
 def subset_figures(rows: list[dict], gpus: int, redundant: int, method: str) -> dict:
     """The statistics of `subset_ratios` the summary reports."""
     ratios = subset_ratios(rows, gpus, redundant, method)
@@ -283,6 +299,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
                                                                    / get(f, "fast")["layer_time_s"] for f in folds])),
                     "layers_grouped": {f: get(f, "time")["layers_grouped"] for f in folds},
                     "subsets": {m: subset_figures(rows, gpus, redundant, m) for m in SUBSET_METHODS},
+                    "every_subset": {m: every_subset_figures(rows, gpus, redundant, m) for m in SUBSET_METHODS},
                     "windows": window_evidence(rows, gpus, redundant)})
     return out
 
@@ -332,6 +349,9 @@ def subset_table(summary: list[dict], checks: list[dict]) -> str:
                 text += (f" (targets: <= 1.00 on 95%: {met(f['at_most_1.00'] >= 0.95)}; "
                          f"<= 1.01 on every pair: {met(f['max'] <= 1.01)})")
             lines.append(text)
+        for method, f in v["every_subset"].items():
+            lines.append(f"  {method:>8}/fast over every {SUBSET_LAYERS}-layer subset x fold ({f['pairs']:,} pairs): "
+                         f"<= 1.00 on {f['at_most_1.00']:.1%}, <= 1.01 on {f['at_most_1.01']:.1%}, max {f['max']:.4f}")
     lines.append(f"what the windows say (layers x folds; ungated - fast held out; the guard's bar is {MIN_SAVING:g}):")
     for v in summary:
         w = v["windows"]
@@ -366,17 +386,39 @@ def plan_time_cli(trace: str, redundant: int, time_limit: float) -> dict:
             "wall_s": wall, "notes": notes, "cores": os.cpu_count()}
 
 
-def plot_png(rows: list[dict]) -> bytes:
-    """Layer time stacked by dispatch / compute / combine, per method, for every case and sample."""
+def plot_png(rows: list[dict], summary: list[dict]) -> bytes:
+    """Layer time stacked by dispatch / compute / combine, per method, for every case and sample; the subset-fold
+    pairs sorted; the guard's bars (mean gain against the share of pairs at most 1.00, on the windows and the
+    bound told the held-out traffic)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     samples = ["in", "hold 0", "hold 1", "hold 2"]
-    fig = Figure(figsize=(20, 9), layout="constrained")
+    fig = Figure(figsize=(24, 9), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(CASES), len(samples) + 1, squeeze=False)
-    for r_i, (gpus, _, redundant) in enumerate(CASES):   # last column: the subsets, sorted
+    axes = fig.subplots(len(CASES), len(samples) + 2, squeeze=False)
+    for r_i, v in enumerate(summary):   # last column: the guard's bars
         ax = axes[r_i][-1]
+        for key, style, label in (("frontier", "o-", "the guard on its windows"),
+                                  ("told_traffic", "s--", "bound: told the held-out traffic")):
+            points = v["windows"][key]
+            x = [p["mean_over_folds"] for p in points]
+            y = [p["subsets_at_most_1.00"] for p in points]
+            ax.plot(x, y, style, markersize=4, label=label if r_i == 0 else None)
+            if key == "frontier":
+                for p, a, b in zip(points, x, y):
+                    ax.annotate(f"{p['min_saving']:g}", (a, b), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0.95, color="black", linewidth=0.8, linestyle=":")
+        target = MEAN_TARGETS.get((v["ep"], v["redundant"]))
+        if target is not None:
+            ax.axvline(target, color="black", linewidth=0.8, linestyle=":")
+        ax.set_title(f"EP{v['ep']}+{v['redundant']}: the guard's bar (labels), held out", fontsize=10)
+        ax.set_xlabel("time/fast, all layers, mean over folds", fontsize=8)
+        ax.set_ylabel("share of subset-fold pairs <= 1.00", fontsize=8)
+        if r_i == 0:
+            ax.legend(fontsize=8)
+    for r_i, (gpus, _, redundant) in enumerate(CASES):   # next to last column: the subsets, sorted
+        ax = axes[r_i][-2]
         for method in SUBSET_METHODS:
             ratios = np.sort(subset_ratios(rows, gpus, redundant, method))
             ax.plot(np.arange(1, ratios.size + 1) / ratios.size, ratios, label=f"{method}/fast" if r_i == 0 else None)
@@ -444,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          "checked_alone": checks},
                                              "plan_time": timing})
     if args.plot:
-        write_atomic(args.plot, plot_png(rows))
+        write_atomic(args.plot, plot_png(rows, summary))
     return 0
 
 
