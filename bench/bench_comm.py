@@ -185,28 +185,41 @@ def run(steps: list[np.ndarray], layers: list[int]) -> tuple[list[dict], list[di
     return rows, checks
 
 
+def row_of(rows: list[dict], gpus: int, redundant: int, sample: str, method: str) -> dict:
+    """The row of one case, sample and method."""
+    return next(r for r in rows if (r["ep"], r["redundant"], r["sample"], r["method"]) == (gpus, redundant, sample,
+                                                                                          method))
+
+
+def held_out_folds(rows: list[dict], gpus: int, redundant: int) -> list[str]:
+    """The held-out samples of one case (`hold k`), sorted."""
+    return sorted({r["sample"] for r in rows if (r["ep"], r["redundant"]) == (gpus, redundant) and r["sample"] != "in"})
+
+
+def summed_ratios(times: np.ndarray, base: np.ndarray, sets: np.ndarray) -> np.ndarray:
+    """float64 `[sets]`: per-layer `times` over `base`, each summed over a set of layer positions (`sets`, int
+    `[count, size]`)."""
+    return times[sets].sum(axis=1) / base[sets].sum(axis=1)
+
+
+def held_out_ratios(rows: list[dict], gpus: int, redundant: int, method: str, sets: np.ndarray) -> np.ndarray:
+    """float64 `[folds * sets]`: `method`/fast on the held-out batch, summed over each set's layers, fold by fold."""
+    return np.concatenate([summed_ratios(np.array(row_of(rows, gpus, redundant, f, method)["layer_times_s"]),
+                                         np.array(row_of(rows, gpus, redundant, f, "fast")["layer_times_s"]), sets)
+                           for f in held_out_folds(rows, gpus, redundant)])
+
+
 def subset_ratios(rows: list[dict], gpus: int, redundant: int, method: str) -> np.ndarray:
-    """float64 `[folds * SUBSETS]`: `method`/fast on the held-out batch, summed over each subset's layers."""
-    case = [r for r in rows if (r["ep"], r["redundant"]) == (gpus, redundant) and r["sample"] != "in"]
-    ratios = []
-    for sample in sorted({r["sample"] for r in case}):
-        times = next(r for r in case if r["sample"] == sample and r["method"] == method)["layer_times_s"]
-        base = next(r for r in case if r["sample"] == sample and r["method"] == "fast")["layer_times_s"]
-        ratios += [sum(times[i] for i in subset) / sum(base[i] for i in subset) for subset in subset_list(len(base))]
-    return np.array(ratios)
+    """float64 `[folds * SUBSETS]`: `method`/fast on the held-out batch, summed over each seeded subset's layers."""
+    return held_out_ratios(rows, gpus, redundant, method, np.array(subset_list(rows[0]["layers"])))
 
 
 def every_subset_figures(rows: list[dict], gpus: int, redundant: int, method: str) -> dict:
     """`method`/fast on the held-out batch over every set of `SUBSET_LAYERS` layers x every fold (not only the
     seeded sample): the share at most 1.00 and 1.01, and the worst."""
-    case = [r for r in rows if (r["ep"], r["redundant"]) == (gpus, redundant) and r["sample"] != "in"]
-    ratios = []
-    for sample in sorted({r["sample"] for r in case}):
-        times = np.array(next(r for r in case if r["sample"] == sample and r["method"] == method)["layer_times_s"])
-        base = np.array(next(r for r in case if r["sample"] == sample and r["method"] == "fast")["layer_times_s"])
-        sets = np.array(list(itertools.combinations(range(base.size), min(SUBSET_LAYERS, base.size))))
-        ratios.append(times[sets].sum(axis=1) / base[sets].sum(axis=1))
-    ratios = np.concatenate(ratios)
+    layers = rows[0]["layers"]
+    sets = np.array(list(itertools.combinations(range(layers), min(SUBSET_LAYERS, layers))))
+    ratios = held_out_ratios(rows, gpus, redundant, method, sets)
     return {"pairs": int(ratios.size), "at_most_1.00": float(np.mean(ratios <= 1.0)),
             "at_most_1.01": float(np.mean(ratios <= 1.01)), "max": float(ratios.max())}
 
@@ -228,11 +241,10 @@ def window_evidence(rows: list[dict], gpus: int, redundant: int) -> dict:
     figures exactly): mean over folds of time/fast and the subset statistics. And a bound no planner has:
     the same bars on the held-out batch's own dispatch + combine saving (`ungated` against `fast`, over
     fast's layer time), a guard told the traffic of the batch it has not seen but not its compute."""
-    case = [r for r in rows if (r["ep"], r["redundant"]) == (gpus, redundant) and r["sample"] != "in"]
-    folds = sorted({r["sample"] for r in case})
+    folds = held_out_folds(rows, gpus, redundant)
 
     def get(sample, method):
-        return next(r for r in case if r["sample"] == sample and r["method"] == method)
+        return row_of(rows, gpus, redundant, sample, method)
 
     win_compute, win_comm, held_compute, held_comm, spread = [], [], [], [], []
     for f in folds:
@@ -258,8 +270,8 @@ def window_evidence(rows: list[dict], gpus: int, redundant: int) -> dict:
                                    for windows in get(f, "time")["windows"]], dtype=bool)
             times = np.where(picked, ung_s, fast_s)
             means.append(float(times.sum() / fast_s.sum()))
-            ratios += [times[s].sum() / fast_s[s].sum() for s in subset_list(fast_s.size)]
-        ratios = np.array(ratios)
+            ratios.append(summed_ratios(times, fast_s, np.array(subset_list(fast_s.size))))
+        ratios = np.concatenate(ratios)
         return {"min_saving": level, "mean_over_folds": float(np.mean(means)),
                 "subsets_at_most_1.00": float(np.mean(ratios <= 1.0)), "subsets_max": float(ratios.max())}
 
@@ -274,13 +286,11 @@ def verdicts(rows: list[dict]) -> list[dict]:
     """Per case: time vs the best baseline and vs eplb's RDMA in sample; mean over folds out of sample."""
     out = []
     for gpus, nodes, redundant in CASES:
-        case = [r for r in rows if (r["ep"], r["redundant"]) == (gpus, redundant)]
-
         def get(sample, method):
-            return next(r for r in case if r["sample"] == sample and r["method"] == method)
+            return row_of(rows, gpus, redundant, sample, method)
 
         best_in = min(get("in", m)["layer_time_s"] for m in BASELINES)
-        folds = sorted({r["sample"] for r in case if r["sample"] != "in"})
+        folds = held_out_folds(rows, gpus, redundant)
         gains = [get(f, "time")["layer_time_s"] / min(get(f, m)["layer_time_s"] for m in BASELINES) - 1 for f in folds]
         vs_fast = [get(f, "time")["layer_time_s"] / get(f, "fast")["layer_time_s"] - 1 for f in folds]
         out.append({"ep": gpus, "redundant": redundant,
