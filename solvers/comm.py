@@ -790,7 +790,7 @@ class TimePlan:
     no layer could be grouped). cv: held-out time summed over windows and layers, of the grouped
     plans (`"grouped"`) and of the balance-only plans (`"balance"`); empty without cross-validation.
     balance: the balance-only plan (`fast`), kept for reports. notes: lines about the time limit
-    or a fallback. wall_s: seconds.
+    or a fallback. wall_s: seconds. min_saving: the guard's bar (step 5), None where no guard judged windows.
     """
 
     placement: Placement
@@ -800,6 +800,7 @@ class TimePlan:
     balance: Placement | None = None
     notes: tuple[str, ...] = ()
     wall_s: float = 0.0
+    min_saving: float | None = None
 
 
 @dataclass(frozen=True)
@@ -1005,4 +1006,4 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
     if bar:
         bar.close()
     return TimePlan(Placement(np.stack(rows), experts, gpus, nodes), tuple(reports), strength, cv, balance,
-                    tuple(notes), time.monotonic() - began)
+                    tuple(notes), time.monotonic() - began, min_saving if windows else None)

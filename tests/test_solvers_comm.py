@@ -259,6 +259,9 @@ def test_a_layer_whose_windows_agree_on_a_small_saving_keeps_the_balance_plan():
     assert np.array_equal(result.placement.phy2log[0], result.balance.phy2log[0])
     lower = plan_time(problem_for(steps, 8, 4), steps, CommModel(default_topology(8, 4), SHAPE), min_saving=0.0)
     assert lower.layers[0].choice == "grouped" and lower.layers[0].windows == layer.windows
+    assert (result.min_saving, lower.min_saving) == (MIN_SAVING, 0.0)   # the bar the guard used, reported
+    unguarded = plan_time(problem_for(steps, 8, 4), steps, CommModel(default_topology(8, 4), SHAPE), strength=0)
+    assert unguarded.min_saving is None
     for bad in (-0.1, 1.0, float("nan")):
         with pytest.raises(InputError, match="min_saving"):
             plan_time(problem_for(steps, 8, 4), steps, CommModel(default_topology(8, 4), SHAPE), min_saving=bad)

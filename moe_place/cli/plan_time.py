@@ -11,7 +11,7 @@ from moe_place.cli.shared import time_model_from_args
 from moe_place.cost.comm import SlotTable, layer_cost
 from moe_place.errors import InputError
 from moe_place.planfile import PlanFile, file_sha256, write_plan
-from moe_place.solvers.comm import MIN_SAVING, plan_time
+from moe_place.solvers.comm import plan_time
 from moe_place.solvers.evaluate import layer_figures
 
 
@@ -52,7 +52,7 @@ def plan_for_time(args: argparse.Namespace, problem, trace, options: dict) -> in
               "split": args.split, "layers": rows,
               "time": {"model": model.describe(), "strength": result.strength, "cv_held_out_s": result.cv,
                        "layers_grouped": sum(r["choice"] == "grouped" for r in rows),
-                       "min_saving": MIN_SAVING if result.cv else None,
+                       "min_saving": result.min_saving,
                        "predicted_layer_time_s": predicted,
                        "balance_predicted_layer_time_s": sum(r["balance_predicted_time_s"] for r in rows),
                        "lower_bound_s": sum(r["time_lower_bound_s"] for r in rows),
