@@ -57,3 +57,6 @@ start_record
 dump_record
 empty_cache
 update_weights_from_disk
+
+# moe_place/online/cadence.py: a CadenceRun field written to the record (to_json via __dict__), read by bench_replay.py
+slots_after_first

@@ -19,8 +19,8 @@ from moe_place import __version__
 from moe_place.errors import MoePlaceError
 from moe_place.interrupts import raise_if_interrupted, signals_raise
 
-COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "synth", "bench",
-            "report", "offload")
+COMMANDS = ("analyze", "plan", "evaluate", "compare", "predict", "payback", "export", "replay", "cadence", "synth",
+            "bench", "report", "offload")
 
 
 class _Parser(argparse.ArgumentParser):

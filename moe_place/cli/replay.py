@@ -23,38 +23,21 @@ HELP = "replay a multi-step trace through an engine's rebalance cadence, a polic
 CONTROLLER_ALIASES = {"periodic-eplb": "engine-default"}  # the earlier name of the engine's default policy
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", nargs="?", metavar="TRACE", help="a trace file (any format load_trace reads)")
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """TRACE or --synthetic SPEC, and the trace options (shared with `cadence`)."""
+    parser.add_argument("trace", nargs="?", metavar="TRACE",
+                        help="a trace file with many recorded steps (any format load_trace reads); the bundled "
+                             "traces hold three batches, too few: use --synthetic")
     parser.add_argument("--synthetic", metavar="SPEC",
                         help="replay the drifting domain-mixture generator instead, e.g. 'drift:steps=6000,seed=0' "
                              "(keys: steps, layers, experts, top_k, tokens, domains, drift, skew, shared, "
                              "concentration, hot, seed, preset=deepseek-r1; at most 1,000,000 steps and 2**28 "
                              "steps x layers x experts; default: replay TRACE)")
-    parser.add_argument("--controller", choices=("static", "engine-default", "ours", "periodic-eplb"), default="ours",
-                        help="static: the start map, never moved; engine-default: the engine's own policy (DeepSeek "
-                             "EPLB; vLLM keeps unmoved experts' slots) at its cadence; ours: moe-place's rebalance "
-                             "rule at the same cadence, as the vLLM policy and SGLang hook run it (default ours; "
-                             "periodic-eplb: the earlier name of engine-default)")
     add_trace_options(parser)
-    engine = parser.add_argument_group("engine protocol (defaults: the engine's own)")
-    engine.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
-                        help="vllm (0.33): first call after step_interval/4 steps, then every 3000 steps on the last "
-                             "1000, async moves one layer per step; sglang (0.5.23): every 1000 passes on the last "
-                             "1000, all layers at once (stall). Both start from slot p = expert p %% E (default vllm)")
-    engine.add_argument("--step-interval", type=positive_int, default=None,
-                        help="steps between policy calls (vLLM step_interval, SGLang --eplb-rebalance-num-iterations; "
-                             "default: the engine's)")
-    engine.add_argument("--window", type=positive_int, default=None,
-                        help="steps of load a call sees (vLLM window_size; SGLang's recorder buffer; default: the "
-                             "engine's), also the steps an offline start plan is made from")
-    engine.add_argument("--start", choices=("engine", "offline"), default="engine",
-                        help="engine: the engine's start map (default); offline: a plan made from the first --window "
-                             "steps, as a user loading a plan at start-up has")
-    engine.add_argument("--migration", choices=("stall", "async"), default=None,
-                        help="serving stops for the copies, or they run beside it sharing the links with "
-                             "dispatch/combine (default: the engine's, vllm async, sglang stall)")
-    engine.add_argument("--drain-steps", type=non_negative_int, default=1,
-                        help="batches in flight that finish on the old map before a switch (default 1)")
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cluster and model (shared with `cadence`)."""
     cluster = parser.add_argument_group("cluster (named as for `plan`)")
     cluster.add_argument("--gpus", type=positive_int, default=8, help="EP size G (default 8)")
     cluster.add_argument("--nodes", type=positive_int, default=1, help="servers (default 1)")
@@ -69,27 +52,86 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help=f"expert shape preset for time and copy size: one of {', '.join(PRESETS)} "
                               "(default: from the trace, else Qwen3-30B-A3B)")
     cluster.add_argument("--nic-gbit", type=positive_float, default=400.0, help="NIC per GPU, Gbit/s (default 400)")
+    cluster.add_argument("--layers", type=layer_selection, default=None,
+                         help="trace layer positions, e.g. 0-3 (default: all)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_input_arguments(parser)
+    parser.add_argument("--controller", choices=("static", "engine-default", "ours", "periodic-eplb"), default="ours",
+                        help="static: the start map, never moved; engine-default: the engine's own policy (DeepSeek "
+                             "EPLB; vLLM keeps unmoved experts' slots) at its cadence; ours: moe-place's rebalance "
+                             "rule at the same cadence, as the vLLM policy and SGLang hook run it (default ours; "
+                             "periodic-eplb: the earlier name of engine-default)")
+    engine = parser.add_argument_group("engine protocol (defaults: the engine's own)")
+    engine.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                        help="vllm (0.33): first call after step_interval/4 steps, then every 3000 steps on the last "
+                             "1000, the policy in the async worker thread, every call's map committed one layer "
+                             "per step; sglang (0.5.23): every 1000 passes on the last 1000, all layers at once "
+                             "(stall). Both start from slot p = expert p %% E (default vllm)")
+    engine.add_argument("--step-interval", type=positive_int, default=None,
+                        help="steps between policy calls (vLLM step_interval, SGLang --eplb-rebalance-num-iterations; "
+                             "default: the engine's)")
+    engine.add_argument("--window", type=positive_int, default=None,
+                        help="steps of load a call sees (vLLM window_size; SGLang's recorder buffer; default: the "
+                             "engine's), also the steps an offline start plan is made from")
+    engine.add_argument("--start", choices=("engine", "offline"), default="engine",
+                        help="engine: the engine's start map (default); offline: a plan made from the first --window "
+                             "steps, as a user loading a plan at start-up has")
+    engine.add_argument("--migration", choices=("stall", "async"), default=None,
+                        help="serving stops for the copies, or they run beside it sharing the links with "
+                             "dispatch/combine (default: the engine's, vllm async, sglang stall; vllm stall is its "
+                             "sync mode)")
+    engine.add_argument("--drain-steps", type=non_negative_int, default=1,
+                        help="batches in flight that finish on the old map before a switch (default 1)")
     engine.add_argument("--copy-schedule", choices=("serial", "parallel"), default=None,
                         help="a rebalance's copies one after another (formula 7) or all at once, the links setting "
                              "the time (default: parallel, as both engines batch a layer's transfers)")
-    cluster.add_argument("--layers", type=layer_selection, default=None,
-                         help="trace layer positions, e.g. 0-3 (default: all)")
-    ours = parser.add_argument_group("ours (moe_place.online.policy.RebalanceRule)")
-    ours.add_argument("--min-gain", type=share_below_one, default=0.005,
-                      help="a layer moves only when its busiest GPU drops by more than this share of the mean GPU "
-                           "load, in [0, 1) (default 0.005: 0.5%%)")
-    ours.add_argument("--noise-margin", type=non_negative_float, default=2.0,
-                      help="... and by more than this many times the measured noise floor (default 2)")
-    ours.add_argument("--max-moved-slots", type=non_negative_int, default=None,
-                      help="a cap the engine states: slots changed per layer and call (default: none)")
-    ours.add_argument("--max-mib", type=positive_float, default=None,
-                      help="a cap on MiB copied per call, e.g. the engine's move buffer (default: none)")
+    add_cluster_arguments(parser)
+    add_rule_arguments(parser)
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
     parser.add_argument("--plot", type=png_file, metavar="FILE.png",
                         help="also write a PNG: per-step balancedness and cumulative time (default: none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
+    """moe-place's rule settings (shared with `cadence`)."""
+    ours = parser.add_argument_group("ours (moe_place.online.policy.RebalanceRule)")
+    ours.add_argument("--min-gain", type=share_below_one, default=0.005,
+                      help="a layer moves only when its busiest GPU drops by more than this share of the mean GPU "
+                           "load, in [0, 1) (default 0.005: 0.5%%)")
+    ours.add_argument("--noise-margin", type=non_negative_float, default=2.0,
+                      help="... and by more than this many times the measured noise floor (default 2)")
+    ours.add_argument("--estimate", choices=("adaptive", "window"), default="adaptive",
+                      help="the coming load: adaptive (exponentially weighted steps, the half-life that predicted "
+                           "best; per-step windows only, SGLang's) or window (the window's mean, as the engines' "
+                           "default policies; default adaptive)")
+    ours.add_argument("--max-moved-slots", type=non_negative_int, default=None,
+                      help="a cap the engine states: slots changed per layer and call (default: none)")
+    ours.add_argument("--max-mib", type=positive_float, default=None,
+                      help="a cap on MiB copied per call, e.g. the engine's move buffer (default: none)")
+
+
+def cluster_slots(args: argparse.Namespace, experts: int) -> int:
+    """Physical slots per layer: the experts + --redundant (default one per GPU), checked against --gpus / --groups."""
+    redundant = args.gpus if args.redundant is None else args.redundant
+    physical = experts + redundant
+    if physical % args.gpus:
+        raise InputError("--redundant", f"a count making {experts} + R slots divisible by --gpus {args.gpus}",
+                         redundant)
+    if args.groups is not None and experts % args.groups:
+        raise InputError("--groups", f"a divisor of the {experts} experts", args.groups)
+    return physical
+
+
+def rule_settings(args: argparse.Namespace) -> dict:
+    """moe-place's rule settings from the command's options (keyword arguments of `RebalanceRule`)."""
+    return dict(num_groups=args.groups, min_gain=args.min_gain, noise_margin=args.noise_margin, estimate=args.estimate,
+                max_moved_slots=args.max_moved_slots,
+                max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,46 +141,28 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.online.costing import cluster_cost
     from moe_place.online.plot import render_replay_png
     from moe_place.online.policy import RebalanceRule
-    from moe_place.online.replay import initial_placement, parse_synthetic, replay
-    from moe_place.traces.load import load_trace
+    from moe_place.online.replay import initial_placement, load_replay_counts, replay
 
-    if (args.trace is None) == (args.synthetic is None):
-        raise InputError("replay", "a TRACE file or --synthetic SPEC (exactly one)")
-    if args.synthetic:
-        counts, source = parse_synthetic(args.synthetic)
-        model_hint = ""
-    else:
-        trace = load_trace(args.trace, **trace_load_options(args))
-        counts, source, model_hint = np.asarray(trace.step_counts()), str(args.trace), trace.meta.model
-    if args.layers is not None:
-        bad = [p for p in args.layers if p >= counts.shape[1]]
-        if bad:
-            raise InputError("--layers", f"positions in [0, {counts.shape[1]})", bad[0])
-        counts = counts[:, args.layers]
+    counts, source, model_hint = load_replay_counts(args.trace, args.synthetic, args.layers, trace_load_options(args))
     steps, layers, experts = counts.shape
-    cadence = EngineCadence.of(args.engine, args.step_interval, args.window)
+    # vLLM with --migration stall is its sync mode: the step waits for the policy and for every layer's copies
+    cadence = EngineCadence.of(args.engine, args.step_interval, args.window, use_async=args.migration != "stall")
     if args.start == "offline" and cadence.window_size > steps:
         raise InputError("--window", f"at most the {steps} steps of the trace (the offline start plan is made on them)",
                          cadence.window_size)
     if args.controller != "static" and cadence.first_call > steps:
         raise InputError("--step-interval", f"a cadence whose first call falls within the trace's {steps} steps "
-                         f"({args.engine} calls its policy first after {cadence.first_call})",
+                         f"({args.engine} calls its policy first after {cadence.first_call}; a trace of many steps "
+                         f"such as --synthetic drift:steps=6000, or a shorter --step-interval)",
                          cadence.step_interval)
-    redundant = args.gpus if args.redundant is None else args.redundant
-    physical = experts + redundant
-    if physical % args.gpus:
-        raise InputError("--redundant", f"a count making {experts} + R slots divisible by --gpus {args.gpus}", redundant)
-    if args.groups is not None and experts % args.groups:
-        raise InputError("--groups", f"a divisor of the {experts} experts", args.groups)
+    physical = cluster_slots(args, experts)
     migration = args.migration or cadence.migration
     schedule = args.copy_schedule or cadence.copy_schedule
     model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"  # the default: the bundled traces' model
     cost = cluster_cost(args.gpus, args.nodes, args.hardware, model,
                         nic_gbit_per_s=args.nic_gbit, copy_schedule=schedule, migration=migration)
     kind = CONTROLLER_ALIASES.get(args.controller, args.controller)
-    rule = RebalanceRule(cost, layers, experts, num_groups=args.groups, min_gain=args.min_gain,
-                         noise_margin=args.noise_margin, max_moved_slots=args.max_moved_slots,
-                         max_bytes=None if args.max_mib is None else int(args.max_mib * 2**20))
+    rule = RebalanceRule(cost, layers, experts, **rule_settings(args))
     controller = make_controller(kind, cadence, layers, experts, rule=rule, num_groups=args.groups)
     if args.start == "offline":
         start = initial_placement(counts, args.gpus, physical, args.nodes, window=cadence.window_size,
@@ -154,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = replay(counts, controller, cost, start, drain_steps=args.drain_steps, on_step=after_step,
-                        layer_per_step=cadence.layer_per_step)
+                        layer_per_step=cadence.layer_per_step, policy_in_worker=cadence.policy_in_worker)
     finally:  # also when interrupted: the message that follows starts on its own line
         if bar is not None:
             bar.close()
@@ -181,7 +205,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"bytes moved           {doc['bytes_moved'] / 2**20:.1f} MiB ({doc['slots_moved']} slots changed)")
     print(f"expert-layer time     {doc['total_expert_time_s'] * 1e3:.3f} ms")
     print(f"migration time        {doc['total_migration_time_s'] * 1e3:.3f} ms")
-    print(f"policy time           {doc['total_policy_time_s'] * 1e3:.3f} ms (measured: CPU time of its calls)")
+    paid = ("vLLM runs it in its async worker thread, beside serving: not paid" if cadence.policy_in_worker
+            else "serving waits for it: paid")
+    print(f"policy time           {doc['total_policy_time_s'] * 1e3:.3f} ms ({doc['total_policy_cpu_s'] * 1e3:.3f} ms "
+          f"CPU measured; {paid})")
     print(f"total time            {doc['total_time_s'] * 1e3:.3f} ms")
     print(f"mean balancedness     {doc['mean_balancedness']:.4f}")
     return 0

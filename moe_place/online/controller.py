@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -61,8 +61,13 @@ class EngineCadence:
     first_call: steps before the first call (vLLM: `step_interval // 4`; SGLang: `step_interval`).
     migration: the engine's default migration model ("async": vLLM's `use_async`; "stall": SGLang
         with `--eplb-rebalance-layers-per-chunk` unset, all layers updated at once).
-    layer_per_step: the copies take at least one step per layer moved (vLLM's async worker moves
-        one layer per forward pass).
+    layer_per_step: vLLM's asynchronous worker: a call's map is committed one layer per forward
+        pass, every layer in order whether it changed or not (`MapSwitch.schedule_layers`), and a
+        call that falls due during that walk waits until it ends (`EplbState.step` keeps its counter
+        past the interval while a rebalance is pending, vLLM 0.33 `eplb_state.py`).
+    policy_in_worker: the policy runs in that worker thread, beside serving (vLLM `use_async`): its
+        CPU time delays the new map, it does not stall a step. False: the step waits for it (vLLM's
+        sync mode, SGLang's scheduler).
     per_step_window: the policy gets per-step counts `[steps, layers, E]` (SGLang's per-pass
         `logical_count`), not their sum over the window (vLLM 0.33's `weight`).
     copy_schedule: how a rebalance's copies run: "parallel" for both engines, which issue a layer's
@@ -78,6 +83,7 @@ class EngineCadence:
     layer_per_step: bool = True
     per_step_window: bool = False
     copy_schedule: str = "parallel"
+    policy_in_worker: bool = True
 
     def __post_init__(self) -> None:
         for name in ("step_interval", "window_size", "first_call"):
@@ -85,21 +91,26 @@ class EngineCadence:
                 raise InputError(name, "an integer >= 1 steps", getattr(self, name))
 
     @classmethod
-    def of(cls, engine: str, step_interval: int | None = None, window_size: int | None = None) -> "EngineCadence":
-        """The engine's default cadence (`ENGINES`), with `step_interval` / `window_size` overridden if given."""
+    def of(cls, engine: str, step_interval: int | None = None, window_size: int | None = None,
+           use_async: bool = True) -> "EngineCadence":
+        """The engine's default cadence (`ENGINES`), with `step_interval` / `window_size` overridden if given.
+
+        use_async: vLLM's `use_async` (its default): moves and the policy in the worker thread; False:
+        vLLM's sync mode (the step waits for the policy and the copies). SGLang is always synchronous."""
         if engine == "vllm":
             interval = 3000 if step_interval is None else step_interval
             return cls("vllm", interval, 1000 if window_size is None else window_size, max(1, interval // 4),
-                       "async", True, False)
+                       "async" if use_async else "stall", use_async, False, policy_in_worker=use_async)
         if engine == "sglang":
             interval = 1000 if step_interval is None else step_interval
             # SGLang's recorder buffer defaults to the rebalance interval
             return cls("sglang", interval, interval if window_size is None else window_size, interval, "stall", False,
-                       True)
+                       True, policy_in_worker=False)
         raise InputError("--engine", f"one of {', '.join(ENGINES)}", engine)
 
     def calls_at(self, step: int) -> bool:
-        """True when the engine calls its policy after batch `step` (0-based)."""
+        """True when the engine calls its policy after batch `step` (0-based), no call having waited
+        for a layer walk (`layer_per_step`); a controller follows the engine's counter instead."""
         done = step + 1
         return done >= self.first_call and (done - self.first_call) % self.step_interval == 0
 
@@ -118,6 +129,7 @@ def initial_map(num_layers: int, num_experts: int, num_physical: int, num_gpus: 
 class StaticController:
     name: str = "static"
     last_policy_s: float = 0.0
+    called: bool = False
 
     def observe(self, step: int, counts: np.ndarray) -> None:
         return None
@@ -133,33 +145,51 @@ class _OnCadence:
     cadence: EngineCadence
     num_layers: int
     num_experts: int
+    called: bool = field(default=False, init=False)   # whether the last `decide` called the policy
     _window: SlidingWindow = field(init=False, repr=False)
+    _due: int = field(init=False, repr=False)          # the first step after which the next call falls due
 
     def __post_init__(self) -> None:
         self._window = SlidingWindow(self.cadence.window_size, self.num_layers, self.num_experts)
+        self._due = self.cadence.first_call - 1
 
     def observe(self, step: int, counts: np.ndarray) -> None:
         self._window.push(counts)
 
+    def _calls(self, step: int) -> bool:
+        """The engine's counter: a call after batch `step` when it is due; the next one falls due an
+        interval later. The replay asks only while no switch is under way, so a call that fell due
+        during a layer walk comes right after it, as in vLLM."""
+        self.called = step >= self._due
+        if self.called:
+            self._due = step + self.cadence.step_interval
+        return self.called
+
 
 @dataclass
 class EngineDefaultController(_OnCadence):
-    """The engine's default policy at its cadence (module note)."""
+    """The engine's default policy at its cadence (module note).
+
+    plan: `(window, current) -> phy2log` the policy itself, given the engine's window (`[layers, E]`
+        summed, or `[steps, layers, E]` per step where the engine hands those) and the map in use;
+        default `numpy_default_plan`, moe-place's numpy EPLB, which returns the engines' maps at a
+        fraction of their own code's CPU time (bench/engine_policies.py runs the engines' own).
+    """
 
     num_groups: int | None = None
     name: str = "engine-default"
     last_policy_s: float = 0.0
+    plan: Callable[[np.ndarray, Placement], np.ndarray] | None = None
 
     def decide(self, step: int, current: Placement) -> Decision | None:
         self.last_policy_s = 0.0
-        if not self.cadence.calls_at(step):
+        if not self._calls(step):
             return None
+        steps = self.cadence.window_steps(step)
+        window = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
+        plan = self.plan or (lambda w, c: numpy_default_plan(w, c, self.cadence.engine, self.num_groups))
         started = time.thread_time()
-        window = self._window.total(self.cadence.window_steps(step))
-        rows = eplb_rebalance(window, current.num_physical, self.num_groups or 1, current.num_nodes,
-                              current.num_gpus)
-        if self.cadence.engine == "vllm":  # vLLM 0.33's DefaultEplbPolicy keeps unmoved experts' slots
-            rows = keep_unchanged_slots(rows, current.phy2log, current.slots_per_gpu)
+        rows = plan(window, current)
         new = Placement(np.asarray(rows), current.num_experts, current.num_gpus, current.num_nodes,
                         allow_colocated=True)
         self.last_policy_s = time.thread_time() - started
@@ -184,7 +214,7 @@ class RuleController(_OnCadence):
         return self.rule.last_policy_s
 
     def decide(self, step: int, current: Placement) -> Decision | None:
-        if not self.cadence.calls_at(step):
+        if not self._calls(step):
             self.rule.last_policy_s = 0.0
             return None
         steps = self.cadence.window_steps(step)
@@ -192,14 +222,28 @@ class RuleController(_OnCadence):
         return self.rule.decide(window, current, self.cadence.step_interval, steps)
 
 
+def numpy_default_plan(window: np.ndarray, current: Placement, engine: str,
+                       num_groups: int | None = None) -> np.ndarray:
+    """The engines' default policy in numpy: DeepSeek EPLB of the window (summed), and for vLLM 0.33's
+    `DefaultEplbPolicy` the slots of experts that stay on their GPU kept (`keep_unchanged_slots`)."""
+    window = np.asarray(window, dtype=np.float64)
+    total = window.sum(axis=0) if window.ndim == 3 else window
+    rows = eplb_rebalance(total, current.num_physical, num_groups or 1, current.num_nodes, current.num_gpus)
+    if engine == "vllm":
+        rows = keep_unchanged_slots(rows, current.phy2log, current.slots_per_gpu)
+    return rows
+
+
 def make_controller(kind: str, cadence: EngineCadence, num_layers: int, num_experts: int,
-                    rule: RebalanceRule | None = None, num_groups: int | None = None) -> Controller:
-    """A controller by name (`CONTROLLERS`) at `cadence`; "ours" runs `rule`."""
+                    rule: RebalanceRule | None = None, num_groups: int | None = None,
+                    default_plan: Callable | None = None) -> Controller:
+    """A controller by name (`CONTROLLERS`) at `cadence`; "ours" runs `rule`; "engine-default" runs
+    `default_plan` (`EngineDefaultController.plan`; None: the numpy port)."""
     if kind == "static":
         return StaticController()
     if kind == "engine-default":
         return EngineDefaultController(cadence, num_layers, num_experts, num_groups=num_groups,
-                                       name=f"{cadence.engine}-default")
+                                       name=f"{cadence.engine}-default", plan=default_plan)
     if kind == "ours":
         return RuleController(cadence, num_layers, num_experts, rule=rule)
     raise InputError("--controller", f"one of {', '.join(CONTROLLERS)}", kind)

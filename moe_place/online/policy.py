@@ -6,7 +6,12 @@ summed, SGLang every `--eplb-rebalance-num-iterations` passes (1000) with as man
 counts. `RebalanceRule.decide` answers one such call; docs/MODEL.md ("The rebalance rule")
 states the rule and what it assumes. Per layer:
 
-1. Predict. The load of the coming steps is the window's mean per step, `lam`.
+1. Predict. The load of the coming steps, `lam` (per step), is estimated from every window the
+   engine has handed over (`moe_place.online.estimate.LoadEstimate`): exponentially weighted means
+   of the steps seen so far, with the half-life that has predicted each next window best (scored
+   at every call, the flat window, the engines' own estimate, among the candidates): long on a
+   stationary load, a few steps on a fast drift, reset at a sudden change. `estimate="window"`
+   keeps the window's mean, as the engines' default policies do.
 2. Plan. DeepSeek EPLB's greedy plan for `lam` (what the engines' default policies compute;
    hierarchical, every expert group and its replicas inside one node, when the groups are a
    multiple of the nodes), with its GPUs and slots matched to the map in use
@@ -55,6 +60,7 @@ import numpy as np
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
 from moe_place.online.costing import ReplayCost, cluster_cost
+from moe_place.online.estimate import LoadEstimate
 from moe_place.placement import Placement, align_slots, even_split_gpu_loads
 from moe_place.solvers.deepseek import eplb_rebalance
 
@@ -64,6 +70,7 @@ MAX_HORIZON_INTERVALS = 100  # the believed life of a pattern is capped at this 
 NOISE_CHECK_BELOW = 0.05     # a layer further behind than this share of the mean GPU load is not noise
 NOISE_REPLICATES = 2         # resampled windows per call (besides the last call's); the floor is the worst
 RETENTION_CALLS = 4          # the retention of a saving is pooled over this many past calls
+ESTIMATES = ("adaptive", "window")   # step 1: the load estimate
 
 
 @dataclass(frozen=True)
@@ -117,17 +124,19 @@ class RebalanceRule:
     noise_margin: ... and by more than this many times the measured noise floor.
     max_moved_slots / max_bytes: caps an engine states (None: none).
     seed: the resampling's seed (same inputs and seed, same decisions).
+    estimate: "adaptive" (step 1) or "window" (the window's mean per step).
     """
 
     cost: ReplayCost
     num_layers: int
     num_experts: int
     num_groups: int | None = None
-    min_gain: float = 0.0025
+    min_gain: float = 0.005
     noise_margin: float = 2.0
     max_moved_slots: int | None = None
     max_bytes: int | None = None
     seed: int = 0
+    estimate: str = "adaptive"
     last_verdicts: tuple[LayerVerdict, ...] = field(default=(), init=False)
     last_policy_s: float = field(default=0.0, init=False)   # CPU seconds of the last call (its thread)
     _age: np.ndarray = field(init=False, repr=False)
@@ -141,6 +150,7 @@ class RebalanceRule:
     last_retention: float = field(default=0.0, init=False)  # the retention the last call used (module note)
     _calls: int = field(default=0, init=False, repr=False)
     _num_physical: int = field(default=0, init=False, repr=False)
+    _estimate: LoadEstimate = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "noise_margin"):
@@ -151,8 +161,11 @@ class RebalanceRule:
             raise InputError("max_moved_slots", "an integer >= 0 (or none)", self.max_moved_slots)
         if self.max_bytes is not None and self.max_bytes < 0:
             raise InputError("max_bytes", "an integer >= 0 (or none)", self.max_bytes)
+        if self.estimate not in ESTIMATES:
+            raise InputError("estimate", f"one of {', '.join(ESTIMATES)}", self.estimate)
         self._age = np.zeros(self.num_layers)
         self._changed = np.ones(self.num_layers, dtype=bool)
+        self._estimate = LoadEstimate(self.num_layers, self.num_experts, adaptive=self.estimate == "adaptive")
 
     # ------------------------------------------------------------------ one engine call
     def decide(self, window: np.ndarray, current: Placement, interval_steps: int,
@@ -165,31 +178,25 @@ class RebalanceRule:
         interval_steps: steps until the engine asks again (the least life of a move's saving).
         """
         started = time.thread_time()
-        total, steps, samples = self._window(window, current, window_steps)
+        loads, total, steps = self._window(window, current, window_steps)
         self._num_physical = current.num_physical
         if interval_steps < 1:
             raise InputError("interval_steps", "an integer >= 1", interval_steps)
-        lam = total / steps                                                       # [layers, E] per step
+        lam = self._estimate.update(loads, steps, interval_steps)                 # [layers, E] per step
         calls, self._calls = self._calls, self._calls + 1
         self._update_age(total, interval_steps, steps)
         gpus = current.num_gpus
         mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
         cur_busy = even_split_gpu_loads(current.phy2log, lam, gpus).max(axis=1)
         self.last_retention = retention = self._retention(lam, mean, gpus)
-        # one vectorised EPLB call plans the window and, for the layers whose load did not change
-        # beyond noise (step 3) and whose map could still gain more than `min_gain` (no plan beats
-        # the mean), the resampled windows of their noise floor
-        same = np.flatnonzero(~self._changed & ((cur_busy - mean) / mean > self.min_gain))
-        replicas = []
-        if same.size:
-            rng = np.random.default_rng([self.seed, calls])
-            draws = None if samples is None else samples[:, same].astype(np.float64)
-            replicas = [self._resample(total[same], draws, rng) / steps for _ in range(NOISE_REPLICATES)]
-        every = self._plan(np.concatenate([lam] + replicas))
-        planned = every[:self.num_layers]                                          # [layers, P]
-        replica_rows = every[self.num_layers:].reshape(len(replicas), same.size, every.shape[1])
+        # step 2 for the layers whose map could gain more than `min_gain` (no plan beats the mean);
+        # the others keep their rows, which are then as good as a plan
+        need = np.flatnonzero((cur_busy - mean) / mean > self.min_gain)
+        planned, new_busy = np.array(current.phy2log), cur_busy.copy()
+        if need.size:
+            planned[need] = self._plan(lam[need])
+            new_busy[need] = even_split_gpu_loads(planned[need], lam[need], gpus).max(axis=1)
         last_planned, self._last_planned = self._last_planned, planned
-        new_busy = even_split_gpu_loads(planned, lam, gpus).max(axis=1)
         deficit = (cur_busy - new_busy) / mean
         self._last_rows, self._last_gap = current.phy2log, deficit          # the Placement's own read-only copy
         floor = np.zeros(self.num_layers)
@@ -201,13 +208,15 @@ class RebalanceRule:
             rows[open_layers] = align_slots(planned[open_layers], current.phy2log[open_layers], gpus, keep_nodes)
             fresh = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
                               allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
-            # noise can only explain a gap where the load has not changed beyond noise since the last
-            # call (a changed load is a real gap), and not a gap this large
+            # step 3: noise can only explain a gap where the load has not changed beyond noise since the
+            # last call (a changed load is a real gap), and not a gap this large; its floor: the plans of
+            # resampled estimates and of the last call's, judged on this estimate
             near = open_layers[(deficit[open_layers] < NOISE_CHECK_BELOW) & ~self._changed[open_layers]]
             if near.size:
-                where = np.searchsorted(same, near)                  # their rows among the replicas
-                plans = np.concatenate([replica_rows[:, where].reshape(-1, replica_rows.shape[-1]),
-                                        last_planned[near]])         # + the plan of the last call's window
+                rng = np.random.default_rng([self.seed, calls])
+                replicas = self._plan(np.concatenate([self._estimate.resample(near, rng)
+                                                      for _ in range(NOISE_REPLICATES)]))
+                plans = np.concatenate([replicas, last_planned[near]])
                 busy = even_split_gpu_loads(plans, np.tile(lam[near], (NOISE_REPLICATES + 1, 1)), gpus).max(axis=1)
                 behind = (busy.reshape(NOISE_REPLICATES + 1, -1) - new_busy[near]) / mean[near]
                 floor[near] = np.maximum(behind.max(axis=0), 0.0)
@@ -251,8 +260,8 @@ class RebalanceRule:
 
     # ------------------------------------------------------------------ the steps
     def _window(self, window: np.ndarray, current: Placement,
-                window_steps: int | None) -> tuple[np.ndarray, int, np.ndarray | None]:
-        """(counts summed `[layers, E]`, steps they cover, per-step samples `[S, layers, E]` or None)."""
+                window_steps: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+        """(the window as given, its counts summed `[layers, E]`, the steps they cover)."""
         loads = np.asarray(window)
         shape = (current.num_layers, current.num_experts)
         if loads.shape[-2:] != shape or loads.ndim not in (2, 3) or 0 in loads.shape:
@@ -263,15 +272,15 @@ class RebalanceRule:
         if (current.num_layers, current.num_experts) != (self.num_layers, self.num_experts):
             raise InputError("current map", f"{self.num_layers} layers x {self.num_experts} experts",
                              f"{current.num_layers} x {current.num_experts}")
-        if loads.ndim == 3:   # per-step counts as the engine hands them (step 3 converts what it resamples)
+        if loads.ndim == 3:   # per-step counts as the engine hands them
             steps = len(loads) if window_steps is None else int(window_steps)
-            total, samples = loads.sum(axis=0, dtype=np.float64), loads
+            total = loads.sum(axis=0, dtype=np.float64)
         else:
             steps = 1 if window_steps is None else int(window_steps)
-            total, samples = loads.astype(np.float64), None
+            total = loads.astype(np.float64)
         if steps < 1:
             raise InputError("window_steps", "an integer >= 1", window_steps)
-        return total, steps, samples
+        return loads, total, steps
 
     @property
     def _hierarchical(self) -> bool:
@@ -286,22 +295,6 @@ class RebalanceRule:
         if self._hierarchical:
             return eplb_rebalance(lam, self._num_physical, self.num_groups, nodes, self.cost.num_gpus)
         return eplb_rebalance(lam, self._num_physical, 1, 1, self.cost.num_gpus)
-
-    def _resample(self, total: np.ndarray, samples: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
-        """`[layers, E]`: a window that differs from this one as much as the previous window would under
-        the same load (step 3). A draw like this window (its per-step counts bootstrapped when there are
-        enough of them, else a multinomial draw of its total) differs from it by one window's sampling
-        noise; two independent windows differ by twice its variance, so the deviation is scaled by sqrt(2)."""
-        if samples is not None and len(samples) >= 8:   # a bootstrap: each step drawn as often as a multinomial says
-            times = rng.multinomial(len(samples), np.full(len(samples), 1.0 / len(samples))).astype(np.float64)
-            draw = (times @ samples.reshape(len(samples), -1)).reshape(total.shape)
-        else:
-            draw = np.zeros_like(total)
-            for layer, row in enumerate(total):
-                n = int(round(row.sum()))
-                if n > 0:
-                    draw[layer] = rng.multinomial(n, row / row.sum())
-        return np.clip(total + np.sqrt(2.0) * (draw - total), 0.0, None)
 
     def _judge(self, layer: int, moved: int, copy_s: float, step: Callable[[], tuple[float, float]], deficit: float,
                floor: float, saving_s: float, horizon: float) -> LayerVerdict:

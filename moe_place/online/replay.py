@@ -3,22 +3,25 @@
 Each step: the map in use serves the step's counts (busiest-GPU expert time of every layer,
 summed over layers); the controller observes the counts and may decide a new map; serving pays
 for the copies it needs as the cost model's migration says (`ReplayCost.charge`: `stall`, the
-copy time of formula 7, or `async`, the delay the copies cause beside dispatch/combine,
-priced on the step that decided) and the map switches once the copies are done (`async`: after
-the steps they run beside, at least one per layer moved where the engine moves one layer per
-step) and the in-flight batches drain (`MapSwitch`). The policy's own time at each call is paid
-too: the CPU seconds of the thread that ran it (`time.thread_time`, what the call takes on an idle
-core, since an engine runs it on its own; wall time on a shared machine is longer). Totals: expert-layer time + migration time + policy time. Every
-controller starts from the same map: the engine's start map (`controller.initial_map`), or an
-offline plan made from the first `window` steps (`initial_placement`), as a user loading a plan
-at start-up would have.
+copy time of formula 7, or `async`, the delay the copies cause beside dispatch/combine, priced
+on the step that decided) and the map switches once the copies are done and the in-flight
+batches drain (`MapSwitch`). Under vLLM's asynchronous worker (`layer_per_step`) every call
+walks the layers one per step, each layer's copies priced on their own and each layer switching
+as it is committed, and the next call waits for the walk (`MapSwitch.schedule_layers`).
+The policy's own time at each call is measured, the CPU seconds of the thread that ran it
+(`time.thread_time`, what the call takes on an idle core), and paid where the engine waits
+for it (SGLang's scheduler, vLLM's sync mode), not where it runs in a worker thread beside
+serving (`policy_in_worker`, vLLM's `use_async`). Totals: expert-layer time + migration time +
+policy time paid. Every controller starts from the same map: the engine's start map
+(`controller.initial_map`), or an offline plan made from the first `window` steps
+(`initial_placement`), as a user loading a plan at start-up would have.
 
-Hindsight bounds: `hindsight_static` plans once for the whole trace (knowing it all);
+References no controller reaches: `hindsight_next_reference` plans every `every` steps for the
+next `every` steps (a rule at that cadence that knew the coming load, moving for free);
 `hindsight_per_step` plans every step for that step's own counts with free migration.
 A reference that needs no foresight: `free_replan_reference` plans afresh every `every` steps
 from the last `every` steps and migrates for free - what a controller predicting from recent
-history could reach if copies cost nothing (not a bound: a lucky controller can beat it, but
-on the bench traces no migration-paying controller came near it).
+history could reach if copies cost nothing (not a bound: a lucky controller can beat it).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from moe_place.online.controller import Controller, StaticController
 from moe_place.online.costing import ReplayCost
 from moe_place.online.switch import MapSwitch
 from moe_place.placement import Placement, balancedness
+from moe_place.solvers.deepseek import eplb_rebalance
+from moe_place.traces.load import load_trace
 from moe_place.traces.synthetic import DEEPSEEK_R1, domain_mixture_counts
 
 
@@ -41,14 +46,17 @@ from moe_place.traces.synthetic import DEEPSEEK_R1, domain_mixture_counts
 class ReplayResult:
     """Per-step and total figures of one replay.
 
-    expert_time_s / balancedness / bytes_moved / copy_time_s / policy_time_s: float64 or int64
-    `[steps]` (bytes and the migration time serving pays, on the step a rebalance was decided;
-    the policy's wall time on the step it was called). bytes_moved counts copies between
-    GPUs; slots_moved counts every slot whose expert changed (a copy within a GPU included);
-    policy_time_s is measured (CPU seconds of the policy's calls, `time.thread_time`);
+    expert_time_s / balancedness / bytes_moved / copy_time_s / policy_time_s / policy_cpu_s:
+    float64 or int64 `[steps]` (bytes and the migration time serving pays, on the step a
+    rebalance was decided; the policy's time on the step it was called). bytes_moved counts
+    copies between GPUs; slots_moved counts every slot whose expert changed (a copy within a GPU
+    included), slots_moved_at the same per step; called_at: bool, the steps after which the
+    policy was called; policy_cpu_s is measured (CPU seconds of the policy's calls, `time.thread_time`),
+    policy_time_s is what serving pays for it: the same where the step waits for the policy,
+    0 where it runs in a worker thread beside serving (vLLM's `use_async`);
     peak_staging_bytes is the most buffer memory one switch held (both maps live until the drain).
     balancedness: mean over layers of mean/max GPU load (vLLM's metric) under the map in use.
-    Every figure but `policy_time_s` (and the totals that include it) repeats exactly.
+    Every figure but the policy's times (and the totals that include them) repeats exactly.
     """
 
     controller: str
@@ -60,10 +68,19 @@ class ReplayResult:
     slots_moved: int
     peak_staging_bytes: int
     policy_time_s: np.ndarray | None = None
+    policy_cpu_s: np.ndarray | None = None
+    slots_moved_at: np.ndarray | None = None
+    called_at: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.slots_moved_at is None:
+            object.__setattr__(self, "slots_moved_at", np.zeros(len(self.expert_time_s), dtype=np.int64))
+        if self.called_at is None:
+            object.__setattr__(self, "called_at", np.zeros(len(self.expert_time_s), dtype=bool))
         if self.policy_time_s is None:
             object.__setattr__(self, "policy_time_s", np.zeros(len(self.expert_time_s)))
+        if self.policy_cpu_s is None:
+            object.__setattr__(self, "policy_cpu_s", np.array(self.policy_time_s))
 
     @property
     def steps(self) -> int:
@@ -90,6 +107,10 @@ class ReplayResult:
         return float(self.policy_time_s.sum())
 
     @property
+    def total_policy_cpu_s(self) -> float:
+        return float(self.policy_cpu_s.sum())
+
+    @property
     def total_time_s(self) -> float:
         return self.total_expert_time_s + self.total_migration_time_s + self.total_policy_time_s
 
@@ -108,6 +129,7 @@ class ReplayResult:
             "total_expert_time_s": self.total_expert_time_s,
             "total_migration_time_s": self.total_migration_time_s,
             "total_policy_time_s": self.total_policy_time_s,
+            "total_policy_cpu_s": self.total_policy_cpu_s,
             "total_time_s": self.total_time_s,
             "mean_balancedness": float(self.balancedness.mean()) if self.steps else 0.0,
         }
@@ -128,6 +150,26 @@ def check_counts_3d(counts: np.ndarray) -> np.ndarray:
     return counts.astype(np.float64)
 
 
+def load_replay_counts(trace: str | None, synthetic: str | None, layers: list[int] | None = None,
+                       load_options: dict | None = None) -> tuple[np.ndarray, str, str]:
+    """(counts `[steps, layers, E]`, where they come from, the trace's model name or "") of a trace file or a
+    `parse_synthetic` spec (exactly one), restricted to the trace layer positions `layers` if given."""
+    if (trace is None) == (synthetic is None):
+        raise InputError("replay input", "a TRACE file or --synthetic SPEC (exactly one)")
+    if synthetic is not None:
+        counts, _ = parse_synthetic(synthetic)
+        source, model_hint = synthetic, ""
+    else:
+        loaded = load_trace(trace, **(load_options or {}))
+        counts, source, model_hint = np.asarray(loaded.step_counts()), str(trace), loaded.meta.model
+    if layers is not None:
+        bad = [p for p in layers if p >= counts.shape[1]]
+        if bad:
+            raise InputError("--layers", f"positions in [0, {counts.shape[1]})", bad[0])
+        counts = counts[:, layers]
+    return counts, source, model_hint
+
+
 def initial_placement(counts: np.ndarray, num_gpus: int, num_physical: int, num_nodes: int = 1,
                       window: int = 1000, num_groups: int | None = None, solver: str = "fast") -> Placement:
     """The start-up map: planned from the first `window` steps (an offline plan)."""
@@ -142,11 +184,15 @@ def balancedness_of(placement: Placement, counts: np.ndarray) -> float:
 
 def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial: Placement,
            drain_steps: int = 1, on_step: Callable[[int], None] | None = None,
-           layer_per_step: bool = False) -> ReplayResult:
+           layer_per_step: bool = False, policy_in_worker: bool = False) -> ReplayResult:
     """Run `controller` over `counts [steps, layers, E]` starting from the map `initial`.
 
     on_step: called with each step's index once it is done (e.g. a progress bar).
-    layer_per_step: asynchronous copies take at least one step per layer they change (vLLM).
+    layer_per_step: vLLM's asynchronous worker (`EngineCadence.layer_per_step`): every policy call
+        walks all layers, one per step at least (a layer's copies may take more), each layer
+        switching as it is committed, and no call is made before the walk ends.
+    policy_in_worker: the policy runs beside serving (`EngineCadence.policy_in_worker`): its CPU
+        time is measured (`policy_cpu_s`) but serving does not pay it.
     """
     counts = check_counts_3d(counts)
     steps, layers, experts = counts.shape
@@ -161,6 +207,9 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     moved_bytes = np.zeros(steps, dtype=np.int64)
     copy_s = np.zeros(steps)
     policy_s = np.zeros(steps)
+    policy_cpu = np.zeros(steps)
+    slots_at = np.zeros(steps, dtype=np.int64)
+    called_at = np.zeros(steps, dtype=bool)
     rebalance_steps: list[int] = []
     slots_moved = peak_staging = 0
     for step in range(steps):
@@ -168,35 +217,52 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
         expert_s[step] = cost.step_time_s(in_use, counts[step])
         balance[step] = balancedness_of(in_use, counts[step])
         controller.observe(step, counts[step])
-        decision = None if switch.busy else controller.decide(step, switch.latest)
-        policy_s[step] = getattr(controller, "last_policy_s", 0.0) if not switch.busy else 0.0
+        decision, called = None, False
+        if not switch.busy_at(step):
+            decision = controller.decide(step, switch.latest)
+            called = called_at[step] = bool(getattr(controller, "called", decision is not None))
+            policy_cpu[step] = getattr(controller, "last_policy_s", 0.0)
+            policy_s[step] = 0.0 if policy_in_worker else policy_cpu[step]
         copies = cost.copies(switch.latest, decision.placement) if decision is not None else []
+        if layer_per_step and called:
+            new = switch.latest if decision is None else decision.placement
+            charged, layer_steps = _walk_charge(cost, copies, in_use, counts[step], layers)
+            switch.schedule_layers(new, step, layer_steps, staging_bytes=sum(c.num_bytes for c in copies))
+            copy_s[step] = charged
+        elif copies:
+            charge = cost.charge(copies, in_use, counts[step])
+            switch.schedule(decision.placement, step, staging_bytes=sum(c.num_bytes for c in copies),
+                            copy_steps=charge.steps)
+            copy_s[step] = charge.charged_s
         if copies:
             staging = sum(c.num_bytes for c in copies)
-            charge = cost.charge(copies, in_use, counts[step])
-            copy_steps = charge.steps
-            if layer_per_step and cost.migration == "async":
-                copy_steps = max(copy_steps, len({c.layer for c in copies}))
-            switch.schedule(decision.placement, step, staging_bytes=staging, copy_steps=copy_steps)
             moved_bytes[step] = sum(c.num_bytes for c in copies if not c.local)
-            copy_s[step] = charge.charged_s
             rebalance_steps.append(step)
             slots_moved += len(copies)
+            slots_at[step] = len(copies)
             peak_staging = max(peak_staging, staging)
         if on_step is not None:
             on_step(step)
     return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
-                        slots_moved, peak_staging, policy_s)
+                        slots_moved, peak_staging, policy_s, policy_cpu, slots_at, called_at)
 
 
-def hindsight_static(counts: np.ndarray, cost: ReplayCost, num_physical: int, num_nodes: int = 1,
-                     num_groups: int | None = None, solver: str = "fast") -> ReplayResult:
-    """Bound: one map planned from the whole trace, never moved, no migration paid."""
-    counts = check_counts_3d(counts)
-    plan = plan_placement(counts.sum(axis=0), num_physical, num_groups, num_nodes, cost.num_gpus, solver=solver)
-    result = replay(counts, StaticController(), cost, plan)
-    return ReplayResult("hindsight-static", result.expert_time_s, result.balancedness, result.bytes_moved,
-                        result.copy_time_s, (), 0, 0)
+def _walk_charge(cost: ReplayCost, copies: list, in_use: Placement, step_counts: np.ndarray,
+                 layers: int) -> tuple[float, np.ndarray]:
+    """What serving pays for a layer walk's copies and the steps each layer takes (at least one).
+
+    The walk moves one layer at a time, so each layer's copies are priced on their own
+    (`ReplayCost.charge` of that layer's copies: under `async`, the delay beside dispatch/combine)."""
+    layer_steps = np.ones(layers, dtype=np.int64)
+    charged = 0.0
+    by_layer: dict[int, list] = {}
+    for c in copies:
+        by_layer.setdefault(c.layer, []).append(c)
+    for layer, group in by_layer.items():
+        charge = cost.charge(group, in_use, step_counts)
+        charged += charge.charged_s
+        layer_steps[layer] = max(1, charge.steps)
+    return charged, layer_steps
 
 
 def hindsight_per_step(counts: np.ndarray, cost: ReplayCost, num_physical: int, num_nodes: int = 1,
@@ -225,6 +291,28 @@ def free_replan_reference(counts: np.ndarray, cost: ReplayCost, initial: Placeme
             yield plan, range(start, min(start + every, steps))
 
     return _free_migration_run(f"free-replan-{every}", counts, cost, plans())
+
+
+def hindsight_next_reference(counts: np.ndarray, cost: ReplayCost, initial: Placement, every: int,
+                             first: int | None = None, num_groups: int | None = None) -> ReplayResult:
+    """Reference (not reachable): from `initial`, after the first `first` steps (default `every`) and then
+    every `every` steps, DeepSeek EPLB's plan for the mean of the *next* `every` steps, switched with free
+    migration: a rule at that cadence that knew the coming load exactly and paid nothing to move."""
+    counts = check_counts_3d(counts)
+    if every < 1:
+        raise InputError("every", "an integer >= 1 steps", every)
+    steps, first = counts.shape[0], every if first is None else max(1, first)
+
+    def plans():
+        yield initial, range(0, min(first, steps))
+        for start in range(first, steps, every):
+            block = range(start, min(start + every, steps))
+            rows = eplb_rebalance(counts[block.start:block.stop].mean(axis=0), initial.num_physical,
+                                  num_groups or 1, initial.num_nodes, initial.num_gpus)
+            yield Placement(rows, initial.num_experts, initial.num_gpus, initial.num_nodes,
+                            allow_colocated=True), block
+
+    return _free_migration_run(f"hindsight-next-{every}", counts, cost, plans())
 
 
 def _free_migration_run(name: str, counts: np.ndarray, cost: ReplayCost,
