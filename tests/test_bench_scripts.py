@@ -75,6 +75,9 @@ def test_force_overwrites_and_a_missed_target_says_which(tmp_path):
                 "--engines", "vllm", "--starts", "engine", "--out", record, "--force")
     assert done.returncode == 1
     assert "NOT MET" in done.stdout.splitlines()[-1]
+    # and on stderr, where it shows when stdout goes to a file: one line naming each missed target
+    missed = done.stderr.splitlines()[-1]
+    assert missed.startswith("bench_replay: ") and " missed: vllm, engine start: " in missed, done.stderr
     assert '"runs"' in record.read_text()
 
 
