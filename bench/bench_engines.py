@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from moe_place.cli.options import add_record_options, refuse_overwrite
+from moe_place.cli.output import missed_targets
 from moe_place.io import write_json_atomic
 from moe_place.progress import ProgressBar
 
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: v for k, v in vars(args).items() if k not in ("output_json", "force", "quiet")},
             "workloads": workloads, "drift": drifts, "targets": [t.__dict__ for t in targets],
             "summary": {"met": len(targets) - len(failed), "targets": len(targets)}})
-    return 1 if failed else 0
+    return missed_targets("bench_engines", [f"{t.name} ({t.detail})" for t in failed])
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's moe_place, without installing it
+from moe_place.cli.output import missed_targets  # noqa: E402
 from moe_place.engines.sglang_kt import gpu_experts_ratio, planned_stats  # noqa: E402
 
 
@@ -68,7 +69,9 @@ def main(stats_path: str, plan_path: str) -> int:
         got = generate_gpu_experts_masks(torch.from_numpy(stats).sum(dim=0).float(), chosen)[dense:].numpy()
         matches += bool((got == resident).all()) and chosen == k
     print(f"random planned sets that kt-kernel selects exactly: {matches}/50")
-    return 0 if planned_ok and matches == 50 else 1
+    missed = ([] if planned_ok else [f"kt-kernel's GPU experts from the flags are not the plan's {int(want.sum())}"]) + \
+        ([] if matches == 50 else [f"kt-kernel selects {matches}/50 random planned sets exactly, not 50/50"])
+    return missed_targets("check_sglang_kt_stats", missed)
 
 
 USAGE = "usage: python bench/check_sglang_kt_stats.py STATS.pt OFFLOAD.json"

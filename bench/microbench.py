@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.cli.options import add_record_options, refuse_overwrite
+from moe_place.cli.output import missed_targets
 from moe_place.kernels.report import SECTIONS, render_markdown  # the one list of sections and one rendering
 
 
@@ -724,11 +725,9 @@ def main(argv: list[str] | None = None) -> int:
 
         write_json_atomic(args.output_json, result)
         print(f"wrote {args.output_json}", file=sys.stderr)
+    # a kernel that disagrees with its torch reference: the timings above are of a wrong result
     failed = [check["what"] for check in result["checks"] if not check.get("ok", True)]
-    if failed:  # a kernel that disagrees with its torch reference: the timings above are of a wrong result
-        print(f"microbench: {len(failed)} kernel check(s) against torch failed: {'; '.join(failed)} (exit 1)",
-              file=sys.stderr)
-    return 1 if failed else 0
+    return missed_targets("microbench", [f"kernel check against torch failed: {what}" for what in failed])
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Code that calls DeepSeek's balancer switches by changing one import:
     from moe_place.eplb import rebalance_experts
     phy2log, log2phy, logcnt = rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)
 
-Same arguments, same result shapes and dtypes (torch int64 on the CPU):
+Same arguments, same result shapes and dtypes (torch int64 on the CPU; numpy int64 arrays for a
+`weight` that is not a torch tensor, e.g. a numpy array, which works without torch installed):
 - `phy2log` `[layers, num_replicas]`: the logical expert of each physical slot; slot `p` lives
   on GPU `p // (num_replicas / num_gpus)`.
 - `log2phy` `[layers, E, max(logcnt)]`: the slots of each logical expert, padded with -1.
@@ -26,6 +27,9 @@ or nodes that do not split the GPUs. `num_groups` 0 means no groups (global poli
 on the same torch, all three tensors, ties included: it runs the faithful reimplementation
 (`moe_place.solvers.deepseek`) with torch's own sort, as the original sorts, and accepts what
 the original accepts, more slots per GPU than experts (replicas forced onto one GPU) included.
+The original takes torch tensors only; given numpy loads, `solver="eplb"` sorts with a stable
+numpy sort instead (equal loads: the lower expert first), so it matches `eplb.py` wherever no two
+loads that the sort compares are equal, and needs no torch.
 
 The other solvers plan with `moe_place.solvers.solve`, with EPLB's plan a candidate on every
 layer (`allow_colocated=True`, the default), so the answer is never worse than `eplb.py`'s; it
@@ -43,7 +47,8 @@ on it, see `moe_place.solvers.solve`). The policy choice follows EPLB's rule: hi
 one node, as DeepSeek's hierarchical EPLB keeps them: `moe_place.solvers.hierarchical`), global
 otherwise.
 
-torch is imported lazily: importing this module needs only numpy.
+torch is imported lazily: importing this module, and calling the drop-in with numpy loads, need
+only numpy.
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ def weight_to_numpy(weight: Any, dtype: type = np.float64) -> np.ndarray:
     ParameterError unless a non-empty 2-D array of finite loads >= 0. A tensor is converted by
     torch (`.float()` for float32, as DeepSeek's original converts, `.double()` otherwise).
     """
-    if hasattr(weight, "detach"):  # a torch tensor: copy to the host first
+    if is_torch_tensor(weight):  # copy to the host first
         host = weight.detach().to("cpu")
         weight = (host.float() if dtype == np.float32 else host.double()).numpy()
     try:
@@ -147,22 +152,29 @@ def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None,
     return solution.placement
 
 
-def placement_tensors(placement: Placement, log2phy_width: int | None = None):
-    """`(phy2log, log2phy, logcnt)` as CPU torch int64 tensors.
+def placement_tensors(placement: Placement, log2phy_width: int | None = None, as_numpy: bool = False):
+    """`(phy2log, log2phy, logcnt)` as CPU torch int64 tensors (`as_numpy`: writable numpy int64 arrays).
 
     log2phy_width: pad `log2phy` with -1 to this many columns (vLLM's default policy uses
     `num_redundant + 1`); None keeps `max(logcnt)` as DeepSeek EPLB does.
     """
-    import torch  # lazy: torch only for the returned tensors
-
     log2phy = np.asarray(placement.log2phy)
     if log2phy_width is not None:
         if log2phy_width < log2phy.shape[-1]:
             raise InputError("log2phy_width", f"at least max(logcnt)={log2phy.shape[-1]}", log2phy_width)
         pad = np.full(log2phy.shape[:-1] + (log2phy_width - log2phy.shape[-1],), -1, dtype=np.int64)
         log2phy = np.concatenate([log2phy, pad], axis=-1)
-    as_tensor = lambda a: torch.from_numpy(np.array(a, dtype=np.int64))  # noqa: E731 - a writable copy
-    return as_tensor(placement.phy2log), as_tensor(log2phy), as_tensor(placement.logcnt)
+    return _as_result((placement.phy2log, log2phy, placement.logcnt), as_numpy)
+
+
+def _as_result(maps, as_numpy: bool) -> tuple:
+    """The maps as writable int64 copies: numpy arrays, or CPU torch tensors."""
+    arrays = tuple(np.array(m, dtype=np.int64) for m in maps)
+    if as_numpy:
+        return arrays
+    import torch  # lazy: torch only for the returned tensors
+
+    return tuple(torch.from_numpy(a) for a in arrays)
 
 
 def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
@@ -171,7 +183,8 @@ def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int
     """DeepSeek EPLB's entry point, planned by moe-place.
 
     Parameters:
-        weight: `[layers, num_logical_experts]` load statistics (any numeric dtype, any device).
+        weight: `[layers, num_logical_experts]` load statistics (any numeric dtype, any device): a
+            torch tensor, as engines pass it, or a numpy array (then the results are numpy too).
         num_replicas: physical experts per layer, a multiple of `num_gpus`.
         num_groups: expert groups (hierarchical policy when a multiple of `num_nodes`; 0: none).
         num_nodes: server nodes; on the hierarchical policy `num_gpus` must be a multiple of it.
@@ -187,15 +200,15 @@ def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int
         log2phy: int64 `[layers, num_logical_experts, max(logcnt)]`, the slots of each expert, -1
             padded (replica order for solver "eplb", ascending otherwise: see the module note).
         logcnt: int64 `[layers, num_logical_experts]`, replicas per expert.
-    All three on the CPU, as EPLB returns them. Bad arguments: `ParameterError` (module note).
+    All three on the CPU, as EPLB returns them (numpy arrays for numpy loads). Bad arguments:
+    `ParameterError` (module note).
     """
-    import torch  # lazy: the result is torch tensors, but importing this module needs only numpy
-
+    as_numpy = not is_torch_tensor(weight)
     name, limit = solver_settings(solver, time_limit_s)
-    if name == "eplb":
-        maps = eplb_maps(weight_to_numpy(weight, np.float32), num_replicas, num_groups, num_nodes, num_gpus,
-                         descending_order=torch_descending_order)
-        return tuple(torch.from_numpy(np.ascontiguousarray(m, dtype=np.int64)) for m in maps)
+    if name == "eplb":  # torch's own sort for tensors (ties as eplb.py), a stable one for numpy (module note)
+        order = {} if as_numpy else {"descending_order": torch_descending_order}
+        maps = eplb_maps(weight_to_numpy(weight, np.float32), num_replicas, num_groups, num_nodes, num_gpus, **order)
+        return _as_result(maps, as_numpy)
     loads = weight_to_numpy(weight)
     check_eplb_arguments(loads.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
     if num_replicas > loads.shape[1] * num_gpus:
@@ -204,7 +217,12 @@ def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int
                              f"{num_replicas} on {num_gpus} GPUs")
     placement = plan_placement(loads, num_replicas, num_groups, num_nodes, num_gpus,
                                solver=name, time_limit_s=limit, seed=seed, allow_colocated=allow_colocated)
-    return placement_tensors(placement)
+    return placement_tensors(placement, as_numpy=as_numpy)
+
+
+def is_torch_tensor(value: Any) -> bool:
+    """True for a torch tensor (what has `.detach()`), told without importing torch."""
+    return hasattr(value, "detach")
 
 
 def torch_descending_order(values: np.ndarray) -> np.ndarray:

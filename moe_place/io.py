@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -112,3 +113,12 @@ def _reason(exc: OSError) -> str:
              errno.EISDIR: "a directory", errno.ENOENT: "no such file", errno.ENOTDIR: "a path through a file",
              errno.EROFS: "a read-only file system"}
     return known.get(exc.errno, exc.strerror or type(exc).__name__)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes (the trace digest a plan records; how bundled traces are recognised)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

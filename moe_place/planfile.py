@@ -38,13 +38,15 @@ budget spread evenly over the layers); `budget.phy2log` is the per-layer plan th
 validated like any placement (`PlanFile.budget`), for tools that can run per-layer slot counts.
 
 `write_plan` validates (builds a `Placement`) before writing and writes atomically;
-`read_plan` checks the version, the keys, the shapes and that `log2phy`/`logcnt` agree with
-`phy2log`, raising one InputError naming the file and field otherwise.
+`read_plan` checks the version, the keys (a key the format does not have is an error naming it and
+the closest known key: a misspelt one would otherwise be ignored), the shapes and that
+`log2phy`/`logcnt` agree with `phy2log`, raising one InputError naming the file and field
+otherwise. `report` and `inputs` are free-form records of how the plan was made (read by people
+and by `evaluate` for its defaults), so their keys are not checked.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_place.errors import InputError
+from moe_place.errors import InputError, check_keys
 from moe_place.io import read_input_text, write_json_atomic
 from moe_place.placement import Placement
 
@@ -61,6 +63,7 @@ KIND = "moe-place plan"
 LAYER_KEYS = ("layer", "max_gpu_load", "mean_gpu_load", "balancedness", "lower_bound", "gap", "status")
 TOP_KEYS = ("format_version", "num_layers", "num_logical_experts", "num_physical_experts", "num_gpus", "num_nodes",
             "layer_ids", "phy2log", "log2phy", "logcnt", "inputs")
+OPTIONAL_KEYS = ("kind", "allow_colocated", "report", "budget")  # every other key is an error naming it
 BUDGET_KEYS = ("expert_bytes", "gpu_budget_bytes", "slots_per_gpu", "phy2log")
 
 
@@ -148,15 +151,6 @@ class PlanFile:
         return document
 
 
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes (the trace digest recorded in `inputs`)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_plan(path: str | Path, plan: PlanFile) -> None:
     """Validate `plan` (round-trip through the checks of `parse_plan`) and write it atomically
     (`plan.without_report()` for an engine export)."""
@@ -189,6 +183,7 @@ def parse_plan(document: Any, where: str = "plan") -> PlanFile:
     missing = [k for k in TOP_KEYS if k not in document]
     if missing:
         raise InputError(where, f"the plan keys {', '.join(TOP_KEYS)}", f"missing {', '.join(missing)}")
+    check_keys(document, TOP_KEYS + OPTIONAL_KEYS, f"{where}:")  # a misspelt `budget` must not drop the budget plan
     version = document["format_version"]
     if version != FORMAT_VERSION:
         raise InputError(f"{where}: format_version", f"{FORMAT_VERSION}", version)
@@ -235,6 +230,7 @@ def _parse_budget(section: Any, placement: Placement, where: str) -> BudgetLayer
         return None
     if not isinstance(section, dict) or any(k not in section for k in BUDGET_KEYS):
         raise InputError(where, f"an object with {', '.join(BUDGET_KEYS)}")
+    check_keys(section, BUDGET_KEYS, where)
     ints = {}
     for key in ("expert_bytes", "gpu_budget_bytes"):
         value = section[key]

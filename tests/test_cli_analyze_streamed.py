@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from moe_place import cores
 from moe_place.cli.main import main
 from moe_place.traces import load as load_module
 from moe_place.traces import load_trace
@@ -48,6 +49,7 @@ def test_streamed_file_gives_the_same_analysis(tmp_path, monkeypatch, tokens, st
     assert (report["pair_sample"] is None) == (tokens <= SAMPLE_TOKENS)
     monkeypatch.setattr(load_module, "DEFAULT_MAX_TOKEN_BYTES", 0)  # every token file is streamed now
     assert not load_trace(path).is_token_level
+    monkeypatch.setattr(cores, "usable_cores", lambda: 4)  # 3 threads are allowed on 4 cores, whatever this has
     for threads in ("1", "3"):
         monkeypatch.setenv(THREADS_ENV, threads)
         assert _analyze(tmp_path, path, "--format", "json") == whole_json

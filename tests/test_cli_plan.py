@@ -8,7 +8,8 @@ import pytest
 from moe_place.cli.main import main
 from moe_place.errors import InputError
 from moe_place.placement import Placement
-from moe_place.planfile import PlanFile, file_sha256, parse_plan, read_plan, write_plan
+from moe_place.io import file_sha256
+from moe_place.planfile import PlanFile, parse_plan, read_plan, write_plan
 
 TINY = [600, 560, 120, 120, 20, 10, 10, 10]
 

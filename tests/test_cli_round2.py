@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from moe_place.cli.main import COMMANDS, build_parser
-from moe_place.cli.options import MAX_LAYERS, usable_cores
+from moe_place.cli.options import MAX_LAYERS
+from moe_place.cores import usable_cores
 from moe_place.traces.load import load_trace
 from moe_place.traces.npz import save_npz
 from moe_place.traces.synthetic import domain_mixture_trace

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Layers, lowest first: a module may import only from its own layer or lower ones.
 LAYERS = [
     ("moe_place.__init__", "moe_place.errors", "moe_place.glossary", "moe_place.io", "moe_place.plotting",
-     "moe_place.progress", "moe_place.interrupts"),
+     "moe_place.progress", "moe_place.interrupts", "moe_place.cores"),
     ("moe_place.traces",),
     ("moe_place.placement", "moe_place.planfile"),
     ("moe_place.analysis",),

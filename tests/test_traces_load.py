@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from moe_place.errors import InputError
 from moe_place.traces import Trace, load_trace
+from moe_place.traces.content import TORCH_LEGACY_MAGIC
 
 
 def _write(path, data):
@@ -44,8 +45,8 @@ BAD_FILES = {
     "missing path": (lambda d: d / "nope.npz", "no such file"),
     "directory": (lambda d: d, "a directory"),
     "empty file": (lambda d: _write(d / "e.npz", b""), "an empty file"),
-    "truncated npz": (lambda d: _truncated(d / "t.npz"), "readable"),
-    "garbage npz": (lambda d: _write(d / "g.npz", b"PK\x03\x04 not a zip at all"), "readable"),
+    "truncated npz": (lambda d: _truncated(d / "t.npz"), "a zip archive without its end record"),
+    "garbage npz": (lambda d: _write(d / "g.npz", b"PK\x03\x04 not a zip at all"), "a zip archive without its end record"),
     "unsupported file": (lambda d: _write(d / "x.txt", "hello"), "supported trace format"),
     "float ids": (lambda d: _npz(d / "f.npz", topk_ids=np.zeros((2, 1, 2))), "topk_ids"),
     "ids of wrong shape": (lambda d: _npz(d / "s.npz", topk_ids=np.zeros((4, 2), dtype=int)), "topk_ids"),
@@ -157,7 +158,7 @@ def test_pt_file_without_torch_is_a_clear_input_error(tmp_path, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
-    path = _write(tmp_path / "dump.pt", b"\x80\x02}q\x00.")
+    path = _write(tmp_path / "dump.pt", TORCH_LEGACY_MAGIC + b".")  # starts as torch.save's legacy format
     with pytest.raises(InputError, match="torch installed") as err:
         load_trace(path)
     assert str(path) in str(err.value)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moe_place import cores
 from moe_place.errors import InputError
 from moe_place.traces import load_trace
 from moe_place.traces import stream as stream_module
@@ -223,6 +224,7 @@ def test_thread_env_picks_the_path(tmp_path, monkeypatch):
     assert resolve_workers() == 1
     sequential = stream_npz_counts(path, chunk_tokens=100).counts
     assert calls == []
+    monkeypatch.setattr(cores, "usable_cores", lambda: 4)  # 3 threads are allowed on 4 cores, whatever this has
     monkeypatch.setenv(THREADS_ENV, " 3 ")
     np.testing.assert_array_equal(stream_npz_counts(path, chunk_tokens=100).counts, sequential)
     assert calls == [3]
@@ -230,15 +232,18 @@ def test_thread_env_picks_the_path(tmp_path, monkeypatch):
     assert 1 <= resolve_workers() <= 2
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "abc", "1.5"])
+@pytest.mark.parametrize("value", ["0", "-2", "abc", "1.5", "5", "10000"])
 def test_bad_thread_env_is_an_input_error(tmp_path, monkeypatch, value):
+    """Above the usable cores is refused as `--jobs` is (4 here, whatever this machine has)."""
+    monkeypatch.setattr(cores, "usable_cores", lambda: 4)
     path = tmp_path / "t.npz"
     np.savez(path, num_experts=16, topk_ids=_ids(50, 2, 16, 4))
     monkeypatch.setenv(THREADS_ENV, value)
     for call in (lambda: stream_npz_counts(path), lambda: load_trace(path, max_token_bytes=10),
                  lambda: DispatchCounter(2, 16, 4, "x").count(_ids(50, 2, 16, 4))):
         message = _error(call)
-        assert message.startswith(f"{THREADS_ENV}: expected an integer >= 1") and message.endswith(f"got {value!r}")
+        assert message.startswith(f"{THREADS_ENV}: expected an integer in [1, 4] (the cores this process may use)")
+        assert message.endswith(f"got {value!r}")
 
 
 def test_bad_thread_env_from_the_cli_names_the_variable(monkeypatch, capsys):
@@ -248,7 +253,7 @@ def test_bad_thread_env_from_the_cli_names_the_variable(monkeypatch, capsys):
     monkeypatch.setenv(THREADS_ENV, "abc")
     assert main(["analyze", str(bundled_path("qwen3-30b-a3b_prefill_topk.npz"))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"error: {THREADS_ENV}: expected an integer >= 1" in err[0]
+    assert len(err) == 1 and f"error: {THREADS_ENV}: expected an integer in [1, " in err[0]
 
 
 @pytest.mark.parametrize("workers", [0, -1, True, 2.0])

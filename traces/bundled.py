@@ -2,7 +2,8 @@
 
 The files hold bare arrays without metadata; the metadata below comes from PROVENANCE.md.
 Each file's keys are separate recordings (Qwen3) or text domains (OLMoE, Mixtral): read as
-the steps of one trace, in the order given here.
+the steps of one trace, in the order given here. A bundled file is recognised by its content
+(its size, then its sha256), whatever its name: a renamed copy is the same recording.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.io import file_sha256
 from moe_place.traces.model import Trace, TraceMeta
 
 
 @dataclass(frozen=True)
 class BundledTrace:
     file: str
+    size: int     # bytes of the file, and
+    sha256: str   # their digest: what recognises the file under any name
     model: str
     num_experts: int
     top_k: int
@@ -31,11 +35,14 @@ class BundledTrace:
 BUNDLED = {
     b.file: b
     for b in (
-        BundledTrace("qwen3-30b-a3b_prefill_topk.npz", "Qwen/Qwen3-30B-A3B-Instruct-2507", 128, 8,
+        BundledTrace("qwen3-30b-a3b_prefill_topk.npz", 2386522,
+                     "2d020ef3302052f34f7e262faa2117807ad6345adcab7c0bb86eb6bb00166f41", "Qwen/Qwen3-30B-A3B-Instruct-2507", 128, 8,
                      tuple(range(48)), ("ep_states", "token_distri_8", "token_distri_16"), True),
-        BundledTrace("olmoe-1b-7b_expert_counts_L0_L7_L15.npz", "allenai/OLMoE-1B-7B-0924", 64, 8,
+        BundledTrace("olmoe-1b-7b_expert_counts_L0_L7_L15.npz", 10690,
+                     "4d5633987ad5f87df621faa2f138e6df96bff06f441ebbe7f312c8684813f036", "allenai/OLMoE-1B-7B-0924", 64, 8,
                      (0, 7, 15), ("arxiv", "book", "c4", "github", "tulu", "wikipedia"), False),
-        BundledTrace("mixtral-8x7b_expert_counts_L0_L7_L15.npz", "mistralai/Mixtral-8x7B-v0.1", 8, 2,
+        BundledTrace("mixtral-8x7b_expert_counts_L0_L7_L15.npz", 2194,
+                     "f91118f553588c89f980a34aac4f181a11d7def5783f17ca80cdf148811cb289", "mistralai/Mixtral-8x7B-v0.1", 8, 2,
                      (0, 7, 15), ("arxiv", "book", "c4", "github", "wikipedia"), False),
     )
 }
@@ -53,14 +60,23 @@ def bundled_path(name: str) -> Path:
     return data_dir() / name
 
 
-def is_bundled(path: str | Path) -> bool:
-    return Path(path).name in BUNDLED
+def bundled_info(path: str | Path) -> BundledTrace | None:
+    """The bundled trace whose bytes the file at `path` holds, under any name; None for any other
+    file (only a file of a bundled file's size is hashed)."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return None
+    same_size = [b for b in BUNDLED.values() if b.size == size]
+    if not same_size:
+        return None
+    digest = file_sha256(path)
+    return next((b for b in same_size if b.sha256 == digest), None)
 
 
-def load_bundled(path: str | Path) -> Trace:
-    """Load a bundled file (by path; its name selects the metadata)."""
+def load_bundled(path: str | Path, info: BundledTrace) -> Trace:
+    """Load the file at `path` holding the bundled trace `info` (`bundled_info(path)`)."""
     path = Path(path)
-    info = BUNDLED[path.name]
     with np.load(path, allow_pickle=False) as npz:
         missing = [k for k in info.steps if k not in npz.files]
         if missing:

@@ -18,8 +18,8 @@ The hot path of reading token-level traces. Per chunk of ids `[tokens, layers, k
 Buffers are allocated once per chunk size and reused, so memory is bounded by the chunk.
 
 Parallelism: numpy releases the GIL inside ufuncs and `np.bincount`'s counting loop, so chunks are
-validated and counted on `workers` threads (`run_chunks`; default `min(2, os.cpu_count())`, the
-environment variable MOE_PLACE_THREADS overrides, 1 = sequential), the calling thread being one of
+validated and counted on `workers` threads (`run_chunks`; default `min(2, usable cores)`, the
+environment variable MOE_PLACE_THREADS overrides, 1 = sequential, at most the usable cores), the calling thread being one of
 them. Each thread has its own scratch (`DispatchCounter.clone`) and its own counts of the step it
 is in (`StepSums`), added to the shared counts when it moves to another step and at the end
 (integer sums: exact in any order); the error raised is that of the earliest bad chunk, so the
@@ -35,6 +35,7 @@ from typing import Callable, Generic, Sequence, TypeVar
 
 import numpy as np
 
+from moe_place.cores import parse_workers, usable_cores, workers_expected
 from moe_place.errors import InputError
 
 CHUNK_ELEMENTS = 1 << 18  # ids per chunk: 512 KB of int16 (+ k-1 compare flags per id, np.bincount's int64 copy: 2 MB)
@@ -44,17 +45,15 @@ T = TypeVar("T")
 
 
 def resolve_workers(workers: int | None = None) -> int:
-    """Threads for count extraction: `workers` if given, else $MOE_PLACE_THREADS, else min(2, cores)."""
+    """Threads for count extraction: `workers` if given, else $MOE_PLACE_THREADS (1 up to the usable
+    cores, as `--jobs`: `moe_place.cores`), else min(2, cores)."""
     if workers is None:
         value = os.environ.get(THREADS_ENV, "").strip()
         if not value:
-            return max(1, min(2, os.cpu_count() or 1))
-        try:
-            workers = int(value)
-        except ValueError:
-            raise InputError(THREADS_ENV, "an integer >= 1 (threads for count extraction)", repr(value)) from None
-        if workers < 1:
-            raise InputError(THREADS_ENV, "an integer >= 1 (threads for count extraction)", repr(value))
+            return min(2, usable_cores())
+        workers = parse_workers(value)
+        if workers is None:
+            raise InputError(THREADS_ENV, f"{workers_expected()}: threads for counting a trace", repr(value))
         return workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError("workers", "an integer >= 1", workers)

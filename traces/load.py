@@ -2,7 +2,7 @@
 
 Formats, chosen by content first and file name second:
 - our `.npz` (`moe_place.traces.npz`): keys `counts` or `topk_ids` (+ metadata);
-- the bundled real traces (`moe_place.traces.bundled`), recognised by file name;
+- the bundled real traces (`moe_place.traces.bundled`), recognised by their bytes under any name;
 - a vLLM-style load window (`moe_place.traces.vllm`): `.npz` or `.pt` with `expert_load_window`
   and `physical_to_logical_map`;
 - SGLang expert-distribution-recorder dumps (`moe_place.traces.sglang`): `.pt` files;
@@ -18,7 +18,8 @@ from pathlib import Path
 from moe_place.errors import InputError
 from moe_place.io import input_problem
 from moe_place.traces import npz, sglang, stream, text, vllm
-from moe_place.traces.bundled import is_bundled, load_bundled
+from moe_place.traces.bundled import bundled_info, load_bundled
+from moe_place.traces.content import describe, is_text, is_torch_legacy, is_zip, not_a_zip, read_head, zip_problem
 from moe_place.traces.count import resolve_workers
 from moe_place.traces.model import Trace, located
 from moe_place.traces.npz import READ_ERRORS, error_reason
@@ -31,7 +32,7 @@ SUPPORTED = ".npz (moe-place, vLLM window), .pt (SGLang dump, vLLM window), .csv
 
 
 def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers: bool = False,
-               max_token_bytes: int | None = None) -> Trace:
+               max_token_bytes: int | None = None, progress: bool = False) -> Trace:
     """Read a trace file, choosing the reader by its contents and name.
 
     top_k: the router's top-k for formats that do not record it (count-only dumps); ignored
@@ -41,6 +42,7 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
     max_token_bytes: token-level npz traces larger than this are streamed into a count-level
         trace (memory bounded by the chunk size, plus a token sample) instead of being loaded
         whole; default `DEFAULT_MAX_TOKEN_BYTES`, read at each call.
+    progress: a progress bar on stderr (when it is a terminal) while a large file is streamed.
     """
     resolve_workers()  # a bad $MOE_PLACE_THREADS is named as itself, not as a fault of the file
     if max_token_bytes is None:
@@ -49,7 +51,7 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
     kind = detect_format(path)
     try:
         with located(path):
-            trace = _read(path, kind, top_k, keep_dense_layers, max_token_bytes)
+            trace = _read(path, kind, top_k, keep_dense_layers, max_token_bytes, progress)
     except InputError:
         raise
     except READ_ERRORS as exc:
@@ -59,29 +61,44 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
 
 
 def detect_format(path: Path) -> str:
-    """'bundled', 'npz', 'torch', 'csv' or 'json'; InputError if the path is not a readable file."""
+    """'bundled', 'npz', 'torch', 'csv' or 'json'; InputError if the path is not a readable file, or
+    if its bytes are not what a trace of its kind holds (the error says what they are)."""
     problem = input_problem(path)
     if problem is not None:
         raise InputError(str(path), "an existing trace file" if problem == "no such file" else "a trace file", problem)
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
+        head = read_head(path)
+        size = path.stat().st_size
     except OSError as exc:
         raise InputError(str(path), "a readable file", error_reason(exc)) from None
     if not head:
         raise InputError(str(path), "a trace file", "an empty file")
-    if is_bundled(path):
-        return "bundled"
-    if head.startswith(b"PK"):
-        return "torch" if _is_torch_zip(path) else "npz"
     suffix = path.suffix.lower()
-    if suffix in (".csv", ".json"):
-        return suffix[1:]
+    if is_zip(head):
+        problem = zip_problem(path)
+        if problem is not None:
+            raise InputError(str(path), f"a complete zip archive ({_zip_kind(suffix)})", problem)
+        if bundled_info(path) is not None:
+            return "bundled"
+        return "torch" if _is_torch_zip(path) else "npz"
     if suffix in (".pt", ".pth"):
-        return "torch"  # legacy (non-zip) torch.save files
-    if head.lstrip().startswith((b"{", b"[")):
-        return "json"
-    raise InputError(str(path), f"a supported trace format ({SUPPORTED})", f"a '{suffix or 'no'}' file")
+        if is_torch_legacy(head):
+            return "torch"  # torch.save's legacy (non-zip) format
+        raise InputError(str(path), "a torch.save file (a zip archive, or torch's legacy format)",
+                         describe(head, size))
+    if suffix in (".csv", ".json") or head.lstrip().startswith((b"{", b"[")):
+        if not is_text(head):
+            raise InputError(str(path), f"a {suffix[1:] if suffix in ('.csv', '.json') else 'JSON'} text file",
+                             describe(head, size))
+        return suffix[1:] if suffix in (".csv", ".json") else "json"
+    if suffix == ".npz":
+        raise InputError(str(path), "an .npz file (a zip archive of .npy arrays)", not_a_zip(path))
+    raise InputError(str(path), f"a supported trace format ({SUPPORTED})",
+                     f"{describe(head, size)} in a '{suffix or 'no'}' file")
+
+
+def _zip_kind(suffix: str) -> str:
+    return {".pt": "a torch.save file", ".pth": "a torch.save file"}.get(suffix, "an .npz file")
 
 
 def check_not_empty(trace: Trace, path: Path) -> None:
@@ -93,14 +110,15 @@ def check_not_empty(trace: Trace, path: Path) -> None:
         raise InputError(str(path), "a non-empty trace (at least one dispatch)", "all counts are 0")
 
 
-def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max_token_bytes: int) -> Trace:
+def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max_token_bytes: int,
+          progress: bool) -> Trace:
     if kind == "bundled":
-        return load_bundled(path)
+        return load_bundled(path, bundled_info(path))
     if kind == "npz":
         if vllm.is_vllm_npz(path):
             return vllm.read_vllm_window(path, top_k=top_k)
         if npz.token_bytes(path) > max_token_bytes:
-            return stream.stream_npz_counts(path)
+            return stream.stream_npz_counts(path, progress=progress)
         return npz.read_npz(path, top_k=top_k)
     if kind == "torch":
         return sglang.read_torch_dump(path, top_k=top_k, keep_dense_layers=keep_dense_layers)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -181,6 +181,40 @@ class Trace:
                      else ",".join(map(str, ids)))
             raise InputError(where, f"layer ids of the trace ({known})", missing[0])
         return self.select_layers([positions[layer] for layer in layer_ids])
+
+    def step_positions(self, selection: Sequence[str | int], where: str = "--steps") -> list[int]:
+        """Sorted distinct step positions of `selection`: step names, positions (`2`) and inclusive
+        ranges of positions (`0-1`); InputError naming `where` for anything else."""
+        names = {name: pos for pos, name in enumerate(self.step_names)}
+        last = self.num_steps - 1
+        positions: set[int] = set()
+        for item in selection:
+            text = str(item).strip()
+            if text in names:
+                positions.add(names[text])
+                continue
+            try:
+                lo, hi = (int(x) for x in text.split("-", 1)) if "-" in text[1:] else (int(text), int(text))
+            except ValueError:
+                lo, hi = -1, -1
+            if not 0 <= lo <= hi <= last:
+                listed = ", ".join(self.step_names[:8]) + (", ..." if self.num_steps > 8 else "")
+                raise InputError(where, f"steps of the trace: positions 0-{last} or names ({listed})", text)
+            positions.update(range(lo, hi + 1))
+        return sorted(positions)
+
+    def select_steps(self, positions: list[int]) -> "Trace":
+        """A trace of the steps at `positions` (say, the recorded batches a plan is made on), keeping
+        their names. A streamed trace's token sample spans every step, so it is left out."""
+        for p in positions:
+            if not 0 <= p < self.num_steps:
+                raise InputError("steps", f"step positions in [0, {self.num_steps})", p)
+        if not positions:
+            raise InputError("steps", "at least one step")
+        meta = TraceMeta(**{**self.meta.__dict__, "step_names": tuple(self.step_names[p] for p in positions)})
+        if self.counts is not None:
+            return Trace(meta, counts=self.counts[positions])
+        return Trace(meta, topk_ids=tuple(self.topk_ids[p] for p in positions))
 
     def select_layers(self, positions: list[int]) -> "Trace":
         """A trace of the layers at `positions` (indices into `meta.layer_ids`)."""

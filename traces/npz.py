@@ -33,6 +33,7 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import re
 import struct
 import threading
 import tokenize
@@ -47,6 +48,7 @@ import numpy as np
 
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
+from moe_place.traces.content import not_a_zip
 from moe_place.traces.model import MAX_EXPERTS, Trace, TraceMeta, check_counts, located
 
 FORMAT_VERSION = 1
@@ -97,8 +99,8 @@ def open_npz(path: Path) -> Iterator[np.lib.npyio.NpzFile]:
     with handle:
         try:
             npz = np.load(handle, allow_pickle=False)
-        except READ_ERRORS as exc:
-            raise InputError(str(path), "a readable .npz file", error_reason(exc)) from None
+        except READ_ERRORS as exc:  # say what the file is rather than what numpy tripped over
+            raise InputError(str(path), "a readable .npz file", not_a_zip(path) or error_reason(exc)) from None
         if not isinstance(npz, np.lib.npyio.NpzFile):
             raise InputError(str(path), "an .npz archive", "a single .npy array")
         try:
@@ -339,11 +341,22 @@ def _str_scalar(npz, path: Path, key: str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+REASON_CHARS = 200  # an exception's text in an error line is cut to about this, at a word
+
+
 def error_reason(exc: BaseException) -> str:
-    """One short line describing an exception from numpy/zipfile (for an InputError's `got`)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    """One short line describing an exception from numpy/zipfile/torch (for an InputError's `got`):
+    its type and the first line of its text, cut at a word (with "...") when longer than
+    `REASON_CHARS`, terminal escape codes removed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    text = text.splitlines()[0].strip() if text else ""
     name = type(exc).__name__
-    return f"{name}: {text}"[:200] if text else name
+    if not text:
+        return name
+    line = f"{name}: {text}"
+    if len(line) <= REASON_CHARS:
+        return line
+    return line[:REASON_CHARS].rsplit(" ", 1)[0].rstrip(",;:") + "..."
 
 
 # ---------------------------------------------------------------------- the topk_ids member

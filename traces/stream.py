@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.progress import ProgressBar
 from moe_place.traces.count import (DispatchCounter, PerThread, StepSums, chunk_tokens_for, resolve_workers,
                                     run_chunks)
 from moe_place.traces.model import Trace
@@ -39,12 +40,14 @@ from moe_place.traces.npz import (IdsReader, check_meta_against_ids, check_num_e
                                   header_meta, open_npz, read_header, read_member, step_index)
 from moe_place.traces.sample import SampleCollector
 
-def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers: int | None = None) -> Trace:
+def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers: int | None = None,
+                      progress: bool = False) -> Trace:
     """A count-level Trace `[steps, layers, experts]` from a token-level npz, read in chunks.
 
     chunk_tokens: tokens per chunk (default: about 256K ids, `count.chunk_tokens_for`).
     workers: threads for an uncompressed member (default `count.resolve_workers()`: $MOE_PLACE_THREADS
     or min(2, cores)); the counts and the error raised (that of the earliest bad chunk) do not depend on it.
+    progress: a bar on stderr (when it is a terminal) over the tokens counted.
     """
     path = Path(path)
     workers = resolve_workers(workers)
@@ -73,15 +76,20 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers
         counter = DispatchCounter(num_layers, num_experts, k, f"{path}: topk_ids")
         # validated ids fit the narrowest unsigned type below num_experts: 1 byte each up to 256 experts
         sample = SampleCollector(tokens, (num_layers, k), np.min_scalar_type(num_experts - 1), index)
-        if workers > 1 and reader.positional and tokens > chunk_tokens:
-            _count_in_parallel(reader, counter, index, counts, chunk_tokens, workers, sample)
-        else:
-            for start, chunk in reader.chunks(chunk_tokens):
-                if index is None:
-                    counter.add(chunk, counts[0], start)
-                else:
-                    _add_by_step(counter, chunk, index[start:start + chunk.shape[0]], start, counts.__getitem__)
-                sample.add(start, chunk)  # validated by now
+        bar = ProgressBar(tokens, f"read {path.name}", "tokens", enabled=None if progress else False)
+        try:
+            if workers > 1 and reader.positional and tokens > chunk_tokens:
+                _count_in_parallel(reader, counter, index, counts, chunk_tokens, workers, sample, bar)
+            else:
+                for start, chunk in reader.chunks(chunk_tokens):
+                    if index is None:
+                        counter.add(chunk, counts[0], start)
+                    else:
+                        _add_by_step(counter, chunk, index[start:start + chunk.shape[0]], start, counts.__getitem__)
+                    sample.add(start, chunk)  # validated by now
+                    bar.advance(chunk.shape[0])
+        finally:  # also on a bad chunk: its error line starts on a line of its own
+            bar.close()
         dtype = str(reader.dtype)
     meta = header_meta(header, path, num_experts, k, num_layers, dtype, num_steps)
     return Trace(meta, counts=counts, sample=sample.sample())
@@ -121,13 +129,14 @@ def _add_by_step(counter: DispatchCounter, chunk: np.ndarray, index: np.ndarray,
 
 
 def _count_in_parallel(reader: IdsReader, counter: DispatchCounter, index: np.ndarray | None,
-                       counts: np.ndarray, chunk_tokens: int, workers: int, sample: SampleCollector) -> None:
+                       counts: np.ndarray, chunk_tokens: int, workers: int, sample: SampleCollector,
+                       bar: ProgressBar) -> None:
     """`counts[step] +=` every chunk's counts, and its sampled tokens into `sample`; chunks read,
     validated and counted on `workers` threads (`count.run_chunks`: the error raised is the
-    earliest bad chunk's, as sequentially)."""
+    earliest bad chunk's, as sequentially); `bar` advanced by each chunk's tokens."""
     tokens, num_layers, k = reader.shape
     counter.reserve(chunk_tokens)
-    lock = threading.Lock()
+    lock, drawing = threading.Lock(), threading.Lock()
     # per thread: a counter (its own scratch), a chunk buffer, and its sums of the current step
     scratch = PerThread(lambda: (counter.clone(), np.empty((chunk_tokens, num_layers, k), dtype=reader.dtype),
                                  StepSums(counts, lock)))
@@ -141,6 +150,8 @@ def _count_in_parallel(reader: IdsReader, counter: DispatchCounter, index: np.nd
         else:
             _add_by_step(own, ids, index[start:start + ids.shape[0]], start, sums.of_step)
         sample.add(start, ids)
+        with drawing:  # one thread at a time redraws the bar
+            bar.advance(ids.shape[0])
 
     run_chunks(range(0, tokens, chunk_tokens), workers, process)
     for _, _, sums in scratch.made:

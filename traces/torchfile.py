@@ -6,6 +6,8 @@ torch is optional: it is imported only here, only when a `.pt` file is read, and
 
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,30 @@ def load_torch_file(path: Path) -> Any:
     except ImportError:
         raise InputError(str(path), "torch installed to read .pt files (pip install torch)", "no torch") from None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns of pickle protocols in a file it then refuses anyway
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types (RuntimeError, UnpicklingError, EOFError...)
+        refused = _weights_only_refusal(str(exc))
+        if refused is not None:
+            raise InputError(str(path), "a torch.save file of tensors, dicts, lists and numbers (an SGLang dump or a "
+                             "vLLM window; read with weights_only=True)", refused) from None
         raise InputError(str(path), "a readable torch.save file", error_reason(exc)) from None
     return _to_numpy(obj, torch)
+
+
+def _weights_only_refusal(message: str) -> str | None:
+    """What a `weights_only=True` load refused, from torch's message (several paragraphs), or None
+    when the message is not such a refusal."""
+    if "Weights only load failed" not in message:
+        return None
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", message)
+    if found:
+        return f"a file that also holds the Python object {found.group(1)}"
+    found = re.search(r"Unsupported operand (\d+)", message)
+    if found:
+        return f"a pickle torch does not load with weights_only=True (pickle operation {found.group(1)})"
+    return "a file torch does not load with weights_only=True"
 
 
 def _to_numpy(obj: Any, torch) -> Any:

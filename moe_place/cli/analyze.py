@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from moe_place.cli.options import (add_out_argument, add_trace_options, format_option, int_list, layer_selection,
-                                   png_file, positive_int, report_file, trace_load_options)
-from moe_place.cli.output import emit, report_format, wrote
+from moe_place.cli.options import (add_out_argument, add_progress_option, add_trace_options, format_option, int_list,
+                                   layer_selection, png_file, positive_int, report_file, trace_load_options)
+from moe_place.cli.output import emit, plural, report_format, wrote
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 
@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=png_file, metavar="FILE.png", help="also write a PNG: load heatmap and EP-sweep curve (default: none)")
     add_out_argument(parser, report_file, "FILE", "write the table/JSON to FILE", aliases=("--output",),
                      default_text="stdout")
+    add_progress_option(parser)  # the long part of a large trace: streaming its tokens
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,9 +67,9 @@ def format_table(report: dict) -> str:
     n = report["top_n"]
     lines = [
         f"{report['model']}  ({report['source']})",
-        f"{_plural(report['num_layers'], 'layer')}, {report['num_experts']} experts, top-{report['top_k']}, "
-        f"{report['tokens']:,} tokens, {_plural(report['steps'], 'step')} "
-        f"({_plural(report['windows'], 'window')} of {_plural(report['window_steps'], 'step')})",
+        f"{plural(report['num_layers'], 'layer')}, {report['num_experts']} experts, top-{report['top_k']}, "
+        f"{report['tokens']:,} tokens, {plural(report['steps'], 'step')} "
+        f"({plural(report['windows'], 'window')} of {plural(report['window_steps'], 'step')})",
         "",
     ]
     eps = report["ep"]
@@ -118,10 +119,6 @@ def _pair_sample_note(report: dict) -> list[str]:
     return [f"  estimated on a random sample: pair chosen on {sample['chosen_on_tokens']:,} tokens, its lift "
             f"counted on {sample['estimated_on_tokens']:,} others (of {report['tokens']:,}); standard error "
             f"{min(errors):.2f} to {max(errors):.2f} by layer"]
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _mean(values: list) -> float | None:

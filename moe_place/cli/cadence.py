@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from moe_place.cli.options import add_out_argument, int_list, json_file, png_file
+from moe_place.cli.options import (add_out_argument, add_progress_option, int_list, json_file, png_file,
+                                   trace_load_options)
 from moe_place.cli.output import wrote
-from moe_place.cli.options import trace_load_options
 from moe_place.cli.replay import (add_cluster_arguments, add_input_arguments, add_rule_arguments, cluster_slots,
                                   rule_settings)
 from moe_place.cost.models import infer_model_name
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
     parser.add_argument("--plot", type=png_file, metavar="FILE.png",
                         help="also write a PNG: total time over the interval for both policies and the reference")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from moe_place.cli.options import add_out_argument, json_file, png_file
 from moe_place.cli.output import wrote
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     problem, trace, options = build_problem(args)
     results, solutions = {}, {}
     for name in args.solvers:
-        solution = solve(problem, name, args.time_limit, args.jobs, progress=False)
+        solution = solve(problem, name, args.time_limit, args.jobs, progress=not args.no_progress)
         for note in solution.notes + ((solution.cpsat_summary,) if solution.cpsat_summary else ()):
             print(f"compare: note: {name}: {note}", file=sys.stderr)
         rows = report_rows(problem, solution, args.split)
@@ -66,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(args.out, document)
         wrote("json", args.out)
     if args.plot:
-        write_atomic(args.plot, _plot_png(problem.layer_ids, results, best_bound))
+        title = (f"compare {Path(args.trace).name}: {problem.num_layers} layers, {problem.num_experts} experts, "
+                 f"P = {problem.num_physical} on {problem.num_gpus} GPUs, split {args.split}\n"
+                 f"busiest GPU over the best lower bound any solver certified (1: proven optimal)")
+        write_atomic(args.plot, png_bytes(plot_figure(title, problem.layer_ids, results, best_bound), dpi=100))
         wrote("plot", args.plot)
     if args.format == "json":
         sys.stdout.write(json.dumps(document, indent=1) + "\n")
@@ -107,15 +111,30 @@ def _losses_to_eplb(results: dict, solutions: dict) -> list[str]:
     return lines
 
 
-def _plot_png(layer_ids, results: dict, best_bound: list[float]) -> bytes:
-    fig = new_figure((8, 3.5))
+# one look per solver, in --solvers order: the lines differ in marker, dash and width, so one that
+# lies on another (fast and cpsat often agree on every layer) still shows
+STYLES = (("o", "-", 7.0), ("s", "--", 5.5), ("^", ":", 4.5), ("D", "-.", 3.5), ("v", (0, (5, 1, 1, 1)), 3.0),
+          ("x", (0, (1, 3)), 3.0))
+
+
+def plot_figure(title: str, layer_ids, results: dict, best_bound: list[float]):
+    """The `--plot` figure: busiest GPU over the best certified lower bound, per layer and solver; a
+    solver whose line equals an earlier one's on every layer says so in the legend."""
+    fig = new_figure((9, 4))
     ax = fig.subplots()
-    for name, result in results.items():
+    drawn: dict[str, list[float]] = {}
+    for i, (name, result) in enumerate(results.items()):
         ratios = [row["max_gpu_load"] / b if b > 0 else 1.0 for row, b in zip(result["layers"], best_bound)]
-        ax.plot(list(layer_ids), ratios, marker=".", label=name)
+        same = [other for other, values in drawn.items() if values == ratios]
+        label = f"{name} (the same as {same[0]} on every layer)" if same else name
+        marker, dash, size = STYLES[i % len(STYLES)]
+        ax.plot(list(layer_ids), ratios, marker=marker, linestyle=dash, markersize=size, markerfacecolor="none",
+                linewidth=2.2 - 0.4 * min(i, 3), label=label)
+        drawn[name] = ratios
     ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_title(title, fontsize=10)
     ax.set_xlabel("layer")
     ax.set_ylabel("busiest GPU / best lower bound")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    return png_bytes(fig, dpi=100)
+    return fig

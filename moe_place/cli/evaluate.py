@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import (TIME_MODEL_DEFAULTS, add_time_model_arguments, add_trace_options, fraction,
-                                   non_negative_int, positive_int, trace_load_options)
+from moe_place.cli.options import (TIME_MODEL_DEFAULTS, add_progress_option, add_steps_option,
+                                   add_time_model_arguments, add_trace_options, fraction, non_negative_int, positive_int, trace_load_options)
 from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
@@ -32,11 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_time_model_arguments(parser, from_plan=True)
     parser.add_argument("--seed", type=non_negative_int, default=None,
                         help="seed of the random replica choices (default: the plan's, else 0)")
+    add_steps_option(parser, "judge on")
     add_trace_options(parser)
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from moe_place.cli.shared import options_from_plan, time_figures, time_model_from_args
+    from moe_place.cli.shared import options_from_plan, select_args_steps, time_figures, time_model_from_args
+    from moe_place.io import file_sha256
     from moe_place.planfile import read_plan
     from moe_place.solvers.evaluate import evaluate_placement
     from moe_place.traces.load import load_trace
@@ -51,22 +54,27 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.trace}: num_experts", f"{placement.num_experts} (the plan's)",
                          trace.num_experts)
     trace = trace.select_layer_ids(list(plan.layer_ids), where=f"{args.trace}: layers (the plan's layer ids)")
+    file_steps = trace.num_steps
+    trace = select_args_steps(args, trace)
     if args.quantile is not None and args.window_objective != "quantile":
         raise InputError("--quantile", "--window-objective quantile as well (it is used only there)",
                          f"--window-objective {args.window_objective}")
     quantile = 0.9 if args.quantile is None else args.quantile
     loads = trace.window_counts(args.windows)
     reports = evaluate_placement(placement, loads, args.split, args.window_objective, quantile, plan.layer_ids)
-    report = {"plan": str(args.plan), "trace": str(args.trace), "split": args.split,
-              "windows": int(loads.shape[0]), "options_from_plan": taken, "layers": [r.to_dict() for r in reports]}
+    sample = sample_of(plan, file_sha256(args.trace), args.steps, file_steps)
+    report = {"plan": str(args.plan), "trace": str(args.trace), "steps": args.steps, "sample": sample,
+              "split": args.split, "windows": int(loads.shape[0]), "options_from_plan": taken,
+              "layers": [r.to_dict() for r in reports]}
     model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
                                  seed=args.seed)
+    print(f"evaluate: note: {sample}", file=sys.stderr)  # after the last option check: an error is one line
     if model is None:
         report["time_note"] = (f"no layer time: the trace's model {trace.meta.model!r} names no expert-shape preset; "
                                f"give --model")
         print(f"evaluate: note: {report['time_note']}", file=sys.stderr)
     else:
-        layers, top = time_figures(placement, trace, model)
+        layers, top = time_figures(placement, trace, model, progress=not args.no_progress)
         for row, extra in zip(report["layers"], layers):
             row.update(extra)
         report.update(top)
@@ -83,6 +91,27 @@ def run(args: argparse.Namespace) -> int:
     if model is not None:
         print_time_table(report)
     return 0
+
+
+def sample_of(plan, trace_sha256: str, steps: list[int] | None, num_steps: int) -> str:
+    """Whether the plan is judged on what it was made on: "in sample", "out of sample" or "partly
+    in sample" (the plan's recorded trace digest and `--steps` against the judged steps of the file's
+    `num_steps`), with why."""
+    if plan.inputs.get("trace_sha256") != trace_sha256:
+        return "out of sample: the plan was made on another trace file (its inputs.trace_sha256 differs)"
+    recorded = (plan.inputs.get("options") or {}).get("steps")
+    made_on = set(range(num_steps)) if recorded is None else set(recorded)
+    judged = set(range(num_steps)) if steps is None else set(steps)
+    made = "every step" if recorded is None else _steps_text(made_on)
+    said = "every step" if steps is None else _steps_text(judged)
+    if not made_on & judged:
+        return f"out of sample: the plan was made on {made} of this trace, judged on {said}"
+    kind = "in sample" if judged <= made_on else "partly in sample"
+    return f"{kind}: the plan was made on {made} of this trace, judged on {said}"
+
+
+def _steps_text(steps: set[int]) -> str:
+    return f"step{'s' if len(steps) > 1 else ''} {','.join(map(str, sorted(steps)))}"
 
 
 def print_time_table(report: dict) -> None:

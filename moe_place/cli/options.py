@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 from pathlib import Path
 
+from moe_place.cores import parse_workers, workers_expected
 from moe_place.io import output_problem
 
 
@@ -70,19 +70,11 @@ def share_below_one(text: str) -> float:
 MAX_LAYERS = 1 << 16  # model layer ids and layer counts on a command line: a sanity bound (models have ~100)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity else (os.cpu_count() or 1)
-
-
 def jobs(text: str) -> int:
-    """Worker processes: 1 up to the usable cores (more only wait for each other, and cost memory)."""
-    cores = usable_cores()
-    value = _int_at_least(text, 1, f"an integer in [1, {cores}] (the cores this process may use)")
-    if value > cores:
-        raise argparse.ArgumentTypeError(f"expected an integer in [1, {cores}] (the cores this process may use), "
-                                         f"got {text!r}")
+    """Worker processes: 1 up to the usable cores (`moe_place.cores`: the rule $MOE_PLACE_THREADS follows too)."""
+    value = parse_workers(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected {workers_expected()}, got {text!r}")
     return value
 
 
@@ -100,6 +92,14 @@ def output_file(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"expected a writable file path, got {text!r} ({problem})")
     return text
+
+
+def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    """`--no-progress`, taken by every subcommand whose work can run long (dest `no_progress`): the
+    progress bar on stderr is drawn only when stderr is a terminal, and never with this."""
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr (default: one while the long part runs, when stderr is a "
+                             "terminal)")
 
 
 def add_record_options(parser: argparse.ArgumentParser, plot: bool = False, committed: tuple[str, ...] = ()) -> None:
@@ -189,15 +189,24 @@ BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12
 
 
 def byte_size(text: str) -> int:
-    """Bytes as `24GiB`, `80GB`, `512 MiB`, `2.5e10` or a plain integer (rounded down to whole bytes)."""
+    """Bytes as `24GiB`, `1.4GiB`, `80GB`, `512 MiB`, `2.5e10` or a plain integer (rounded down to
+    whole bytes): the one syntax of every memory option."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
     if match is None or unit not in BYTE_UNITS:
-        raise argparse.ArgumentTypeError(f"expected bytes like 24GiB, 80GB or 25769803776, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected bytes like 24GiB, 1.5MiB, 80GB or 25769803776, got {text!r}")
     value = float(match.group(1)) * BYTE_UNITS[unit]
     if not math.isfinite(value) or value >= 2**62:
         raise argparse.ArgumentTypeError(f"expected a byte count below 2^62, got {text!r}")
     return int(value)
+
+
+def positive_byte_size(text: str) -> int:
+    """`byte_size` of at least one byte (a budget or an object's size: 0 would divide by zero later)."""
+    value = byte_size(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 byte (like 24GiB, 1.5MiB or 4096), got {text!r}")
+    return value
 
 
 def int_list(text: str) -> list[int]:
@@ -225,6 +234,25 @@ def layer_selection(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def step_items(text: str) -> list[str]:
+    """`--steps`: comma-separated step names or positions, ranges of positions inclusive (`0-1,ep_states`);
+    checked against the trace when it is read (`Trace.step_positions`)."""
+    items = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated step positions or names, like 0,1 or 0-1 or "
+                                         f"ep_states, got {text!r}")
+    return items
+
+
+def add_steps_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--steps IDS` (dest `steps`): the steps of the trace a command uses; `what` says what it does with them.
+    A plan made with `--steps 0,1` and judged with `evaluate --steps 2` is judged out of sample."""
+    parser.add_argument("--steps", type=step_items, metavar="IDS",
+                        help=f"{what} only these steps of the trace, by position (0,1 or 0-1) or name (ep_states): "
+                             "each recorded batch of a bundled trace is a step; with `plan --steps` and `evaluate "
+                             "--steps` one file gives a plan and the steps it never saw (default: all)")
+
+
 def add_trace_options(parser: argparse.ArgumentParser) -> None:
     """Options for reading a trace whose file does not record everything (count-only dumps)."""
     parser.add_argument("--top-k", type=positive_int, metavar="K",
@@ -235,8 +263,10 @@ def add_trace_options(parser: argparse.ArgumentParser) -> None:
 
 
 def trace_load_options(args: argparse.Namespace) -> dict:
-    """Keyword arguments for `moe_place.traces.load_trace` from `add_trace_options`."""
-    return {"top_k": args.top_k, "keep_dense_layers": args.keep_dense_layers}
+    """Keyword arguments for `moe_place.traces.load_trace` from `add_trace_options` (and
+    `add_progress_option`: a command without it draws the bar whenever stderr is a terminal)."""
+    return {"top_k": args.top_k, "keep_dense_layers": args.keep_dense_layers,
+            "progress": not getattr(args, "no_progress", False)}
 
 
 # ---------------------------------------------------------------------- the layer-time model
@@ -298,9 +328,9 @@ def add_sizing_arguments(parser: argparse.ArgumentParser) -> None:
                             "replicas per GPU must buy (default 0.01, i.e. 1%%)")
     group.add_argument("--max-redundant", type=non_negative_int, metavar="R",
                        help="with --redundant auto: the largest R to size (default 2E, at most E(G-1))")
-    group.add_argument("--max-replica-bytes", type=positive_int, metavar="BYTES",
-                       help="with --redundant auto: the most bytes per GPU the redundant experts may take "
-                            "(default: no cap)")
+    group.add_argument("--max-replica-bytes", type=positive_byte_size, metavar="BYTES",
+                       help="with --redundant auto: the most bytes per GPU the redundant experts may take, e.g. "
+                            "8GiB (default: no cap)")
     group.add_argument("--plot", type=png_file, metavar="FILE.png",
                        help="with --redundant auto: also write a PNG of held-out busiest/mean and KV tokens lost "
                             "against R (default: none)")

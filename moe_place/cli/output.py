@@ -31,6 +31,20 @@ def emit(text: str, output: str | None, label: str) -> None:
         sys.stdout.write(text)
 
 
+def missed_targets(prog: str, missed: list[str]) -> int:
+    """A benchmark's exit code: 0 when no target was `missed`; else 1, after one line on stderr naming
+    each missed target (the table on stdout may be redirected to a file; the verdict must still show)."""
+    if not missed:
+        return 0
+    print(f"{prog}: {plural(len(missed), 'target')} missed: {'; '.join(missed)}", file=sys.stderr)
+    return 1
+
+
+def plural(count: int, word: str) -> str:
+    """`1 step`, `3 steps`."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
 def wrote(what: str, path: str) -> None:
     """Tell the user (on stderr) that a file was written."""
     print(f"wrote {what} {path}", file=sys.stderr)

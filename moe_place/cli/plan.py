@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import (add_out_argument, add_sizing_arguments, add_time_model_arguments, add_trace_options,
-                                   jobs, json_file, layer_selection, non_negative_float, non_negative_int,
-                                   positive_float, positive_int, redundant_count, usable_cores)
+from moe_place.cli.options import (add_out_argument, add_progress_option, add_sizing_arguments, add_steps_option,
+                                   add_time_model_arguments, add_trace_options, jobs, json_file, layer_selection,
+                                   non_negative_float, non_negative_int, positive_byte_size, positive_float,
+                                   positive_int, redundant_count)
 from moe_place.cli.output import print_report, wrote
+from moe_place.cores import usable_cores
 from moe_place.errors import InputError
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
@@ -31,12 +33,12 @@ def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool 
                        help="redundant experts per layer: P = E + R physical experts, P divisible by G (default 0)"
                             + ("; auto: size R on held-out steps of the trace, print the sizing table and plan the "
                                "recommended R (moe_place.solvers.sizing)" if redundant_auto else ""))
-    slots.add_argument("--expert-memory-budget", type=positive_int, metavar="BYTES",
-                       help="per-GPU bytes for the expert weights of all planned layers, instead of --redundant "
-                            "(needs --expert-bytes; default: none)")
-    parser.add_argument("--expert-bytes", type=positive_int, metavar="B",
-                        help="bytes of one expert's weights, with --expert-memory-budget, or with --redundant auto "
-                             "to price the replicas (default: none; auto: the model preset's)")
+    slots.add_argument("--expert-memory-budget", type=positive_byte_size, metavar="BYTES",
+                       help="per-GPU bytes for the expert weights of all planned layers, e.g. 40GiB or 1.4GiB, "
+                            "instead of --redundant (needs --expert-bytes; default: none)")
+    parser.add_argument("--expert-bytes", type=positive_byte_size, metavar="B",
+                        help="bytes of one expert's weights, e.g. 9MiB, with --expert-memory-budget, or with "
+                             "--redundant auto to price the replicas (default: none; auto: the model preset's)")
     parser.add_argument("--time-limit", type=positive_float, metavar="S",
                         help="wall-clock seconds for the whole plan, kept: the anytime plan of every layer, then "
                              "fast, then (auto, cpsat) CP-SAT on deterministic time from fast's plan, never worse "
@@ -48,10 +50,12 @@ def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool 
                         help="let a GPU hold two replicas of one expert, as DeepSeek EPLB may (EPLB's plan is then "
                              "a candidate on every layer, so no solver does worse than eplb; default: forbidden)")
     parser.add_argument("--layers", type=layer_selection, metavar="IDS", help="model layer ids to plan (default all)")
+    add_steps_option(parser, "plan on")
     parser.add_argument("--jobs", type=jobs, default=1, metavar="J",
                         help=f"worker processes, at most the usable cores ({usable_cores()} here; default 1)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed for randomised choices (default 0)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    add_progress_option(parser)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--move-cost", type=non_negative_float, default=0.0, metavar="LOAD",
                         help="with --current: load units a moved slot must save (default 0)")
     add_out_argument(parser, json_file, "PLAN.json", "plan file to write (JSON)", required=True)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_sizing_arguments(parser)
 
 
@@ -80,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.cli.plan_time import plan_for_time
     from moe_place.cli.shared import build_problem, report_rows
     from moe_place.cli.sizing import check_sizing_options, size_for_plan
+    from moe_place.io import file_sha256
     from moe_place.placement import Placement
-    from moe_place.planfile import BudgetLayers, PlanFile, file_sha256, read_plan, write_plan
+    from moe_place.planfile import BudgetLayers, PlanFile, read_plan, write_plan
     from moe_place.solvers import solve, solver_names
     from moe_place.solvers.budget import allocate_budget
 

@@ -10,7 +10,8 @@ from moe_place.cli.output import print_report
 from moe_place.cli.shared import time_model_from_args
 from moe_place.cost.comm import SlotTable, layer_cost
 from moe_place.errors import InputError
-from moe_place.planfile import PlanFile, file_sha256, write_plan
+from moe_place.io import file_sha256
+from moe_place.planfile import PlanFile, write_plan
 from moe_place.solvers.comm import plan_time
 from moe_place.solvers.evaluate import layer_figures
 

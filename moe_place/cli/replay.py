@@ -8,10 +8,10 @@ import argparse
 import json
 from pathlib import Path
 
-from moe_place.cli.options import (add_out_argument, add_trace_options, json_file, layer_selection, non_negative_float,
-                                   non_negative_int, png_file, positive_float, positive_int, share_below_one,
-                                   trace_load_options)
-from moe_place.cli.output import wrote
+from moe_place.cli.options import (add_out_argument, add_progress_option, add_trace_options, json_file,
+                                   layer_selection, non_negative_float, non_negative_int, png_file, positive_float,
+                                   positive_int, share_below_one, trace_load_options)
+from moe_place.cli.output import plural, wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS, infer_model_name
 from moe_place.errors import InputError
@@ -94,7 +94,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
     parser.add_argument("--plot", type=png_file, metavar="FILE.png",
                         help="also write a PNG: per-step balancedness and cumulative time (default: none)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_progress_option(parser)
+
+
+def synthetic_command(args: argparse.Namespace, cadence) -> str:
+    """The `replay --synthetic` command line of the same cluster and cadence, on a drifting trace long
+    enough for a few policy calls (what to run when TRACE has too few steps)."""
+    steps = max(6000, -(-(cadence.first_call + 2 * cadence.step_interval) // 1000) * 1000)
+    words = ["moe-place replay", f"--synthetic drift:steps={steps},seed=0", f"--gpus {args.gpus}"]
+    given = (("--nodes", args.nodes, 1), ("--redundant", args.redundant, None), ("--engine", args.engine, "vllm"),
+             ("--controller", args.controller, "ours"), ("--step-interval", args.step_interval, None),
+             ("--window", args.window, None))
+    words += [f"{flag} {value}" for flag, value, default in given if value != default]
+    return " ".join(words)
 
 
 def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,10 +163,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--window", f"at most the {steps} steps of the trace (the offline start plan is made on them)",
                          cadence.window_size)
     if args.controller != "static" and cadence.first_call > steps:
-        raise InputError("--step-interval", f"a cadence whose first call falls within the trace's {steps} steps "
-                         f"({args.engine} calls its policy first after {cadence.first_call}; a trace of many steps "
-                         f"such as --synthetic drift:steps=6000, or a shorter --step-interval)",
-                         cadence.step_interval)
+        if args.synthetic:
+            raise InputError("--step-interval", f"a cadence whose first call falls within the trace's {steps} steps "
+                             f"({args.engine} calls its policy first after {cadence.first_call})",
+                             cadence.step_interval)
+        raise InputError(str(args.trace), f"a trace of at least {cadence.first_call} steps (the first call of "
+                         f"{args.engine}'s policy comes after {cadence.first_call} at --step-interval "
+                         f"{cadence.step_interval}; each recorded batch is one step)",
+                         f"{plural(steps, 'step')}; for a trace of many steps run: {synthetic_command(args, cadence)}")
     physical = cluster_slots(args, experts)
     migration = args.migration or cadence.migration
     schedule = args.copy_schedule or cadence.copy_schedule

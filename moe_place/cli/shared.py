@@ -18,6 +18,7 @@ from moe_place.cost.topology import parse_topology_spec
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
+from moe_place.progress import ProgressBar
 from moe_place.solvers.evaluate import layer_figures
 from moe_place.traces.load import load_trace
 
@@ -26,11 +27,20 @@ TIME_KEYS = ("distinct_nodes_per_token", "rdma_bytes", "nvlink_bytes", "dispatch
 
 
 def load_args_trace(args: argparse.Namespace):
-    """The trace the shared options name (`TRACE`, the trace options, `--layers`)."""
+    """The trace the shared options name (`TRACE`, the trace options, `--layers`, `--steps`); `args.steps`
+    becomes the positions of the steps it names (what a plan records)."""
     trace = load_trace(args.trace, **trace_load_options(args))
     if args.layers is not None:
         trace = trace.select_layer_ids(args.layers)
-    return trace
+    return select_args_steps(args, trace)
+
+
+def select_args_steps(args: argparse.Namespace, trace):
+    """The steps of `trace` that `--steps` names (all without it); sets `args.steps` to their positions."""
+    if args.steps is None:
+        return trace
+    args.steps = trace.step_positions(args.steps)
+    return trace.select_steps(args.steps)
 
 
 def build_problem(args: argparse.Namespace, current_plan=None, trace=None):
@@ -70,7 +80,7 @@ def build_problem(args: argparse.Namespace, current_plan=None, trace=None):
     if args.groups is not None and experts % args.groups:
         raise InputError("--groups", f"a divisor of the {experts} experts", args.groups)
     options = {"gpus": gpus, "nodes": args.nodes, "groups": args.groups, "num_physical": physical,
-               "redundant": physical - experts, "split": args.split, "layers": args.layers,
+               "redundant": physical - experts, "split": args.split, "layers": args.layers, "steps": args.steps,
                "time_limit_s": args.time_limit,
                "allow_colocated": args.allow_colocated}
     extra = {}
@@ -159,17 +169,21 @@ def options_from_plan(args: argparse.Namespace, plan) -> dict:
     return taken
 
 
-def time_figures(placement, trace, model) -> tuple[list[dict], dict]:
+def time_figures(placement, trace, model, progress: bool = False) -> tuple[list[dict], dict]:
     """(per-layer dicts with TIME_KEYS and the NIC/node bytes, top-level sums and notes) of a plan on a
     trace whose layers are the plan's. Count-level traces get the compute time only. The random replica
-    choices are seeded by each layer's id in the model (as `plan --objective time` does)."""
+    choices are seeded by each layer's id in the model (as `plan --objective time` does). progress: a
+    bar on stderr (when a terminal) over the layers of a token-level trace, the part that takes long."""
     layers, top = [], {"time_model": model.describe()}
     if trace.is_token_level:
+        bar = ProgressBar(placement.num_layers, "evaluate time", "layers", enabled=None if progress else False)
         for i in range(placement.num_layers):
             table = SlotTable(placement.phy2log[i], placement.num_gpus, placement.num_nodes,
                               placement.num_experts)
             cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, trace.meta.layer_ids[i])
             layers.append(cost.to_dict())
+            bar.advance()
+        bar.close()
         top["layer_time_s"] = float(sum(x["layer_time_s"] for x in layers))
         top["rdma_bytes"] = float(sum(x["rdma_bytes"] for x in layers))
         top["nvlink_bytes"] = float(sum(x["nvlink_bytes"] for x in layers))
