@@ -151,6 +151,7 @@ class RebalanceRule:
     _calls: int = field(default=0, init=False, repr=False)
     _num_physical: int = field(default=0, init=False, repr=False)
     _estimate: LoadEstimate = field(init=False, repr=False)
+    _floors: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "noise_margin"):
@@ -166,6 +167,7 @@ class RebalanceRule:
         self._age = np.zeros(self.num_layers)
         self._changed = np.ones(self.num_layers, dtype=bool)
         self._estimate = LoadEstimate(self.num_layers, self.num_experts, adaptive=self.estimate == "adaptive")
+        self._floors = np.full((self.num_layers, RETENTION_CALLS), np.nan)   # the last floors measured per layer
 
     # ------------------------------------------------------------------ one engine call
     def decide(self, window: np.ndarray, current: Placement, interval_steps: int,
@@ -220,6 +222,14 @@ class RebalanceRule:
                 busy = even_split_gpu_loads(plans, np.tile(lam[near], (NOISE_REPLICATES + 1, 1)), gpus).max(axis=1)
                 behind = (busy.reshape(NOISE_REPLICATES + 1, -1) - new_busy[near]) / mean[near]
                 floor[near] = np.maximum(behind.max(axis=0), 0.0)
+        # a floor is one measurement of the noise: the worst of the pattern's last few stands for it
+        self._floors[self._changed] = np.nan
+        measured = np.zeros(self.num_layers, dtype=bool)
+        if open_layers.size:
+            measured[near] = True
+        self._floors[measured] = np.column_stack([self._floors[measured, 1:], floor[measured]])
+        checked = measured & ~np.isnan(self._floors).all(axis=1)   # only where noise could explain the gap
+        floor[checked] = np.maximum(floor[checked], np.nanmax(self._floors[checked], axis=1))
         kept_for = interval_steps / (1.0 - retention)                               # geometric life of a saving
         horizon = np.minimum(np.maximum(np.maximum(interval_steps, self._age), kept_for),
                              MAX_HORIZON_INTERVALS * interval_steps)
