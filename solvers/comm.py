@@ -5,7 +5,7 @@ remote node holding one of its experts (`moe_place.cost.comm`), so experts that 
 together belong on one node. Out of sample the two terms behave differently (docs/MODEL.md,
 "Multi-node EP: the layer-time plan out of sample"): which experts fire together carries over
 to other batches, which experts are hot does not. So co-activation decides the nodes, the
-balance-only plan bounds the compute (the hedge), and held-out windows judge the traffic.
+balance-only plan bounds the compute (the hedge), and held-out windows judge which layers to group.
 
 Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
 1. Node split, equal numbers of experts per node (`E/N`, the first `E % N` nodes one more).
@@ -29,7 +29,7 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    `MEAN_WEIGHT` x the mean NIC's term. Candidates are ranked by the first-order change of that
    surrogate (`NodeSearch.move_gains`: each visit of a token to a remote node priced by a
    softmax over the NICs' loads) and the first that lowers the exact surrogate is taken. The
-   *strength* is the number of swaps taken. The guarded plan uses `GROUP_STRENGTH` = 0: the
+   *strength* is the number of swaps taken. The time plan uses `GROUP_STRENGTH` = 0: the
    surrogate's busiest NIC and compute are those of the training batches, which is what does
    not carry over (bench/bench_comm.py: `grouped`, the largest strength, against `ungated`).
 3. Replica nodes (`replica_nodes`, OR-Tools CP-SAT). Spare slots (`P/N` minus the node's
@@ -48,19 +48,32 @@ Per layer (tokens of the training steps, homes as `CommModel.token_home` says):
    while they lower the co-activation affinity (`LayerTokens.affinity`, cosine of the experts'
    token sets) of the experts sharing a GPU without going over it: the experts a new batch makes
    hot together land on different GPUs of their node.
-5. The guard (`guard`), per layer: the training steps form `W <= MAX_WINDOWS` windows of
-   consecutive steps (one step: its two halves); for each window, steps 1-4 on the others
-   (greedy replicas), judged by `layer_cost` on the held-out window beside the balance-only plan
-   of the same steps (`quick_plan`, `fast`'s anytime start). The layer is grouped only if its
-   dispatch + combine save more than `MIN_SAVING` (5%) of the balance-only plan's layer time on
-   every window (`traffic_savings`); then steps 1-4 on all training steps. Otherwise it keeps the
-   balance-only plan (`fast` on all the training loads). Only the traffic is judged on the
-   windows, and only a saving as large as the chance it has to outweigh: the held-out compute of
-   two plans balanced on the same loads differs by chance (which GPU the next batch's hot experts
-   land on; on the bundled Qwen3 trace, per layer, a spread of 3-7% of the layer time that the
-   windows' compute does not predict: bench/bench_comm.py, "what the windows say"), so one or two
-   windows' compute says nothing about the next batch, and a layer whose traffic saves less than
-   that can lose its whole gain to it. Each layer's plan depends on its own tokens only.
+5. The decision, over the layers (`expected_savings`, the default): the training steps form
+   `W <= MAX_WINDOWS` windows of consecutive steps (one step: its two halves); for each window and
+   layer, steps 1-4 on the other windows (greedy replicas), judged by `layer_cost` on the held-out
+   window beside the balance-only plan of the same steps (`quick_plan`, `fast`'s anytime start).
+   Each window measures two savings of the layer, as shares of the balance-only plan's layer time
+   there: its dispatch + combine (`traffic_savings`) and its compute (`compute_savings`, the
+   compute risk: a plan whose GPUs hold other experts than the balance-only plan's may lose there).
+   A layer's own windows measure its expected saving with noise: a new batch's hot experts land
+   where they land (on the bundled Qwen3 trace the windows' compute difference does not predict
+   the held-out one, docs/MODEL.md). So each part is estimated from all the layers together: the
+   layer's mean over its windows is shrunk toward the mean over the layers by the positive-part
+   James-Stein factor (`shrunk_means`), `1 - (L - 3) * noise / spread`, where `noise` is the
+   variance of a layer's window mean (the spread of each layer's windows around their mean, pooled
+   over the layers) and `spread` the squared deviations of the layers' means from their mean: a
+   part whose layers differ no more than their windows' noise is the same for every layer (its mean
+   over the layers); one whose layers differ far more keeps each layer's own mean. Nothing in it is
+   chosen: the data set both the mean and the factor. A layer is grouped where its expected saving
+   (traffic plus compute) is positive; then steps 1-4 on all training steps. Otherwise it keeps the
+   balance-only plan (`fast` on all the training loads). That minimises the expected whole-model
+   layer time held out, for plans with these two rows per layer to choose from. With fewer than
+   four layers each layer's own means decide (the factor needs four).
+   The per-layer guard (`decision="guard"`, `guard`): a layer is grouped only if its dispatch +
+   combine save more than `min_saving` of the balance-only plan's layer time on every window; it
+   keeps each part of the model close to the balance-only plan and gives up most of the
+   whole-model gain (docs/multinode.md). Each layer's rows depend on its own tokens only; under the
+   default decision, whether a layer is grouped depends on the other planned layers' windows too.
 
 Lower bound (`layer_lower_bound_s`, reported per layer on the training tokens): busiest-GPU
 compute is at least the mean GPU's rows (`F/C`) and at least `ceil(experts used / G)` expert
@@ -93,14 +106,15 @@ from moe_place.solvers.base import require_ortools, stoppable_solve
 from moe_place.solvers.quick import quick_plan
 
 STRENGTHS = (0, 2, 4, 8, 16, 32, 64)  # node swaps away from the start (step 2) that benchmarks and tests try
-GROUP_STRENGTH = 0                    # swaps of step 2 in the guarded plan: none (module docstring, step 5)
+GROUP_STRENGTH = 0                    # swaps of step 2 in the time plan: none (module docstring, step 2)
 MAX_WINDOWS = 3                       # cross-validation windows (folds) at most
 SEARCH_CANDIDATES = 32                # swaps tried per round, best first-order change first
 SWAPS_PER_ROUND = 4                   # swaps taken per round before the ranking is recomputed
 MEAN_WEIGHT = 1.0                     # weight of the mean NIC's term in the search surrogate
 PRICE_TEMPERATURE = 0.02              # softmax temperature of the NIC prices, relative to the busiest NIC
-JUDGES = ("comm", "layer")            # step 5 judges dispatch + combine (the default) or the whole layer time
-MIN_SAVING = 0.05                     # step 5: the saving, every window, as a share of the balance-only layer time
+DECISIONS = ("expected", "guard")     # step 5: the expected saving over the layers (default), or the per-layer guard
+JUDGES = ("comm", "layer")            # the guard judges dispatch + combine (the default) or the whole layer time
+MIN_SAVING = 0.05                     # the guard's default bar: the saving, every window, as a share of the layer time
 COMMUNITY_NEIGHBOURS = 16            # co-activation graph: each expert joined to its 16 most frequent partners
 FLOOR_HEADROOM = 0.25                 # caps are at least a quarter of the rows at which FLOPs outlast weight reads
 SPREAD_SWAPS = 4                      # step 4's swaps inside a node: at most this many per slot of the node
@@ -748,15 +762,16 @@ class TimeLayer:
     """One layer of a time plan.
 
     phy2log: int64 `[P]`. choice: "grouped" (steps 1-4) or "balance" (the balance-only plan: the
-    guard of step 5 said no, the time limit came first, or no grouping is possible). predicted_s:
+    decision of step 5 said no, the time limit came first, or no grouping is possible). predicted_s:
     the predicted layer time on the training tokens; lower_bound_s: `layer_lower_bound_s`.
     held_out_s / balance_held_out_s: layer time summed over the held-out windows of step 5, of the
     grouped plans and of the balance-only plans (None without cross-validation).
     windows / balance_windows: per held-out window, the grouped plan's and the balance-only plan's
-    figures there (`HeldOut`, the guard's evidence; empty without cross-validation); `comm_gains`
+    figures there (`HeldOut`, step 5's evidence; empty without cross-validation); `comm_gains`
     and `layer_gains` are the shares of the balance-only plan's dispatch + combine and layer time they
-    saved, `traffic_savings` the dispatch + combine saved as a share of its layer time (step 5).
-    replica_status: step 3's status.
+    saved, `traffic_savings` / `compute_savings` the dispatch + combine / compute saved as a share of
+    its layer time (step 5). expected_saving: step 5's estimate over the layers (`expected_savings`),
+    None without windows. replica_status: step 3's status.
     """
 
     phy2log: np.ndarray
@@ -768,6 +783,7 @@ class TimeLayer:
     replica_status: str = "node-closed"
     windows: tuple["HeldOut", ...] = ()
     balance_windows: tuple["HeldOut", ...] = ()
+    expected_saving: float | None = None
 
     @property
     def comm_gains(self) -> tuple[float, ...]:
@@ -781,6 +797,10 @@ class TimeLayer:
     def traffic_savings(self) -> tuple[float, ...]:
         return traffic_savings(self.windows, self.balance_windows)
 
+    @property
+    def compute_savings(self) -> tuple[float, ...]:
+        return compute_savings(self.windows, self.balance_windows)
+
 
 @dataclass(frozen=True)
 class TimePlan:
@@ -790,7 +810,10 @@ class TimePlan:
     no layer could be grouped). cv: held-out time summed over windows and layers, of the grouped
     plans (`"grouped"`) and of the balance-only plans (`"balance"`); empty without cross-validation.
     balance: the balance-only plan (`fast`), kept for reports. notes: lines about the time limit
-    or a fallback. wall_s: seconds. min_saving: the guard's bar (step 5), None where no guard judged windows.
+    or a fallback. wall_s: seconds. decision: step 5's rule ("expected" or "guard"; None where nothing was
+    decided on windows: no window, a fixed strength, or no grouping possible). min_saving: the guard's bar,
+    None unless the guard decided. pooled: {"traffic", "compute"}: `Pooled`, the estimates over the layers
+    (`expected_savings`; empty without windows).
     """
 
     placement: Placement
@@ -801,6 +824,8 @@ class TimePlan:
     notes: tuple[str, ...] = ()
     wall_s: float = 0.0
     min_saving: float | None = None
+    decision: str | None = None
+    pooled: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -842,8 +867,8 @@ def layer_gains(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...]) -> t
 
 def guard(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...], judge: str = "comm",
           min_saving: float = MIN_SAVING) -> bool:
-    """Step 5's decision for one layer: group it only if its grouped plan saves more than `min_saving` of the
-    balance-only plan's layer time on every held-out window: by its dispatch + combine (`judge="comm"`, the
+    """The per-layer guard (step 5, `decision="guard"`): group one layer only if its grouped plan saves more
+    than `min_saving` of the balance-only plan's layer time on every held-out window: by its dispatch + combine (`judge="comm"`, the
     default, `traffic_savings`; compute is hedged by steps 2 and 4, module docstring) or by the whole layer
     time (`judge="layer"`, `layer_gains`: what judging compute on the windows too does). No window: no
     grouping."""
@@ -851,6 +876,65 @@ def guard(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...], judge: str
         raise InputError("judge", f"one of {', '.join(JUDGES)}", judge)
     gains = layer_gains(grouped, balance) if judge == "layer" else traffic_savings(grouped, balance)
     return bool(gains) and min(gains) > min_saving
+
+
+def compute_savings(grouped: tuple[HeldOut, ...], balance: tuple[HeldOut, ...]) -> tuple[float, ...]:
+    """Per window, the compute time the grouped plan saves (negative: loses), as a share of the balance-only
+    plan's layer time (step 5: the compute risk)."""
+    return tuple((b.compute_s - g.compute_s) / b.layer_time_s if b.layer_time_s > 0 else 0.0
+                 for g, b in zip(grouped, balance))
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One part of the expected saving, estimated over the layers (step 5, `shrunk_means`).
+
+    mean: the mean over the layers of their window means (a share of the layer time). weight: the
+    James-Stein factor in [0, 1], how much of a layer's own deviation from that mean is kept (0: every
+    layer gets the mean; 1: each its own). noise: the variance of a layer's window mean (pooled over the
+    layers). layers: how many layers were pooled.
+    """
+
+    mean: float
+    weight: float
+    noise: float
+    layers: int
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "weight": self.weight, "noise": self.noise, "layers": self.layers}
+
+
+def shrunk_means(values: np.ndarray) -> tuple[np.ndarray, Pooled]:
+    """(float64 `[L]` estimates, Pooled): each layer's mean of `values` (float `[L, W]`: L layers, W >= 2
+    windows each) shrunk toward the mean over the layers by the positive-part James-Stein factor
+    `max(0, 1 - (L - 3) * noise / sum_l (mean_l - mean)^2)`, `noise` = the within-layer variance of
+    the windows (ddof 1, averaged over the layers) over W. Fewer than four layers: the own means."""
+    values = np.asarray(values, dtype=np.float64)
+    layers, windows = values.shape
+    own = values.mean(axis=1)
+    noise = float(values.var(axis=1, ddof=1).mean() / windows) if windows > 1 else 0.0
+    mean = float(own.mean()) if layers else 0.0
+    if layers < 4:
+        return own, Pooled(mean, 1.0, noise, layers)
+    spread = float(((own - mean) ** 2).sum())
+    weight = max(0.0, 1.0 - (layers - 3) * noise / spread) if spread > 0 else 0.0
+    return mean + weight * (own - mean), Pooled(mean, weight, noise, layers)
+
+
+def expected_savings(evidence: list[tuple[tuple[HeldOut, ...], tuple[HeldOut, ...]]]
+                     ) -> tuple[np.ndarray, dict[str, Pooled]]:
+    """(float64 `[L]`, {"traffic": Pooled, "compute": Pooled}): step 5's expected saving of grouping each
+    layer, a share of its balance-only layer time: the windows' dispatch + combine saving
+    (`traffic_savings`) and compute saving (`compute_savings`), each estimated over the layers by
+    `shrunk_means`, added. evidence: per layer, its grouped and balance-only windows (the same count,
+    at least two, for every layer)."""
+    if not evidence:
+        return np.zeros(0), {}
+    traffic = np.array([traffic_savings(g, b) for g, b in evidence])
+    compute = np.array([compute_savings(g, b) for g, b in evidence])
+    traffic_est, traffic_pool = shrunk_means(traffic)
+    compute_est, compute_pool = shrunk_means(compute)
+    return traffic_est + compute_est, {"traffic": traffic_pool, "compute": compute_pool}
 
 
 def cv_windows(steps: list[np.ndarray]) -> list[list[np.ndarray]]:
@@ -905,24 +989,28 @@ def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel,
 
 def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommModel,
               time_limit_s: float | None = None, progress: bool = False, strength: int | None = None,
-              start: str = "communities", judge: str = "comm", min_saving: float = MIN_SAVING) -> TimePlan:
+              start: str = "communities", decision: str = "expected", judge: str = "comm",
+              min_saving: float = MIN_SAVING) -> TimePlan:
     """Plan every layer of `problem` for the predicted layer time (module docstring).
 
     steps: the training trace, one int `[tokens, layers, k]` array per step (the problem's layers).
     model: the cost model (topology with the problem's GPUs and nodes).
     time_limit_s: wall-clock safety stop for the whole plan (None: none).
-    strength: group every layer at this strength with no cross-validation and no guard (to measure
+    strength: group every layer at this strength with no cross-validation and no decision (to measure
         what grouping does when nothing holds it back, e.g. in benchmarks); None: `GROUP_STRENGTH`
-        with the guard of step 5.
+        with the decision of step 5.
     start: `communities` (`community_nodes`, the default) or `balanced` (`balanced_nodes`): step 1.
-    judge: what step 5 judges on the windows (`guard`): `comm` (the default) or `layer`.
-    min_saving: step 5's bar (`guard`), a share of the balance-only layer time in [0, 1): a trace of
-        many batches says more per window than the bundled three, and a lower bar may pay there.
-    Each layer's plan depends on that layer's tokens only: a plan of some of the layers has the
-    rows the whole model's plan has for them (unless the time limit cut the whole model's).
+    decision: step 5's rule: `expected` (the default: group where the expected saving estimated over the
+        layers is positive, `expected_savings`) or `guard` (per layer, `guard`).
+    judge, min_saving: the guard's (`guard`): what it judges on the windows (`comm` or `layer`) and its
+        bar, a share of the balance-only layer time in [0, 1).
+    Each layer's rows depend on that layer's tokens only; under `expected`, whether a layer is grouped
+    depends on the windows of all the planned layers (a plan of some layers pools fewer).
     """
     if start not in ("balanced", "communities"):
         raise InputError("start", "balanced or communities", start)
+    if decision not in DECISIONS:
+        raise InputError("decision", f"one of {', '.join(DECISIONS)}", decision)
     if judge not in JUDGES:
         raise InputError("judge", f"one of {', '.join(JUDGES)}", judge)
     if not 0.0 <= min_saving < 1.0:
@@ -956,6 +1044,13 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
     def tokens_of(i: int, on: list[np.ndarray]) -> LayerTokens:
         return LayerTokens.from_steps([s[:, i, :] for s in on], experts, gpus, model.token_home)
 
+    def out_of_time(i: int) -> bool:
+        if deadline is None or time.monotonic() <= deadline:
+            return False
+        notes.append(f"time limit {time_limit_s:g} s ran out at layer {problem.layer_id(i)}: the layers from "
+                     f"there keep the balance-only plan, and a rerun may differ")
+        return True
+
     if not node_closed_feasible(experts, gpus, nodes, physical):
         notes.append(f"no grouping: {nodes} node(s) of {experts // nodes} experts cannot fill "
                      f"{problem.slots_per_gpu} slots per GPU with distinct experts; returned the balance-only plan")
@@ -963,47 +1058,65 @@ def plan_time(problem: PlacementProblem, steps: list[np.ndarray], model: CommMod
                              None, None) for i in range(layers)]
         return TimePlan(balance, tuple(reports), None, {}, balance, tuple(notes), time.monotonic() - began)
 
-    guarded = strength is None
-    strength = GROUP_STRENGTH if guarded else strength
-    windows = cv_windows(steps) if guarded else []
-    # per window: the steps the layer is planned on and its balance-only plans (quick_plan, fast's anytime start)
+    decided = strength is None
+    strength = GROUP_STRENGTH if decided else strength
+    windows = cv_windows(steps) if decided else []
+    if decided and not windows:
+        notes.append("no held-out window (a single step of one token): returned the balance-only plan")
+    bar = ProgressBar(layers * (2 if windows else 1), "plan time", "layer passes") if progress else None
+
+    # step 5's evidence, layer by layer: per window, the grouped and balance-only plans of the other windows
     folds = [[s for v, window in enumerate(windows) if v != w for s in window] for w in range(len(windows))]
     fold_balance = [quick_plan(loads_of(train), gpus, physical) for train in folds]
-    if guarded and not windows:
-        notes.append("no held-out window (a single step of one token): returned the balance-only plan")
-    bar = ProgressBar(layers, "plan time", "layers") if progress else None
-    rows, reports, cv = [], [], {"grouped": 0.0, "balance": 0.0} if windows else {}
+    evidence: list[tuple[tuple[HeldOut, ...], tuple[HeldOut, ...]] | None] = [None] * layers
     stopped = False
-    for i in range(layers):
-        if not stopped and deadline is not None and time.monotonic() > deadline:
-            stopped = True
-            notes.append(f"time limit {time_limit_s:g} s ran out at layer {problem.layer_id(i)}: the layers from "
-                         f"there keep the balance-only plan, and a rerun may differ")
-        held = held_balance = []
-        if windows and not stopped:
+    for i in range(layers if windows else 0):
+        stopped = stopped or out_of_time(i)
+        if not stopped:
             held, held_balance = [], []
             for w, validation in enumerate(windows):
                 row = plan_layer(tokens_of(i, folds[w]), problem, model, (strength,), False, start,
                                  fold_balance[w][i])[strength][0]
                 held.append(HeldOut.of(cost(i, row, validation)))
                 held_balance.append(HeldOut.of(cost(i, fold_balance[w][i], validation)))
-            cv["grouped"] += sum(h.layer_time_s for h in held)
-            cv["balance"] += sum(h.layer_time_s for h in held_balance)
-        grouped = not stopped and (guard(held, held_balance, judge, min_saving) if guarded else True)
+            evidence[i] = (tuple(held), tuple(held_balance))
+        if bar:
+            bar.advance(1)
+
+    # step 5's decision
+    judged = [i for i in range(layers) if evidence[i] is not None]
+    estimates, pooled = expected_savings([evidence[i] for i in judged])
+    expected = dict(zip(judged, estimates.tolist()))
+    if not decided:
+        group = [True] * layers
+    elif decision == "guard":
+        group = [evidence[i] is not None and guard(*evidence[i], judge, min_saving) for i in range(layers)]
+    else:
+        group = [expected.get(i, 0.0) > 0 for i in range(layers)]
+
+    rows, reports = [], []
+    for i in range(layers):
+        stopped = stopped or (group[i] and out_of_time(i))
+        grouped = group[i] and not stopped
         if grouped:
             row, status = plan_layer(tokens_of(i, steps), problem, model, (strength,), True, start,
                                      balance_rows[i])[strength]
         else:
             row, status = balance_rows[i], "node-closed"
+        held, held_balance = evidence[i] or ((), ())
         rows.append(row)
         reports.append(TimeLayer(np.asarray(row), "grouped" if grouped else "balance",
                                  cost(i, row, steps).layer_time_s, bound(i),
                                  sum(h.layer_time_s for h in held) if held else None,
                                  sum(h.layer_time_s for h in held_balance) if held else None, status,
-                                 tuple(held), tuple(held_balance)))
+                                 held, held_balance, expected.get(i)))
         if bar:
             bar.advance(1)
     if bar:
         bar.close()
+    cv = {"grouped": sum(sum(h.layer_time_s for h in e[0]) for e in evidence if e),
+          "balance": sum(sum(h.layer_time_s for h in e[1]) for e in evidence if e)} if windows else {}
     return TimePlan(Placement(np.stack(rows), experts, gpus, nodes), tuple(reports), strength, cv, balance,
-                    tuple(notes), time.monotonic() - began, min_saving if windows else None)
+                    tuple(notes), time.monotonic() - began,
+                    min_saving if windows and decision == "guard" else None,
+                    decision if windows else None, pooled)

@@ -89,3 +89,12 @@ def test_moe_place_bench_keeps_an_existing_record(tmp_path):
     done = _run(sys.executable, "-m", "moe_place.cli.main", "bench", "--dry-run", "--out", record)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "--force" in done.stderr
     assert record.read_text() == "{}"
+
+
+def test_the_multinode_page_shows_the_committed_record():
+    """docs/multinode.md's results tables are `bench_comm.py --table` of the committed record, verbatim."""
+    done = _run(sys.executable, ROOT / "bench" / "bench_comm.py", "--table", ROOT / "bench/results/comm.json")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and done.stdout.strip() in (ROOT / "docs" / "multinode.md").read_text()
+    missing = _run(sys.executable, ROOT / "bench" / "bench_comm.py", "--table", ROOT / "no-such-record.json")
+    assert missing.returncode == 2 and "--table" in missing.stderr.splitlines()[-1]

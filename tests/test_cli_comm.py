@@ -65,14 +65,15 @@ def test_plan_time_records_the_objective_and_evaluate_reports_the_layer_time(tok
     assert mapping.shape == (2, 24) and all(set(row) == set(range(16)) for row in mapping.tolist())
 
 
-@pytest.mark.parametrize("objective", ["time", "balance"])
+@pytest.mark.parametrize("objective", [["time", "--time-guard", "0.05"], ["balance"]])
 def test_a_plan_of_one_layer_is_the_whole_plans_row_and_evaluates_alike(tmp_path, capsys, objective):
     # each layer is planned on its own tokens, and the random replica choices are seeded by the layer's id:
-    # `plan --layers 5` gives layer 5's row of the whole plan, and evaluate gives it the same figures
+    # `plan --layers 5` gives layer 5's row of the whole plan, and evaluate gives it the same figures (the
+    # default time decision pools the planned layers' windows, so there a layer alone may decide otherwise)
     path = tmp_path / "six.npz"
     write_token_trace(path, np.random.default_rng(3), layers=6)
     whole, one = tmp_path / "whole.json", tmp_path / "one.json"
-    common = ["--gpus", "8", "--nodes", "2", "--redundant", "8", "--objective", objective, "--no-progress",
+    common = ["--gpus", "8", "--nodes", "2", "--redundant", "8", "--objective", *objective, "--no-progress",
               "--format", "json"]
     run_json(capsys, ["plan", str(path), *common, "--out", str(whole)])
     run_json(capsys, ["plan", str(path), *common, "--layers", "5", "--out", str(one)])
@@ -82,6 +83,41 @@ def test_a_plan_of_one_layer_is_the_whole_plans_row_and_evaluates_alike(tmp_path
     ev_one = run_json(capsys, ["evaluate", str(one), str(path), *dynamic])
     for key in ("rdma_bytes", "dispatch_s", "compute_s", "layer_time_s"):
         assert ev_one["layers"][0][key] == pytest.approx(ev_whole["layers"][5][key], rel=1e-12)
+
+
+def test_plan_time_reports_its_decision_and_the_guard_is_an_option(token_trace, tmp_path, capsys):
+    path, _ = token_trace
+    base = ["plan", str(path), "--gpus", "8", "--nodes", "2", "--no-progress", "--format", "json"]
+    default = run_json(capsys, [*base, "--out", str(tmp_path / "d.json")])["time"]
+    assert default["decision"] == "expected" and default["min_saving"] is None
+    assert set(default["pooled"]) == {"traffic", "compute"}
+    assert all(set(p) == {"mean", "weight", "noise", "layers"} and p["layers"] == 2 for p in default["pooled"].values())
+    layers = read_plan(tmp_path / "d.json").report["layers"]
+    for row in layers:   # grouped where the expected saving is positive; two layers: their own windows' means
+        own = np.mean(row["held_out_traffic_savings"]) + np.mean(row["held_out_compute_savings"])
+        assert row["expected_saving"] == pytest.approx(own) and (row["choice"] == "grouped") == (own > 0)
+    guarded = run_json(capsys, [*base, "--time-guard", "0.05", "--out", str(tmp_path / "g.json")])["time"]
+    assert guarded["decision"] == "guard" and guarded["min_saving"] == 0.05
+    assert main([*base[:-2], "--time-guard", "0.05", "--out", str(tmp_path / "t.json")]) == 0
+    assert "on every held-out window" in capsys.readouterr().out
+    assert main([*base[:-2], "--out", str(tmp_path / "t.json")]) == 0
+    assert "expected saving over the layers" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, where", [
+    (["--objective", "balance", "--time-guard", "0.05"], "--time-guard"),
+    (["--time-guard", "5"], "--time-guard"),
+])
+def test_time_guard_bad_input_is_one_line_exit_2(token_trace, tmp_path, capsys, argv, where):
+    path, _ = token_trace
+    try:
+        code = main(["plan", str(path), "--gpus", "8", "--nodes", "2", *argv, "--out", str(tmp_path / "x.json"),
+                     "--no-progress"])
+    except SystemExit as stop:   # argparse's own check of the value
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and where in err and err.count("\n") == 1
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_distinct_nodes_per_token_is_a_direct_count(token_trace, tmp_path, capsys):

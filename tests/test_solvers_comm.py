@@ -1,6 +1,8 @@
-"""The time-objective planner (moe_place.solvers.comm): valid plans, the held-out guard (a window that
-contradicts the others), the node and GPU caps, spreading co-activated experts over a node's GPUs,
-the bound, the search's incremental state, and a trace where grouping must pay."""
+"""The time-objective planner (moe_place.solvers.comm): valid plans, the decision over the layers (the
+James-Stein estimate of each layer's expected saving, checked on a synthetic trace whose co-activation is
+known), the per-layer guard (a window that contradicts the others), the node and GPU caps, spreading
+co-activated experts over a node's GPUs, the bound, the search's incremental state, and a trace where
+grouping must pay."""
 
 import itertools
 
@@ -14,9 +16,11 @@ from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.solvers.comm import (GROUP_STRENGTH, MIN_SAVING, HeldOut, LayerTokens, NodeSearch, assemble,
-                                    balance_caps, balanced_nodes, community_nodes, cv_windows, guard,
-                                    layer_lower_bound_s, local_demand, plan_layer, plan_time, replica_nodes,
-                                    served_per_step, spread_within_nodes, traffic_savings)
+                                    balance_caps, balanced_nodes, community_nodes, compute_savings, cv_windows,
+                                    expected_savings, guard, layer_lower_bound_s, local_demand, plan_layer,
+                                    plan_time, replica_nodes, served_per_step, shrunk_means, spread_within_nodes,
+                                    traffic_savings)
+from moe_place.traces.synthetic import coactivation_trace
 
 SHAPE = ExpertShape("test", 512, 256, 16, 4, 2)
 
@@ -48,27 +52,33 @@ def layer_time(model, steps, row, layer, gpus, nodes):
     return layer_cost(model, [s[:, layer, :] for s in steps], SlotTable(row, gpus, nodes, 16), layer).layer_time_s
 
 
-@pytest.mark.parametrize("redundant, rule", [(0, "sglang-static"), (8, "sglang-static"), (8, "vllm"),
-                                             (8, "node-aware")])
-def test_time_plan_is_valid_deterministic_and_guarded(redundant, rule):
+@pytest.mark.parametrize("redundant, rule, decision", [(0, "sglang-static", "expected"), (8, "sglang-static", "expected"),
+                                                       (8, "vllm", "expected"), (8, "node-aware", "expected"),
+                                                       (8, "sglang-static", "guard")])
+def test_time_plan_is_valid_deterministic_and_decided(redundant, rule, decision):
     rng = np.random.default_rng(1)
     steps = clustered_steps(rng)
     problem = problem_for(steps, 8, 2, redundant)
     model = CommModel(default_topology(8, 2), SHAPE, replica_choice=rule)
-    first = plan_time(problem, steps, model)
-    second = plan_time(problem, steps, model)
+    first = plan_time(problem, steps, model, decision=decision)
+    second = plan_time(problem, steps, model, decision=decision)
     assert np.array_equal(first.placement.phy2log, second.placement.phy2log)
     placement = first.placement
     assert placement.phy2log.shape == (2, 16 + redundant) and not placement.allow_colocated
     Placement(placement.phy2log, 16, 8, 2)  # engine-compatible: every expert, equal slots, no co-location
     assert set(first.cv) == {"grouped", "balance"} and first.strength == GROUP_STRENGTH
+    assert first.decision == decision and (first.min_saving is None) == (decision == "expected")
+    assert set(first.pooled) == {"traffic", "compute"}
     for i, layer in enumerate(first.layers):
         assert layer.lower_bound_s <= layer.predicted_s * (1 + 1e-9)
         assert layer.predicted_s == pytest.approx(layer_time(model, steps, placement.phy2log[i], i, 8, 2))
         assert len(layer.comm_gains) == 3                       # three steps: three held-out windows
-        if layer.choice == "grouped":
-            assert min(layer.traffic_savings) > MIN_SAVING
-        else:
+        # two layers (fewer than four): each layer's own mean saving over its windows is its estimate
+        own = np.mean(layer.traffic_savings) + np.mean(layer.compute_savings)
+        assert layer.expected_saving == pytest.approx(own)
+        grouped = min(layer.traffic_savings) > MIN_SAVING if decision == "guard" else own > 0
+        assert (layer.choice == "grouped") == grouped
+        if layer.choice == "balance":
             assert np.array_equal(placement.phy2log[i], first.balance.phy2log[i])
 
 
@@ -90,12 +100,12 @@ def test_grouping_pays_on_a_clustered_trace_in_and_out_of_sample():
         assert grouped.layer_time_s < base.layer_time_s
 
 
-def test_a_layer_that_grouping_does_not_help_keeps_the_balance_plan():
+def test_a_layer_that_grouping_does_not_help_keeps_the_balance_plan_under_the_guard():
     rng = np.random.default_rng(3)
     # uniform random routing: co-activation carries no signal; whatever the windows say, the guard holds
     steps = [rng.permuted(np.tile(np.arange(16), (200, 1)), axis=1)[:, None, :4] for _ in range(3)]
     problem = problem_for(steps, 8, 2)
-    result = plan_time(problem, steps, CommModel(default_topology(8, 2), SHAPE))
+    result = plan_time(problem, steps, CommModel(default_topology(8, 2), SHAPE), decision="guard")
     for i, layer in enumerate(result.layers):
         if layer.choice == "balance":
             assert np.array_equal(result.placement.phy2log[i], result.balance.phy2log[i])
@@ -224,24 +234,29 @@ def misleading_steps(rng, tokens=160):
     return out
 
 
-def test_a_layer_whose_gain_one_window_contradicts_keeps_the_balance_plan():
+def test_a_layer_whose_gain_one_window_contradicts_keeps_the_balance_plan_under_the_guard():
     rng = np.random.default_rng(11)
     steps = misleading_steps(rng)
     problem = problem_for(steps, 8, 4)
     model = CommModel(default_topology(8, 4), SHAPE)
-    result = plan_time(problem, steps, model)
+    result = plan_time(problem, steps, model, decision="guard")
     consistent, misled = result.layers
     assert consistent.choice == "grouped" and min(consistent.comm_gains) > 0
     assert min(misled.comm_gains[:2]) > 0 > misled.comm_gains[2]      # wins on two windows, loses on the third
     assert misled.choice == "balance"
     assert np.array_equal(result.placement.phy2log[1], result.balance.phy2log[1])
+    # the default weighs the loss against the wins: 40% and 42% saved, 15% lost, an expected saving of +22%
+    default = plan_time(problem, steps, model)
+    assert default.layers[1].windows == misled.windows
+    assert default.layers[1].expected_saving == pytest.approx(np.mean(misled.traffic_savings))   # compute: equal
+    assert default.layers[1].expected_saving > 0 and default.layers[1].choice == "grouped"
 
 
 
-def test_a_layer_whose_windows_agree_on_a_small_saving_keeps_the_balance_plan():
+def test_the_guard_keeps_a_layer_whose_windows_agree_on_a_small_saving_the_default_groups_it():
     # 6% of the tokens pick a whole quartet, the others four random experts: grouping the quartets saves a
-    # little traffic on every window (1-2% of the layer time), less than the chance in the compute that a
-    # new batch brings, so the layer keeps the balance-only plan (the rule before the bar grouped it)
+    # little traffic on every window (1-2% of the layer time): under the guard's 5% bar the layer keeps the
+    # balance-only plan; the default groups it, the saving being expected and the compute equal
     rng = np.random.default_rng(5)
     quartets = rng.permutation(16).reshape(4, 4)
     steps = []
@@ -251,36 +266,111 @@ def test_a_layer_whose_windows_agree_on_a_small_saving_keeps_the_balance_plan():
             ids[t, 0] = (rng.permutation(quartets[rng.integers(4)]) if rng.random() < 0.06
                          else rng.choice(16, 4, replace=False))
         steps.append(ids)
-    result = plan_time(problem_for(steps, 8, 4), steps, CommModel(default_topology(8, 4), SHAPE))
+    model = CommModel(default_topology(8, 4), SHAPE)
+    result = plan_time(problem_for(steps, 8, 4), steps, model, decision="guard")
     (layer,) = result.layers
     assert 0 < min(layer.traffic_savings) and max(layer.traffic_savings) < MIN_SAVING
     assert guard(layer.windows, layer.balance_windows, min_saving=0.0)     # every window agrees it saves ...
-    assert layer.choice == "balance"                                        # ... too little to pay for the risk
+    assert layer.choice == "balance"                                        # ... too little for the bar
     assert np.array_equal(result.placement.phy2log[0], result.balance.phy2log[0])
-    lower = plan_time(problem_for(steps, 8, 4), steps, CommModel(default_topology(8, 4), SHAPE), min_saving=0.0)
+    lower = plan_time(problem_for(steps, 8, 4), steps, model, decision="guard", min_saving=0.0)
     assert lower.layers[0].choice == "grouped" and lower.layers[0].windows == layer.windows
     assert (result.min_saving, lower.min_saving) == (MIN_SAVING, 0.0)   # the bar the guard used, reported
-    unguarded = plan_time(problem_for(steps, 8, 4), steps, CommModel(default_topology(8, 4), SHAPE), strength=0)
-    assert unguarded.min_saving is None
+    default = plan_time(problem_for(steps, 8, 4), steps, model)
+    assert default.decision == "expected" and default.min_saving is None
+    assert default.layers[0].expected_saving > 0 and default.layers[0].choice == "grouped"
+    assert np.array_equal(default.placement.phy2log, lower.placement.phy2log)   # the same rows
+    unguarded = plan_time(problem_for(steps, 8, 4), steps, model, strength=0)
+    assert unguarded.min_saving is None and unguarded.decision is None
     for bad in (-0.1, 1.0, float("nan")):
         with pytest.raises(InputError, match="min_saving"):
-            plan_time(problem_for(steps, 8, 4), steps, CommModel(default_topology(8, 4), SHAPE), min_saving=bad)
+            plan_time(problem_for(steps, 8, 4), steps, model, decision="guard", min_saving=bad)
+    with pytest.raises(InputError, match="decision"):
+        plan_time(problem_for(steps, 8, 4), steps, model, decision="hindsight")
+
+
+def test_shrunk_means_pool_what_the_layers_cannot_tell_apart():
+    # fewer than four layers: each layer's own mean, nothing pooled
+    own, pool = shrunk_means(np.array([[0.1, 0.3], [0.5, 0.7]]))
+    assert own == pytest.approx([0.2, 0.6]) and (pool.weight, pool.layers) == (1.0, 2)
+    # five layers, two windows each, every window 0.1 off its layer's mean: noise = 0.01 * 2 / 2 = 0.01 (the
+    # variance of a two-window mean); the layer means 0, 0.1, 0.2, 0.3, 0.4 spread 0.1 around 0.2, so the
+    # James-Stein factor is 1 - (5 - 3) * 0.01 / 0.1 = 0.8: each layer keeps 80% of its distance to 0.2
+    means = np.array([0.0, 0.1, 0.2, 0.3, 0.4])
+    values = np.stack([means - 0.1, means + 0.1], axis=1)
+    shrunk, pool = shrunk_means(values)
+    assert pool.mean == pytest.approx(0.2) and pool.noise == pytest.approx(0.01) and pool.weight == pytest.approx(0.8)
+    assert shrunk == pytest.approx(0.2 + 0.8 * (means - 0.2))
+    # layers that differ less than their windows' noise: all get the mean over the layers
+    noisy = np.stack([means / 10 - 1.0, means / 10 + 1.0], axis=1)
+    shrunk, pool = shrunk_means(noisy)
+    assert pool.weight == 0.0 and shrunk == pytest.approx(np.full(5, 0.02))
+    # windows that agree exactly: each layer keeps its own mean
+    shrunk, pool = shrunk_means(np.stack([means, means], axis=1))
+    assert pool.weight == 1.0 and shrunk == pytest.approx(means)
+
+
+def test_expected_savings_add_the_pooled_traffic_and_compute_savings():
+    balance = (HeldOut(10.0, 10.0), HeldOut(10.0, 10.0))
+    # four layers; traffic saves 1, 2, 3, 4 (of 20) on both windows, compute loses 1 on one window, gains 1 on
+    # the other for every layer (pure noise: pooled to its mean, 0)
+    evidence = [((HeldOut(10.0 - t, 11.0), HeldOut(10.0 - t, 9.0)), balance) for t in (1.0, 2.0, 3.0, 4.0)]
+    estimate, pooled = expected_savings(evidence)
+    assert pooled["traffic"].weight == 1.0 and pooled["compute"].weight == 0.0
+    assert pooled["compute"].mean == pytest.approx(0.0)
+    assert estimate == pytest.approx(np.array([1.0, 2.0, 3.0, 4.0]) / 20)
+    assert compute_savings(*evidence[0]) == pytest.approx((-0.05, 0.05))
+
+
+def test_the_decision_on_a_synthetic_trace_whose_co_activation_is_known():
+    # 8 layers: four where each token's experts come from its topic's cluster (cohesion 0.9), four where nothing
+    # fires together (0); the topic mix and the hot experts drift. Planned on 4 steps, judged on the next 4:
+    # the clustered layers are grouped and save; the whole model is faster than the balance-only plan
+    trace, clusters = coactivation_trace(8, 256, 8, 32, 4, 4, [0.9] * 4 + [0.0] * 4, topic_persistence=2.0,
+                                         expert_persistence=2.0, seed=0)
+    steps = [np.asarray(s, dtype=np.int64) for s in trace.topk_ids]
+    train, test = steps[:4], steps[4:]
+    loads = np.stack([sum(np.bincount(s[:, i].ravel(), minlength=32) for s in train) for i in range(8)]).astype(float)
+    problem = PlacementProblem(loads, 8, 32, num_nodes=2)
+    model = CommModel(default_topology(8, 2), SHAPE)
+    result = plan_time(problem, train, model)
+    assert [layer.choice for layer in result.layers[:4]] == ["grouped"] * 4
+    assert result.pooled["traffic"].layers == 8 and 0 <= result.pooled["traffic"].weight <= 1
+
+    def whole(rows):
+        return sum(layer_cost(model, [s[:, i] for s in test], SlotTable(rows[i], 8, 2, 32), i).layer_time_s
+                   for i in range(8))
+
+    assert whole(result.placement.phy2log) < whole(result.balance.phy2log)
+    tokens_nodes = []
+    for i in range(4):   # grouped layers: a token visits fewer nodes than the balance-only plan sends it to
+        for rows in (result.placement.phy2log, result.balance.phy2log):
+            tokens_nodes.append(layer_cost(model, [s[:, i] for s in test], SlotTable(rows[i], 8, 2, 32),
+                                           i).distinct_nodes_per_token)
+    assert all(a < b for a, b in zip(tokens_nodes[::2], tokens_nodes[1::2]))
 
 
 @pytest.mark.parametrize("redundant", [0, 8])
 def test_each_layer_is_planned_alone(redundant):
     # planning one layer alone (its id kept: SGLang's fair draw of replicas is seeded by the layer's id)
-    # gives the row, choice and held-out figures the whole model's plan has for it
+    # gives the rows and held-out figures the whole model's plan has for it; the guard's choice too (the
+    # default's choice pools the planned layers' windows: alone, a layer has only its own)
     rng = np.random.default_rng(11)
     steps = misleading_steps(rng)
     model = CommModel(default_topology(8, 4), SHAPE)
-    whole = plan_time(problem_for(steps, 8, 4, redundant), steps, model)
-    for i in range(2):
-        part = [s[:, i:i + 1, :] for s in steps]
-        alone = plan_time(problem_for(part, 8, 4, redundant, layer_ids=(i,)), part, model)
-        assert alone.layers[0].choice == whole.layers[i].choice
-        assert alone.layers[0].windows == whole.layers[i].windows
-        assert np.array_equal(alone.placement.phy2log[0], whole.placement.phy2log[i])
+    for decision in ("guard", "expected"):
+        whole = plan_time(problem_for(steps, 8, 4, redundant), steps, model, decision=decision)
+        ungated = plan_time(problem_for(steps, 8, 4, redundant), steps, model, strength=0)
+        for i in range(2):
+            part = [s[:, i:i + 1, :] for s in steps]
+            alone = plan_time(problem_for(part, 8, 4, redundant, layer_ids=(i,)), part, model, decision=decision)
+            assert alone.layers[0].windows == whole.layers[i].windows
+            if decision == "guard":
+                assert alone.layers[0].choice == whole.layers[i].choice
+                assert np.array_equal(alone.placement.phy2log[0], whole.placement.phy2log[i])
+            rows = ungated if alone.layers[0].choice == "grouped" else whole
+            expected = rows.placement.phy2log[i] if rows is ungated else whole.balance.phy2log[i]
+            assert np.array_equal(alone.placement.phy2log[0], expected)
 
 
 def test_within_cap_lowers_the_rows_over_the_node_cap_and_the_search_never_raises_them():
@@ -359,3 +449,13 @@ def test_spread_within_nodes_with_replicas_keeps_a_valid_plan_and_never_raises_t
     for n in range(2):
         assert sorted(spread[n * 12:(n + 1) * 12].tolist()) == sorted(row[n * 12:(n + 1) * 12].tolist())
     assert shared(spread) <= shared(row) + 1e-12
+
+
+def test_a_time_limit_that_runs_out_keeps_the_balance_plan_and_says_so():
+    rng = np.random.default_rng(15)
+    steps = clustered_steps(rng)
+    problem = problem_for(steps, 8, 2)
+    result = plan_time(problem, steps, CommModel(default_topology(8, 2), SHAPE), time_limit_s=1e-9)
+    assert np.array_equal(result.placement.phy2log, result.balance.phy2log)
+    assert all(layer.choice == "balance" and layer.expected_saving is None for layer in result.layers)
+    assert len(result.notes) == 1 and "time limit" in result.notes[0]

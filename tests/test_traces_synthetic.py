@@ -101,3 +101,38 @@ def test_deepseek_r1_like_calibration(seed):
     assert abs(np.median(expert_ratio) - 12) < 3
     # the top 32 of 256 experts take 25-50% of the load (every layer)
     assert top32.min() >= 0.25 and top32.max() <= 0.50
+
+
+def test_coactivation_trace_keeps_a_token_in_its_cluster_as_its_cohesion_says():
+    # 3 layers at cohesion 1, 0.5 and 0: a token's k experts from its topic's cluster, half, and anywhere
+    trace, clusters = S.coactivation_trace(4, 600, 3, 32, 4, 4, [1.0, 0.5, 0.0], seed=3)
+    again, same = S.coactivation_trace(4, 600, 3, 32, 4, 4, [1.0, 0.5, 0.0], seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(trace.topk_ids, again.topk_ids)) and np.array_equal(clusters, same)
+    assert (trace.num_layers, trace.num_experts, trace.top_k, trace.num_steps) == (3, 32, 4, 4)
+    assert clusters.shape == (3, 32) and all(np.bincount(c).tolist() == [8] * 4 for c in clusters)
+    ids = np.concatenate(trace.topk_ids)                                   # [tokens, layers, k]
+    ordered = np.sort(ids, axis=2)
+    assert (ordered[:, :, 1:] != ordered[:, :, :-1]).all()                 # k distinct experts
+    topic = clusters[0][ids[:, 0, 0]]                                      # layer 0 names each token's topic
+    assert (clusters[0][ids[:, 0, :]] == topic[:, None]).all()             # cohesion 1: all in the cluster
+    assert (clusters[2][ids[:, 2, :]] == topic[:, None]).mean() == pytest.approx(0.25, abs=0.05)   # 0: by chance
+    half = (clusters[1][ids[:, 1, :]] == topic[:, None]).mean()            # 0.5 + 0.5 * (about a quarter)
+    assert 0.5 < half < 0.75
+
+
+def test_coactivation_trace_drift_moves_the_hot_cluster_and_the_hot_experts():
+    # persistence 1: the topic mix and the experts' weights change from step to step; a long persistence keeps them
+    def shares(persistence):
+        trace, _ = S.coactivation_trace(6, 2000, 1, 32, 4, 4, 1.0, topic_spread=2.0, topic_persistence=persistence,
+                                        expert_persistence=persistence, seed=0)
+        loads = np.stack([np.bincount(s[:, 0].ravel(), minlength=32) for s in trace.topk_ids]) / (2000 * 4)
+        return np.abs(np.diff(loads, axis=0)).sum(axis=1).mean()
+    assert shares(1.0) > 2 * shares(1000.0)
+    with pytest.raises(InputError, match="num_clusters"):
+        S.coactivation_trace(1, 10, 1, 30, 2, 4, 0.5)
+    with pytest.raises(InputError, match="top_k"):
+        S.coactivation_trace(1, 10, 1, 32, 9, 4, 0.5)
+    with pytest.raises(InputError, match="cohesion"):
+        S.coactivation_trace(1, 10, 2, 32, 2, 4, [0.5, 1.5])
+    with pytest.raises(InputError, match="persistence"):
+        S.coactivation_trace(1, 10, 1, 32, 2, 4, 0.5, topic_persistence=0.0)

@@ -271,6 +271,63 @@ def domain_mixture_trace(num_steps: int, tokens_per_step: int, num_layers: int, 
                     token_level, model=model, source=f"synthetic:domain-mixture d={num_domains} drift={drift}")
 
 
+# ---------------------------------------------------------------------- co-activation (experts that fire together)
+def coactivation_trace(num_steps: int, tokens_per_step: int, num_layers: int, num_experts: int, top_k: int,
+                       num_clusters: int, cohesion: float | np.ndarray, topic_spread: float = 1.0,
+                       topic_persistence: float = 8.0, expert_skew: float = 0.5, expert_persistence: float = 8.0,
+                       seed: int = 0) -> tuple[Trace, np.ndarray]:
+    """(Trace, int64 `[layers, experts]` cluster of each expert): routing with a known co-activation structure.
+
+    Each layer's experts form `num_clusters` clusters of `E / num_clusters` (a random partition per
+    layer, scrambled ids). Each token has a topic, one of the clusters, the same at every layer
+    (its data's topic), drawn from the topic popularity of its step. At a layer of cohesion `c`,
+    the token's k distinct experts are drawn without replacement (Gumbel top-k) from
+    `c * [e in its topic's cluster] * w_e / w(cluster) + (1 - c) * w_e / w(all)`: with `c = 1` all
+    inside its cluster, with `c = 0` no co-activation at all. Drift, stationary: the topic logits
+    are Gaussian with standard deviation `topic_spread` at every step, each step's correlated with
+    the previous one's by `exp(-1 / topic_persistence)` (an AR(1) process: which cluster is hot
+    changes over about `topic_persistence` steps, around a fixed law); the expert log-weights
+    `log w` likewise with `expert_skew` and `expert_persistence` (which expert of a cluster is hot).
+    cohesion: a share in [0, 1], scalar or `[layers]`. Same seed, same trace and clusters.
+    The best node split is known: the clusters, whole, `num_clusters / N` per node.
+    """
+    _check(num_steps >= 1, "num_steps", "an integer >= 1", num_steps)
+    _check(tokens_per_step >= 1, "tokens_per_step", "an integer >= 1", tokens_per_step)
+    _check(num_clusters >= 1 and num_experts % num_clusters == 0, "num_clusters",
+           f"a divisor of the {num_experts} experts", num_clusters)
+    _check(1 <= top_k <= num_experts // num_clusters, "top_k", f"in [1, {num_experts // num_clusters}] (a cluster's "
+           "experts)", top_k)
+    _check(topic_persistence > 0 and expert_persistence > 0, "persistence", "a number of steps > 0",
+           (topic_persistence, expert_persistence))
+    cohesion = np.broadcast_to(np.asarray(cohesion, dtype=np.float64), (num_layers,))
+    _check(bool(((cohesion >= 0) & (cohesion <= 1)).all()), "cohesion", "shares in [0, 1]", cohesion.tolist())
+    rng = np.random.default_rng([seed, 3])
+    size = num_experts // num_clusters
+    clusters = np.stack([rng.permutation(num_experts) // size for _ in range(num_layers)])   # [layers, E]
+    member = clusters[:, None, :] == np.arange(num_clusters)[None, :, None]                 # [layers, C, E]
+    topics = topic_spread * rng.standard_normal(num_clusters)
+    log_w = expert_skew * rng.standard_normal((num_layers, num_experts))
+    dtype = np.int16 if num_experts <= np.iinfo(np.int16).max else np.int32
+    draws = []
+    for _ in range(num_steps):
+        w = np.exp(log_w - log_w.max(axis=1, keepdims=True))                               # [layers, E]
+        inside = np.where(member, w[:, None, :], 0.0)
+        inside /= inside.sum(axis=2, keepdims=True)                                        # [layers, C, E]
+        probs = (cohesion[:, None, None] * inside
+                 + (1 - cohesion[:, None, None]) * (w / w.sum(axis=1, keepdims=True))[:, None, :])
+        popularity = np.exp(topics - topics.max())
+        topic = rng.choice(num_clusters, tokens_per_step, p=popularity / popularity.sum())  # [tokens]
+        keys = np.log(np.maximum(probs[:, topic, :], 1e-300)) + rng.gumbel(size=(num_layers, tokens_per_step,
+                                                                                 num_experts))
+        chosen = np.argpartition(-keys, top_k - 1, axis=2)[:, :, :top_k]                   # [layers, tokens, k]
+        draws.append(chosen.transpose(1, 0, 2).astype(dtype))
+        topics = _ar1_step(topics, topic_spread, topic_persistence, rng)
+        log_w = _ar1_step(log_w, expert_skew, expert_persistence, rng)
+    meta = TraceMeta(num_experts=num_experts, top_k=top_k, layer_ids=tuple(range(num_layers)), model="synthetic",
+                     source=f"synthetic:coactivation clusters={num_clusters} seed={seed}", dtype=str(draws[0].dtype))
+    return Trace(meta, topk_ids=tuple(draws)), clusters
+
+
 # ---------------------------------------------------------------------- DeepSeek-R1 preset
 # Calibrated against the published DeepSeek-R1 figures in traces/data/PROVENANCE.md (see
 # tests/test_traces_synthetic.py::test_deepseek_r1_like_calibration for the tolerances).
@@ -304,6 +361,12 @@ def _domain_weights_shared(num_domains: int, num_layers: int, num_experts: int, 
     _check(0 <= shared < 1, "shared", "in [0, 1)", shared)
     weights = domain_weights(num_domains + 1, num_layers, num_experts, skew, rng, hot_factor)
     return (1 - shared) * weights[1:] + shared * weights[:1]
+
+
+def _ar1_step(x: np.ndarray, spread: float, persistence: float, rng: np.random.Generator) -> np.ndarray:
+    """One step of a stationary AR(1) process of standard deviation `spread` and correlation time `persistence`."""
+    keep = np.exp(-1.0 / persistence)
+    return keep * x + np.sqrt(1.0 - keep * keep) * spread * rng.standard_normal(x.shape)
 
 
 def _normalise(w: np.ndarray) -> np.ndarray:

@@ -77,7 +77,13 @@ def print_report(report: dict, fmt: str, header: str = "") -> None:
                      f"{t['lower_bound_s'] * 1e3:.4f} ms; grouping strength {t['strength']} "
                      f"({t['layers_grouped']} of {len(report['layers'])} layers grouped"
                      + (f": those whose dispatch + combine saved more than {t['min_saving']:.0%} of the layer time "
-                        f"on every held-out window" if t.get("min_saving") is not None else "") + ")")
+                        f"on every held-out window" if t.get("min_saving") is not None else
+                        ": those whose expected saving over the layers' held-out windows is positive"
+                        if t.get("decision") == "expected" else "") + ")")
         if cv:
-            lines.append("held-out time of the guard's windows (ms): " + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in cv.items()))
+            lines.append("held-out time of the windows (ms): " + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in cv.items()))
+        if t.get("pooled"):
+            lines.append("expected saving over the layers (share of the layer time): " + ", ".join(
+                f"{part} {p['mean']:+.2%} (each layer's own windows kept at {p['weight']:.2f})"
+                for part, p in t["pooled"].items()))
     sys.stdout.write("\n".join(lines) + "\n")

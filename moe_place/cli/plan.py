@@ -8,7 +8,7 @@ import sys
 from moe_place.cli.options import (add_out_argument, add_progress_option, add_sizing_arguments, add_steps_option,
                                    add_time_model_arguments, add_trace_options, jobs, json_file, layer_selection,
                                    non_negative_float, non_negative_int, positive_byte_size, positive_float,
-                                   positive_int, redundant_count)
+                                   positive_int, redundant_count, share_below_one)
 from moe_place.cli.output import print_report, wrote
 from moe_place.cores import usable_cores
 from moe_place.errors import InputError
@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "windows of the trace say it pays (moe_place.solvers.comm); default: time for a "
                              "token-level trace on --nodes > 1 (not with --redundant auto), else balance")
     add_time_model_arguments(parser)
+    parser.add_argument("--time-guard", type=share_below_one, metavar="BAR",
+                        help="with --objective time: group a layer only where its dispatch + combine save more than "
+                             "BAR (a share of the balance-only layer time, e.g. 0.05) on every held-out window of the "
+                             "trace, instead of where the expected saving over all layers is positive (the default); "
+                             "keeps parts of the model near the balance-only plan at the cost of most of the "
+                             "whole-model gain (docs/multinode.md)")
     parser.add_argument("--solver", default="auto", metavar="NAME",
                         help=f"one of {', '.join(SOLVER_CHOICES)} (default auto: fast, then CP-SAT where --time-limit "
                              "leaves room)")
@@ -103,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
     problem, trace, options = build_problem(args, current_plan, trace)
     objective = args.objective or ("time" if trace.is_token_level and args.nodes > 1 and sizing is None else "balance")
     options["objective"] = objective
+    if args.time_guard is not None and objective != "time":
+        raise InputError("--time-guard", "--objective time (the guard decides which layers the time plan groups)")
     if objective == "time":
         options["topology_spec"] = args.topology  # the --topology given (None: the default), for evaluate
         return plan_for_time(args, problem, trace, options)

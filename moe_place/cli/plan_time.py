@@ -32,7 +32,10 @@ def plan_for_time(args: argparse.Namespace, problem, trace, options: dict) -> in
     model = time_model_from_args(args, problem.num_gpus, problem.num_nodes, trace.meta.model, required=True,
                                  seed=args.seed)
     steps = list(trace.topk_ids)
-    result = plan_time(problem, steps, model, args.time_limit, progress=not args.no_progress)
+    guarded = args.time_guard is not None
+    result = plan_time(problem, steps, model, args.time_limit, progress=not args.no_progress,
+                       decision="guard" if guarded else "expected",
+                       **({"min_saving": args.time_guard} if guarded else {}))
     for note in result.notes:
         print(f"plan: note: {note}", file=sys.stderr)
     rows = []
@@ -47,13 +50,16 @@ def plan_for_time(args: argparse.Namespace, problem, trace, options: dict) -> in
                      "balance_held_out_s": layer.balance_held_out_s,
                      "held_out_comm_gains": list(layer.comm_gains), "held_out_layer_gains": list(layer.layer_gains),
                      "held_out_traffic_savings": list(layer.traffic_savings),
+                     "held_out_compute_savings": list(layer.compute_savings),
+                     "expected_saving": layer.expected_saving,
                      "replicas": layer.replica_status})
     predicted = sum(r["predicted_time_s"] for r in rows)
     report = {"objective": "time", "solver": "time", "status": "heuristic", "wall_s": round(result.wall_s, 6),
               "split": args.split, "layers": rows,
               "time": {"model": model.describe(), "strength": result.strength, "cv_held_out_s": result.cv,
                        "layers_grouped": sum(r["choice"] == "grouped" for r in rows),
-                       "min_saving": result.min_saving,
+                       "decision": result.decision, "min_saving": result.min_saving,
+                       "pooled": {part: pool.to_dict() for part, pool in result.pooled.items()},
                        "predicted_layer_time_s": predicted,
                        "balance_predicted_layer_time_s": sum(r["balance_predicted_time_s"] for r in rows),
                        "lower_bound_s": sum(r["time_lower_bound_s"] for r in rows),
