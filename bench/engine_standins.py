@@ -42,8 +42,11 @@ Each stand-in is shaped like the engine's own call path, written from its source
     step and the per-replica loads packed onto GPUs); SGLang's torch gives float32, as `eplb.py`;
   * vLLM orders items by numpy's default (unstable) `argsort`, SGLang by torch's default sort, on the
     loads in those dtypes; vLLM then reorders each GPU's slots so that experts it keeps stay in place
-    (`preserve_intragpu_slots`, which `moe_place.placement.keep_unchanged_slots` mirrors).
-  The tests check these against outputs of the real policies (`tests/data/make_engine_default_expected.py`).
+    (`preserve_intragpu_slots`, which `moe_place.placement.keep_unchanged_slots` mirrors). numpy's
+    `argsort` orders equal loads by the CPU's features (AVX-512, AVX2, baseline each their own way), so
+    vLLM's map of a window with equal loads depends on the CPU; torch's CPU sort does not.
+  The tests check these against outputs of the real policies (`tests/data/make_engine_default_expected.py`),
+  vLLM's with the orders its own sort returned there replayed (`order`).
 - `standin_vllm_modules()` / `standin_sglang_modules()`: module trees named like the engines' (the
   policy registry `vllm.distributed.eplb.policy.EPLB_POLICIES` with `AbstractEplbPolicy` annotated as
   0.33's, returning `phy2log` only; `sglang.srt.eplb.eplb_algorithms.rebalance_experts` and
@@ -72,9 +75,10 @@ SGLANG_VERSION = "0.5.23"
 
 
 # ---------------------------------------------------------------------- the engines' default policies
-def _pack(weight: np.ndarray, num_packs: int, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pack(weight: np.ndarray, num_packs: int, sort) -> tuple[np.ndarray, np.ndarray]:
     """Greedy packing into packs of exactly `n / num_packs` items with float64 pack loads, items taken in
-    `order` (int `[rows, n]`). Returns `(pack_index, rank_in_pack)`, int64 `[rows, n]`.
+    the order `sort(weight)` gives (descending; not called with one item per pack, as in both engines).
+    Returns `(pack_index, rank_in_pack)`, int64 `[rows, n]`.
 
     The packing step of `moe_place.solvers.deepseek.balanced_packing` with both engines' float64
     accumulation (that one accumulates in float32, as DeepSeek's `eplb.py`).
@@ -84,6 +88,7 @@ def _pack(weight: np.ndarray, num_packs: int, order: np.ndarray) -> tuple[np.nda
     if per_pack == 1:
         pack_index = np.broadcast_to(np.arange(items, dtype=np.int64), (rows, items)).copy()
         return pack_index, np.zeros((rows, items), np.int64)
+    order = sort(weight)
     pack_load = np.zeros((rows, num_packs), dtype=np.float64)
     pack_items = np.zeros((rows, num_packs), dtype=np.int64)
     pack_index = np.full((rows, items), -1, dtype=np.int64)
@@ -108,23 +113,25 @@ def _torch_order(values: np.ndarray) -> np.ndarray:
 
 
 def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
-                flavour: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                flavour: str, order=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """DeepSeek EPLB's hierarchical steps with an engine's arithmetic (`flavour` "vllm" or "sglang", module note).
 
     weight: `[layers, E]` loads, taken as float32 (both engines call `.float()`). Pass `num_groups =
-    num_nodes = 1` for the global policy. Returns `phy2log` int64 `[layers, P]`, `replica_rank` int64
-    `[layers, P]` (0 for an expert's first replica) and `logcnt` int64 `[layers, E]`.
+    num_nodes = 1` for the global policy. order: the descending sort of the packing steps, `values
+    [rows, n]` -> indices (default the engine's own: numpy's `argsort` of the negated values, or torch's
+    sort), which orders equal values as this machine's sort does. Returns `phy2log` int64 `[layers, P]`,
+    `replica_rank` int64 `[layers, P]` (0 for an expert's first replica) and `logcnt` int64 `[layers, E]`.
     """
     weight = np.asarray(weight, dtype=np.float32)
     layers, experts = weight.shape
     group_size, groups_per_node = experts // num_groups, num_groups // num_nodes
     slots_per_gpu, per_node = num_replicas // num_gpus, experts // num_nodes
     vllm = flavour == "vllm"
-    order = _numpy_order if vllm else _torch_order
+    order = order or (_numpy_order if vllm else _torch_order)
     # step 1: groups to nodes (group sums in float32: numpy's for vLLM, torch's for SGLang)
     group_load = (weight.reshape(layers, num_groups, group_size).sum(axis=-1) if vllm else
                   torch.from_numpy(weight).unflatten(-1, (num_groups, group_size)).sum(-1).numpy())
-    group_node, group_rank = _pack(group_load, num_nodes, order(group_load))
+    group_node, group_rank = _pack(group_load, num_nodes, order)
     log2node_log = (((group_node * groups_per_node + group_rank) * group_size)[..., None]
                     + np.arange(group_size)).reshape(layers, experts)
     node_log2log = _inverse(log2node_log)
@@ -135,7 +142,7 @@ def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_node
     # step 3: the node's replicas onto its GPUs
     replica_load = np.take_along_axis(node_load / (node_logcnt if vllm else node_logcnt.astype(np.float32)),
                                       phy2node_log, axis=1)
-    gpu, rank_in_gpu = _pack(replica_load, num_gpus // num_nodes, order(replica_load))
+    gpu, rank_in_gpu = _pack(replica_load, num_gpus // num_nodes, order)
     slot2phy = _inverse(gpu * slots_per_gpu + rank_in_gpu)
     slot2node_log = np.take_along_axis(phy2node_log, slot2phy, axis=1)
     slot2node_log = (slot2node_log.reshape(layers, num_nodes, -1)
@@ -147,12 +154,13 @@ def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_node
 
 
 def vllm_default_policy(weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
-                        old_global_expert_indices=None) -> torch.Tensor:
-    """vLLM 0.33's `DefaultEplbPolicy.rebalance_experts` (module note): `phy2log` int64 `[layers, P]`."""
+                        old_global_expert_indices=None, *, order=None) -> torch.Tensor:
+    """vLLM 0.33's `DefaultEplbPolicy.rebalance_experts` (module note): `phy2log` int64 `[layers, P]`.
+    order: the packing steps' sort (`engine_eplb`; the tests replay the orders vLLM's own sort returned)."""
     loads = weight.float().cpu().numpy() if hasattr(weight, "float") else np.asarray(weight, dtype=np.float32)
     hierarchical = num_groups % num_nodes == 0
     phy2log, _, _ = engine_eplb(loads, num_replicas, num_groups if hierarchical else 1,
-                                num_nodes if hierarchical else 1, num_ranks, "vllm")
+                                num_nodes if hierarchical else 1, num_ranks, "vllm", order)
     if old_global_expert_indices is not None and num_ranks > 0 and num_replicas % num_ranks == 0:
         old = np.asarray(old_global_expert_indices.cpu().numpy() if hasattr(old_global_expert_indices, "cpu")
                          else old_global_expert_indices)

@@ -11,6 +11,7 @@ The drift test judges expert-layer time plus migration on the cost model; the po
 the issue counts too, is judged by `bench/bench_engines.py` only (tests assert no timings).
 """
 
+import hashlib
 import importlib.util
 import json
 import subprocess
@@ -53,50 +54,129 @@ def _no_env(monkeypatch):
 
 
 # ---------------------------------------------------------------------- the stand-in defaults vs the real ones
+# Equal loads are ordered by the engines' unstable sorts. vLLM's is numpy's `argsort`, which orders them
+# by the CPU's features (AVX-512, AVX2 and the baseline each their own way; the golden file holds vLLM's
+# maps from all three, made on one machine with NPY_DISABLE_CPU_FEATURES): the vLLM comparison replays the
+# order vLLM's own sort returned for each case, after checking that the stand-in sorts the very values
+# vLLM sorted, so it holds on every CPU and checks everything but the CPU's choice among equal keys.
+# SGLang's is torch's sort, whose CPU order does not depend on the features (the generator checks that
+# under each ATEN_CPU_CAPABILITY): its tie cases run where torch orders a tied probe as the file says.
 def _golden(engine: str):
-    data = np.load(DATA / ("vllm_default_expected.npz" if engine == "vllm" else "sglang_deepseek_expected.npz"))
+    return np.load(DATA / ("vllm_default_expected.npz" if engine == "vllm" else "sglang_deepseek_expected.npz"))
+
+
+def _torch_ties_alike(data) -> bool:
     probe = (np.arange(96) * 7 % 5).astype(np.float32)
-    same_ties = (np.array_equal(np.argsort(-probe), data["meta/argsort_probe"]) if engine == "vllm" else
-                 np.array_equal(torch.from_numpy(probe).sort(descending=True).indices.numpy(),
-                                data["meta/torch_sort_probe"]))
-    return data, same_ties
+    return np.array_equal(torch.from_numpy(probe).sort(descending=True).indices.numpy(), data["meta/torch_sort_probe"])
 
 
-def _cases(data, same_ties):
+def _cases(data, skip_ties: bool = False):
+    """(case, weight, (replicas, groups, nodes, gpus), old); `case@variant` takes the inputs of `case`."""
     for case in (str(c) for c in data["meta/cases"]):
-        if case.startswith("ties") and not same_ties:
-            continue  # this machine's sort orders equal loads otherwise than the one that made the file
-        replicas, groups, nodes, gpus = (int(v) for v in data[f"{case}/args"])
-        yield case, data[f"{case}/weight"], (replicas, groups, nodes, gpus), data[f"{case}/old"]
+        if skip_ties and case.startswith("ties"):
+            continue
+        base = case.split("@")[0]
+        replicas, groups, nodes, gpus = (int(v) for v in data[f"{base}/args"])
+        yield case, data[f"{base}/weight"], (replicas, groups, nodes, gpus), data[f"{base}/old"]
+
+
+def _keys_digest(keys: np.ndarray) -> str:   # as tests/data/make_engine_default_expected.py records them
+    keys = np.ascontiguousarray(keys)
+    return hashlib.sha256(f"{keys.dtype.str}{keys.shape}".encode() + keys.tobytes()).hexdigest()
+
+
+def has_ties(keys: np.ndarray) -> bool:
+    """The tie probe: some row of what is sorted holds two equal values (its order may differ by CPU)."""
+    ordered = np.sort(keys, axis=-1)
+    return bool((ordered[..., 1:] == ordered[..., :-1]).any())
+
+
+class ReplayedSort:
+    """The stand-in's sort for one golden case: checks that it sorts what vLLM's `balanced_packing` sorted
+    (digest of the negated values), then returns the order vLLM's `argsort` returned there, or, where no
+    row held equal keys (no order stored), this machine's own order, the only descending one."""
+
+    def __init__(self, data, case: str):
+        self.data, self.case, self.calls, self.tied = data, case, 0, []
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        keys = -values
+        prefix = f"{self.case}/sort{self.calls}"
+        assert f"{prefix}/keys_sha256" in self.data.files, f"{self.case}: sort {self.calls} that vLLM did not run"
+        assert _keys_digest(keys) == str(self.data[f"{prefix}/keys_sha256"]), f"{self.case}: sort {self.calls} keys"
+        self.calls += 1
+        self.tied.append(has_ties(keys))
+        if f"{prefix}/order" not in self.data.files:
+            return np.argsort(keys, axis=-1)
+        return self.data[f"{prefix}/order"].astype(np.int64)
+
+    def ran_all(self) -> bool:
+        return f"{self.case}/sort{self.calls}/keys_sha256" not in self.data.files
 
 
 def test_golden_files_say_where_they_came_from():
     for engine, version in (("vllm", "0.33.0"), ("sglang", "0.5.23")):
-        data, _ = _golden(engine)
+        data = _golden(engine)
         assert str(data["meta/engine"]) == engine and str(data["meta/engine_version"]) == version
         cases = [str(c) for c in data["meta/cases"]]
         assert sum(c.startswith("ties") for c in cases) >= 50 and sum(c.startswith("random") for c in cases) >= 50
         assert len(str(data["meta/source_sha256"])) == 64
+    variants = [str(v) for v in _golden("vllm")["meta/variants"]]
+    assert variants == ["native", "x86-64-v3", "x86-64-v2"]   # numpy's three x86-64 sort dispatch targets
 
 
 def test_vllm_standin_default_equals_vllm_033_default_policy():
-    data, same_ties = _golden("vllm")
+    data = _golden("vllm")
     checked = 0
-    for case, weight, (replicas, groups, nodes, gpus), old in _cases(data, same_ties):
-        fresh = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus)
-        kept = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus,
-                                            torch.from_numpy(old))
-        assert fresh.dtype == torch.int64
-        np.testing.assert_array_equal(fresh.numpy(), data[f"{case}/phy2log"], err_msg=case)
-        np.testing.assert_array_equal(kept.numpy(), data[f"{case}/phy2log_with_old"], err_msg=case)
+    for case, weight, (replicas, groups, nodes, gpus), old in _cases(data):
+        for old_map, key in ((None, "phy2log"), (torch.from_numpy(old), "phy2log_with_old")):
+            replay = ReplayedSort(data, case)
+            out = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus, old_map,
+                                               order=replay)
+            assert out.dtype == torch.int64 and replay.ran_all(), case
+            np.testing.assert_array_equal(out.numpy(), data[f"{case}/{key}"], err_msg=case)
         checked += 1
-    assert checked >= 64  # random and harness-size cases at least, ties where this machine sorts ties alike
+    assert checked >= 124 + 4   # every case, and the orders of other CPUs where they give another map
+
+
+def test_vllm_standin_needs_no_replay_where_no_keys_tie():
+    # with no equal keys this machine's own argsort is the only descending order: no replay, the same map
+    data = _golden("vllm")
+    tie_free = 0
+    for case, weight, (replicas, groups, nodes, gpus), old in _cases(data):
+        probe = ReplayedSort(data, case)
+        replayed = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus, order=probe)
+        if any(probe.tied):
+            continue
+        own = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus)
+        np.testing.assert_array_equal(own.numpy(), replayed.numpy(), err_msg=case)
+        np.testing.assert_array_equal(own.numpy(), data[f"{case}/phy2log"], err_msg=case)
+        tie_free += 1
+    assert tie_free >= 10
+
+
+def test_the_tie_probe_covers_every_case_whose_map_depends_on_the_cpu():
+    # a case stored again for another feature set (its map differs there) must be one the probe calls tied:
+    # the harness cases included (rounded window sums and per-replica loads can be equal)
+    data = _golden("vllm")
+    tied = {}
+    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data):
+        probe = ReplayedSort(data, case)
+        standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus, order=probe)
+        tied[case] = any(probe.tied)
+    per_cpu = {case.split("@")[0] for case in tied if "@" in case}
+    assert per_cpu and all(tied[case] for case in per_cpu)
+    harness = [case for case in tied if case.startswith("harness") and "@" not in case]
+    assert len(harness) == 4 and {c for c in harness if c in per_cpu} == {
+        "harness-e256-g16-n2-groups1", "harness-e256-g32-n4-groups1", "harness-e256-g32-n4-groups8"}
+    assert not has_ties(np.array([[3.0, 2.0, 1.0]])) and has_ties(np.array([[1.0, 2.0], [2.0, 2.0]]))
 
 
 def test_sglang_standin_deepseek_equals_sglang_0523():
-    data, same_ties = _golden("sglang")
+    data = _golden("sglang")
+    same_ties = _torch_ties_alike(data)
     checked = 0
-    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data, same_ties):
+    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data, skip_ties=not same_ties):
         out = standins.sglang_deepseek(torch.from_numpy(weight), replicas, groups, nodes, gpus, groups % nodes == 0)
         for name, tensor in zip(("phy2log", "log2phy", "logcnt"), out):
             np.testing.assert_array_equal(tensor.numpy(), data[f"{case}/{name}"], err_msg=f"{case}: {name}")
@@ -109,9 +189,11 @@ def test_the_engines_arithmetic_matters_where_deepseeks_float32_differs():
     # engines' float64 gives theirs (checked above): the stand-in is not the planner's eplb under a new name
     from moe_place.solvers.deepseek import eplb_rebalance
 
-    data, _ = _golden("vllm")
+    data = _golden("vllm")
     differ = 0
-    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data, False):
+    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data):
+        if "@" in case:
+            continue
         hierarchical = groups % nodes == 0
         ours = eplb_rebalance(weight, replicas, groups if hierarchical else 1, nodes if hierarchical else 1, gpus)
         differ += not np.array_equal(ours, data[f"{case}/phy2log"])

@@ -189,3 +189,24 @@ def test_the_late_import_check_tells_a_leading_block_from_a_scattered_import():
               "    from moe_place.io import write_atomic\n")
     found = [(node.lineno, leading) for _, node, leading in _function_level_own_imports(ast.parse(source))]
     assert found == [(3, True), (5, False)]
+
+
+def test_every_hypothesis_test_is_derandomized():
+    # conftest.py loads a derandomized profile; a test's own @settings inherits it unless it says otherwise
+    hypothesis = pytest.importorskip("hypothesis")
+    assert hypothesis.settings.default.derandomize and hypothesis.settings.default.database is None
+    overriding = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests").glob("test_*.py"))
+                  if re.search(r"derandomize\s*=\s*False", path.read_text())]
+    assert not overriding, overriding
+    from hypothesis import given, settings, strategies
+
+    @settings(max_examples=5)   # as the tests write it: the profile's derandomize still holds
+    @given(strategies.integers())
+    def drawn(value):
+        seen.append(value)
+
+    seen: list = []
+    drawn()
+    first, seen = seen, []
+    drawn()
+    assert seen == first
