@@ -274,7 +274,7 @@ def test_sglang_standin_cadence_and_buffer():
                 assert len(seen) == step - 19  # the first call ends pass 21 (0-based 20)
     assert len(seen) == 2  # passes 20 and 40 (0-based)
     tokens, physical, local, groups, nodes, algorithm = seen[0]
-    assert (physical, local, groups, nodes, algorithm) == (12, 3, 4, 2, "deepseek_hierarchical")
+    assert (physical, local, groups, nodes, algorithm) == (12, 3, 4, 2, standins.EplbAlgorithm.deepseek_hierarchical)
     assert tokens.shape == (20, 2, 8) and tokens.dtype == torch.int32
     assert int(tokens.sum()) == int(torch.stack(passes[1:21]).sum())  # the buffer: the last 20 passes
 
