@@ -57,3 +57,11 @@ start_record
 dump_record
 empty_cache
 update_weights_from_disk
+
+# bench/engine_standins.py: SGLang 0.5.23's names, which its code looks up by name (EplbAlgorithm[name]) or
+# passes by keyword (EPLBManager(...)), kept as SGLang has them
+deepseek_vec
+deepseek_vec_hierarchical
+get_expert_backup_client
+get_expert_location_updater
+get_weight_updater

@@ -35,7 +35,7 @@ The server's choice of algorithm (`--eplb-algorithm`, the `algorithm` argument) 
   inactive rank (the rule plans over all GPUs); any algorithm this module does not know: the same.
 What SGLang knows comes from SGLang: the model's name, one expert's bytes (the tensors of its
 `routed_experts_weights_of_layer`, read through the `EPLBManager` SGLang built, which
-`install_rebalance_hook()` and the environment hook record: `sglang_startup.MANAGERS`), its MoE
+`install_rebalance_hook()` and the environment hook record: `sglang_managers.MANAGERS`), its MoE
 layers, the GPUs, nodes and groups of the call, `--eplb-rebalance-num-iterations` and the recorder's
 window, and how it copies (`--eplb-rebalance-layers-per-chunk` unset: every layer at once while
 serving waits, "stall"; set: "async"); the rest from `moe_place.engines.config` (`MOE_PLACE_CONFIG`
@@ -61,7 +61,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from moe_place.engines import sglang_startup
+from moe_place.engines import sglang_managers
 from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, first_call_line,
                                       load_engine_config, log_first_call)
 from moe_place.eplb import placement_tensors, plan_placement
@@ -72,7 +72,7 @@ from moe_place.placement import Placement
 
 MAP_KEY = "physical_to_logical_map"
 SUFFIXES = (".json", ".pt")
-ALGORITHMS_MODULE = sglang_startup.ALGORITHMS_MODULE
+ALGORITHMS_MODULE = sglang_managers.ALGORITHMS_MODULE
 LOCATION_MODULE = "sglang.srt.eplb.expert_location"
 ELASTIC_MODULE = "sglang.srt.elastic_ep.elastic_ep"
 # SGLang 0.5.23's EplbAlgorithm names the rule answers for (global, hierarchical); others go back to SGLang
@@ -228,10 +228,10 @@ def sglang_engine_model(num_layers: int, num_experts: int, local_slots: int) -> 
     """What SGLang serves, from the newest `EPLBManager` of SGLang's current class whose model fits the call
     (MoE layer ids below `num_layers`, `local_slots` experts per GPU): its name (`model_path`), one expert's
     bytes (the tensors of `routed_experts_weights_of_layer`, `[local experts, ...]` each), its MoE layers;
-    None when no such manager was recorded (`sglang_startup.MANAGERS`)."""
-    module = sys.modules.get(sglang_startup.MANAGER_MODULE)
+    None when no such manager was recorded (`sglang_managers.MANAGERS`)."""
+    module = sys.modules.get(sglang_managers.MANAGER_MODULE)
     current = getattr(module, "EPLBManager", None)
-    for cls, model_config, get_model in reversed(sglang_startup.MANAGERS):
+    for cls, model_config, get_model in reversed(sglang_managers.MANAGERS):
         if cls is not current or not callable(get_model):
             continue
         weights = getattr(get_model(), "routed_experts_weights_of_layer", None)
@@ -359,15 +359,15 @@ def install_rebalance_hook(hook: PaybackRebalance | None = None) -> RebalanceHoo
     if hook.fallback is None:
         hook.fallback = module.rebalance_experts
     handle = RebalanceHook(module, module.rebalance_experts, hook)
-    manager_module = sys.modules.get(sglang_startup.MANAGER_MODULE)
+    manager_module = sys.modules.get(sglang_managers.MANAGER_MODULE)
     if manager_module is None:
         try:
-            manager_module = importlib.import_module(sglang_startup.MANAGER_MODULE)
+            manager_module = importlib.import_module(sglang_managers.MANAGER_MODULE)
         except ImportError:
             manager_module = None
     if manager_module is not None:
         init = getattr(getattr(manager_module, "EPLBManager", None), "__init__", None)
-        if sglang_startup.watch_managers(manager_module):
+        if sglang_managers.watch_managers(manager_module):
             handle.manager_patch = (manager_module.EPLBManager, init)
     module.rebalance_experts = handle.hook
     return handle

@@ -8,27 +8,24 @@ ones included. Without the variable that line is one dictionary lookup: nothing 
 `MOE_PLACE_SGLANG=1` it calls `register()`, which only adds an import hook (a `sys.meta_path`
 finder). Then, when SGLang imports
 - `sglang.srt.eplb.eplb_manager` (each scheduler, at start): `EPLBManager.__init__` is wrapped, so
-  each manager SGLang builds (with `--enable-eplb` only) is recorded in `MANAGERS` (its class, model
+  each manager SGLang builds (with `--enable-eplb` only) is recorded (`sglang_managers.MANAGERS`: its class, model
   config and model getter: where the rule reads the expert size) and imports SGLang's EPLB algorithms at
   once, so the rule is set up and warmed up at start, not in the first rebalance;
 - `sglang.srt.eplb.eplb_algorithms`: `moe_place.engines.sglang.install_rebalance_hook()` runs on it.
 Only then is the rest of moe-place imported. `MOE_PLACE_SGLANG=0` or unset: SGLang's own algorithm.
-This module imports nothing of moe-place or SGLang at import time.
+This module imports nothing of SGLang, and of moe-place only `sglang_managers` (no imports of its own),
+at import time.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import importlib.abc
 import os
 import sys
 
+from moe_place.engines.sglang_managers import ALGORITHMS_MODULE, MANAGER_MODULE, watch_managers
+
 ENV = "MOE_PLACE_SGLANG"
-ALGORITHMS_MODULE = "sglang.srt.eplb.eplb_algorithms"
-MANAGER_MODULE = "sglang.srt.eplb.eplb_manager"
-MANAGERS: list[tuple[type, object, object]] = []   # (class, model_config, get_model) of each EPLBManager built, newest last
-KEEP_MANAGERS = 8
 
 
 def register(environ=None) -> bool:
@@ -50,32 +47,12 @@ def register(environ=None) -> bool:
     return True
 
 
-def watch_managers(module, import_algorithms: bool = False) -> bool:
-    """Wrap `module.EPLBManager.__init__` to record each manager (`MANAGERS`) and, with `import_algorithms`,
-    import SGLang's EPLB algorithms right after (where the hook installs); False if already wrapped."""
-    manager = getattr(module, "EPLBManager", None)
-    init = getattr(manager, "__init__", None)
-    if init is None or getattr(init, "moe_place_wraps", None) is not None:
-        return False
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        MANAGERS.append((type(self), kwargs.get("model_config"), kwargs.get("get_model")))
-        del MANAGERS[:-KEEP_MANAGERS]
-        if import_algorithms:
-            importlib.import_module(ALGORITHMS_MODULE)   # the hook is installed (and warmed up) at start
-
-    __init__.moe_place_wraps = init
-    manager.__init__ = __init__
-    return True
-
-
 def _on_manager_module(module) -> None:
     watch_managers(module, import_algorithms=True)
 
 
 def _on_algorithms_module(module) -> None:
+    # late on purpose: the adapter (numpy, the rule) loads only when SGLang loads its EPLB algorithms
     from moe_place.engines.sglang import PaybackRebalance, install_rebalance_hook
 
     if not isinstance(module.rebalance_experts, PaybackRebalance):
