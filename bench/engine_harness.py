@@ -44,6 +44,7 @@ thread that calls it; its wall time is recorded beside).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 import threading
@@ -68,10 +69,25 @@ from moe_place.online.replay import parse_synthetic
 from moe_place.placement import Placement, even_split_gpu_loads
 
 BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 import engine_standins as standins  # noqa: E402  (bench/ is not a package)
 
 ENGINES = ("vllm", "sglang", "standin-vllm", "standin-sglang")
+# What moe-place's policy is made of inside the engines: the files whose code runs when an engine installs and
+# calls it (the adapters, the rebalance rule, its cost model, DeepSeek EPLB's plan it takes, and what they
+# call), plus the SGLang environment hook, which runs only in a real SGLang. tests/test_engines_records.py
+# traces the stand-in runs to check that every file that runs is listed. The harness, the stand-ins and the
+# workloads are not here: they decide what is measured, not what the policy does, and change with git log.
+# The in-engine records store a digest of each file (`rule_sources`): a record older than one of them is stale.
+RULE_FILES = (
+    "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/sglang.py",
+    "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py",
+    "moe_place/online/policy.py", "moe_place/online/costing.py",
+    "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/hardware.py", "moe_place/cost/migration.py",
+    "moe_place/cost/models.py", "moe_place/cost/payback.py", "moe_place/cost/topology.py", "moe_place/cost/units.py",
+    "moe_place/eplb.py", "moe_place/placement.py", "moe_place/errors.py", "solvers/deepseek.py",
+)
 POLICIES = ("default", "moe-place")
 VLLM_DEFAULT_CADENCE = dict(step_interval=3000, window=1000)  # vLLM 0.33 EPLBConfig defaults
 SGLANG_DEFAULT_CADENCE = dict(step_interval=1000, window=1000)  # --eplb-rebalance-num-iterations, buffer = it
@@ -84,6 +100,13 @@ def bench_replay():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def rule_sources(root: Path = ROOT) -> dict:
+    """`{"files": {path: sha256 of its bytes}, "sha256": digest of those lines}` for `RULE_FILES` under `root`."""
+    files = {path: hashlib.sha256((root / path).read_bytes()).hexdigest() for path in RULE_FILES}
+    combined = hashlib.sha256("".join(f"{path} {digest}\n" for path, digest in files.items()).encode()).hexdigest()
+    return {"files": files, "sha256": combined}
 
 
 # ---------------------------------------------------------------------- sizes and workloads
