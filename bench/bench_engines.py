@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     start = time.perf_counter()
+    # what is measured, read before it runs (an edit during the run must not be recorded as what ran)
+    ran = {"moe_place_commit": _commit(), "rule_files_committed": _rule_files_committed(),
+           "rule_sources": harness.rule_sources()}
     workloads, drifts, targets = [], [], []
     for engine, use_async in _runs(args.engine, args.vllm_modes):
         for name in args.sizes:
@@ -241,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_json:
         write_json_atomic(args.output_json, {
             "command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv)),
-            "moe_place_commit": _commit(), "rule_files_committed": _rule_files_committed(),
-            "rule_sources": harness.rule_sources(), "seconds": round(time.perf_counter() - start, 1),
+            **ran, "seconds": round(time.perf_counter() - start, 1),
             "versions": harness.engine_versions(args.engine),
             "settings": {k: v for k, v in vars(args).items() if k not in ("output_json", "force", "quiet")},
             "workloads": workloads, "drift": drifts, "targets": [t.__dict__ for t in targets],
