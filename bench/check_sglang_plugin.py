@@ -23,6 +23,7 @@ Checks (each printed PASS/FAIL; exit status 1 if any fails):
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
 import sys
@@ -99,9 +100,17 @@ def elastic() -> dict:
     return out
 
 
-def main() -> int:
-    import sglang
-
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[1:]))
+    parser.parse_args(argv)
+    try:
+        import sglang
+    except ImportError:
+        print(f"check_sglang_plugin: SGLang is not importable in this Python ({sys.executable}): run it with the "
+              "Python of an environment that has SGLang and moe-place (see --help)", file=sys.stderr)
+        return 2
     print(f"SGLang {sglang.__version__} from {os.path.dirname(sglang.__file__)}; Python {sys.executable}")
     lines = []
     on = spawned("1")
