@@ -75,7 +75,7 @@ def test_the_rule_files_hold_every_file_that_runs_when_the_engines_call_the_poli
     ran = set()
     root = str(ROOT) + os.sep
 
-    def profile(frame, event, arg):
+    def profile(frame, event, *_):
         name = frame.f_code.co_filename
         if event == "call" and name.startswith(root):
             ran.add(os.path.relpath(name, ROOT))
