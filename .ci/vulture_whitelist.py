@@ -60,3 +60,10 @@ update_weights_from_disk
 
 # moe_place/online/cadence.py: a CadenceRun field written to the record (to_json via __dict__), read by bench_replay.py
 slots_after_first
+# bench/engine_standins.py: SGLang 0.5.23's names, which its code looks up by name (EplbAlgorithm[name]) or
+# passes by keyword (EPLBManager(...)), kept as SGLang has them
+deepseek_vec
+deepseek_vec_hierarchical
+get_expert_backup_client
+get_expert_location_updater
+get_weight_updater

@@ -19,7 +19,9 @@ start map at its own cadence, with its default policy and with moe-place's (`ins
    RECOMMENDED, the cadence moe-place recommends), moe-place's against the default at its own cadence
    (target: mean ratio <= 0.90).
 Each target is printed PASS/FAIL with its numbers; exit status 1 if any fails. `--out` writes the record
-(JSON, with the engine, torch and numpy versions); it refuses to overwrite a file unless `--force`.
+(JSON, with the engine, torch and numpy versions, the commit it ran, whether the rule's files were as
+committed, and a digest of each of them, `engine_harness.RULE_FILES`: tests/test_engines_records.py fails
+once one of them changed after the record); it refuses to overwrite a file unless `--force`.
 
 Real engines live in their own environments; put moe-place on the path as installed (its package-dir
 mapping) and run, e.g.:
@@ -162,13 +164,22 @@ def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[
     return records, targets
 
 
-def _commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
-                              capture_output=True, text=True, timeout=10)
+        done = subprocess.run(["git", *args], cwd=harness.ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() or None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _commit() -> str | None:
+    return _git("rev-parse", "HEAD") or None
+
+
+def _rule_files_committed() -> bool | None:
+    """True when the rule's files are as the commit has them (the commit then names the code measured)."""
+    status = _git("status", "--porcelain", "--", *harness.RULE_FILES)
+    return None if status is None else status == ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     start = time.perf_counter()
+    # what is measured, read before it runs (an edit during the run must not be recorded as what ran)
+    ran = {"moe_place_commit": _commit(), "rule_files_committed": _rule_files_committed(),
+           "rule_sources": harness.rule_sources()}
     workloads, drifts, targets = [], [], []
     for engine, use_async in _runs(args.engine, args.vllm_modes):
         for name in args.sizes:
@@ -231,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_json:
         write_json_atomic(args.output_json, {
             "command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv)),
-            "moe_place_commit": _commit(), "versions": harness.engine_versions(args.engine),
+            **ran, "seconds": round(time.perf_counter() - start, 1),
+            "versions": harness.engine_versions(args.engine),
             "settings": {k: v for k, v in vars(args).items() if k not in ("output_json", "force", "quiet")},
             "workloads": workloads, "drift": drifts, "targets": [t.__dict__ for t in targets],
             "summary": {"met": len(targets) - len(failed), "targets": len(targets)}})

@@ -44,12 +44,14 @@ thread that calls it; its wall time is recorded beside).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 import threading
 import time
+import types
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from unittest import mock
@@ -58,6 +60,7 @@ import numpy as np
 import torch
 
 from moe_place.cost.migration import plan_copies
+from moe_place.cost.models import ExpertShape, get_model
 from moe_place.engines.sglang import install_rebalance_hook, uninstall_rebalance_hook
 from moe_place.engines.vllm import install, uninstall
 from moe_place.online.controller import EngineCadence
@@ -66,10 +69,25 @@ from moe_place.online.replay import parse_synthetic
 from moe_place.placement import Placement, even_split_gpu_loads
 
 BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 import engine_standins as standins  # noqa: E402  (bench/ is not a package)
 
 ENGINES = ("vllm", "sglang", "standin-vllm", "standin-sglang")
+# What moe-place's policy is made of inside the engines: the files whose code runs when an engine installs and
+# calls it (the adapters, the rebalance rule, its cost model, DeepSeek EPLB's plan it takes, and what they
+# call), plus the SGLang environment hook, which runs only in a real SGLang. tests/test_engines_records.py
+# traces the stand-in runs to check that every file that runs is listed. The harness, the stand-ins and the
+# workloads are not here: they decide what is measured, not what the policy does, and change with git log.
+# The in-engine records store a digest of each file (`rule_sources`): a record older than one of them is stale.
+RULE_FILES = (
+    "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/sglang.py",
+    "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py",
+    "moe_place/online/policy.py", "moe_place/online/costing.py",
+    "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/hardware.py", "moe_place/cost/migration.py",
+    "moe_place/cost/models.py", "moe_place/cost/payback.py", "moe_place/cost/topology.py", "moe_place/cost/units.py",
+    "moe_place/eplb.py", "moe_place/placement.py", "moe_place/errors.py", "solvers/deepseek.py",
+)
 POLICIES = ("default", "moe-place")
 VLLM_DEFAULT_CADENCE = dict(step_interval=3000, window=1000)  # vLLM 0.33 EPLBConfig defaults
 SGLANG_DEFAULT_CADENCE = dict(step_interval=1000, window=1000)  # --eplb-rebalance-num-iterations, buffer = it
@@ -82,6 +100,13 @@ def bench_replay():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def rule_sources(root: Path = ROOT) -> dict:
+    """`{"files": {path: sha256 of its bytes}, "sha256": digest of those lines}` for `RULE_FILES` under `root`."""
+    files = {path: hashlib.sha256((root / path).read_bytes()).hexdigest() for path in RULE_FILES}
+    combined = hashlib.sha256("".join(f"{path} {digest}\n" for path, digest in files.items()).encode()).hexdigest()
+    return {"files": files, "sha256": combined}
 
 
 # ---------------------------------------------------------------------- sizes and workloads
@@ -108,6 +133,13 @@ class Size:
     @property
     def physical(self) -> int:
         return self.experts + self.redundant
+
+    @property
+    def shape(self) -> ExpertShape:
+        """The expert shape of `model`, with this size's experts and layers (what the engine registers)."""
+        base = get_model(self.model) if isinstance(self.model, str) else self.model
+        return replace(base, num_experts=self.experts, num_moe_layers=self.layers, top_k=min(base.top_k, self.experts),
+                       kv_cache=None)
 
     @property
     def hierarchical(self) -> bool:
@@ -385,10 +417,11 @@ def _no_stream(stream):
 
 
 class _VllmLayer:
-    """A MoE layer as `MixtureOfExperts.set_eplb_state` sees it: expert weights and an `EplbLayerState`."""
+    """A MoE layer as `MixtureOfExperts.set_eplb_state` sees it: expert weights (meta tensors of the size's
+    expert shape: what vLLM registers, without the memory) and an `EplbLayerState`."""
 
-    def __init__(self, layer_state_class, local_experts: int):
-        self.weights = [torch.zeros(local_experts, 1)]
+    def __init__(self, layer_state_class, local_experts: int, shape):
+        self.weights = standins.expert_weight_tensors(shape, local_experts)
         self.eplb_state = layer_state_class()
 
     def get_expert_weights(self):
@@ -400,7 +433,10 @@ class _VllmLayer:
 
 
 class _ModelConfig:
-    model = "moe-place-harness"
+    """The part of vLLM's `ModelConfig` `add_model` reads: the model's name, its config, a hash."""
+
+    def __init__(self, shape):
+        self.model, self.hf_text_config = shape.name, standins.hf_config_of(shape)
 
     def compute_hash(self) -> str:
         return "moe-place-harness"
@@ -476,9 +512,9 @@ def _run_vllm(policy: str, size: Size, counts: np.ndarray, cadence: dict, use_as
         model.num_logical_experts = model.num_routed_experts = size.experts
         model.num_redundant_experts, model.num_physical_experts = size.redundant, size.physical
         model.num_local_physical_experts, model.num_shared_experts = size.physical // size.gpus, 0
-        model.moe_layers = [_VllmLayer(eplb_state.EplbLayerState, model.num_local_physical_experts)
+        model.moe_layers = [_VllmLayer(eplb_state.EplbLayerState, model.num_local_physical_experts, size.shape)
                             for _ in range(size.layers)]
-        state.add_model(model, _ModelConfig())
+        state.add_model(model, _ModelConfig(size.shape))
         worker = None
         if use_async:
             worker = threading.Thread(target=async_worker.transfer_run_periodically, args=(state, _Stream()),
@@ -506,7 +542,8 @@ def _run_standin_vllm(policy: str, size: Size, counts: np.ndarray, cadence: dict
     with standins.standin_vllm_modules() as registry, ExitStack() as stack:
         _time_vllm_policy(registry, policy, clock, stack)
         eplb = standins.StandinVllmEplb(registry, size.layers, size.experts, size.redundant, size.gpus, size.nodes,
-                                        size.vllm_groups, cadence["step_interval"], cadence["window"], use_async)
+                                        size.vllm_groups, cadence["step_interval"], cadence["window"], use_async,
+                                        model=size.shape)
         return drive(_StandinVllmEngine(eplb), counts, clock, on_step)
 
 
@@ -595,14 +632,15 @@ def _run_sglang(policy: str, size: Size, counts: np.ndarray, cadence: dict, cloc
             (eplb_algorithms, "rebalance_experts", eplb_algorithms.rebalance_experts)))  # restored after the run
         previous = get_resources().expert_location_metadata
         stack.callback(setattr, get_resources(), "expert_location_metadata", previous)
-        model_config = object()
+        model_config = types.SimpleNamespace(model_path=size.shape.name, hf_config=standins.hf_config_of(size.shape))
         expert_location.set_global_expert_location_metadata(
             expert_location.ExpertLocationMetadata.init_trivial(model_config, moe_ep_rank=0), allow_overwrite=True)
         _time_sglang_policy(eplb_algorithms, expert_location, policy, clock, stack)
         recorder = _Recorder(expert_distribution, expert_location, iterations, size.layers, size.physical)
         stack.enter_context(_patched((eplb_manager, "get_global_expert_distribution_recorder", lambda: recorder)))
-        model = type("HarnessModel", (), {"routed_experts_weights_of_layer":
-                                          {layer: [torch.zeros(1)] for layer in range(size.layers)}})()
+        local = size.physical // size.gpus
+        model = type("HarnessModel", (), {"routed_experts_weights_of_layer": {
+            layer: standins.expert_weight_tensors(size.shape, local) for layer in range(size.layers)}})()
         updater = expert_location_updater.ExpertLocationUpdater()
         manager = eplb_manager.EPLBManager(model_config=model_config, get_model=lambda: model,
                                            get_expert_location_updater=lambda: updater,
@@ -627,7 +665,7 @@ def _run_standin_sglang(policy: str, size: Size, counts: np.ndarray, cadence: di
         algorithms, location = modules
         _time_sglang_policy(algorithms, location, policy, clock, stack)
         eplb = standins.StandinSglangEplb(modules, size.layers, size.experts, size.redundant, size.gpus, size.nodes,
-                                          size.groups, num_iterations=cadence["step_interval"])
+                                          size.groups, num_iterations=cadence["step_interval"], model=size.shape)
         return drive(_StandinSglangEngine(eplb), counts, clock, on_step)
 
 

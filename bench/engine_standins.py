@@ -5,33 +5,56 @@ Each stand-in is shaped like the engine's own call path, written from its source
 - `StandinVllmEplb`: vLLM 0.33.0 `vllm/distributed/eplb/eplb_state.py` (`EplbState.add_model`, `step`,
   `_should_record_current_step`, `rearrange`, `_commit_eplb_maps`, `_move_to_workspace`) and
   `async_worker.py` (`run_rebalance_experts`, `transfer_run_periodically`):
+  * `add_model(model, model_config)` (a method, as vLLM's, which moe-place's `install()` wraps to read the
+    model's expert weights, `model.expert_weights`, and the cadence): looks the policy up, builds the maps;
   * start map linear: slot `p < E` holds expert `p`, redundant slot `E + i` expert `i % E`, every layer;
   * the rearrangement counter starts at `step_interval - step_interval // 4`; each step copies the pass's
     physical counts into a ring buffer of `window_size` steps when `step_interval - counter <=
-    window_size` (the router adds to the pass only while the shared record flag, set at the end of the
-    previous step and `True` at start-up, is on); the counter is then incremented, in async mode one
-    pending layer is committed, and when the counter reaches `step_interval` it is reset and
-    `rearrange` runs (async: not while a previous result is still being committed);
-  * `rearrange` maps the window to logical experts through the map in use (scatter-add), sums it over
-    the window (int64 `[layers, E]`) and calls `policy.rebalance_experts(weight, num_replicas,
-    num_groups, num_nodes, num_ranks, old_global_expert_indices=map in use)`; the result is the map
-    (`phy2log` only). Sync: committed at once. Async (vLLM's default): the worker calls the policy,
-    then one layer is committed per following step, layer 0 first.
-- `StandinSglangEplb`: SGLang 0.5.23 `python/sglang/srt/eplb/eplb_manager.py` (`EPLBManager._entrypoint`,
-  `rebalance`), `expert_location.py` (`init_trivial`, `init_by_eplb`, `update`), `expert_distribution.py`
-  (`_StatAccumulator`, `_CircularBuffer`, `_convert_global_physical_count_to_logical_count`) and
-  `eplb_algorithms/__init__.py` (`rebalance_experts`, `compute_algorithm`):
+    window_size`, or, with `log_stats` (vLLM's `log_balancedness`, `gpu_model_runner.py` passes it to
+    `step`), also when the next balancedness log (every `log_balancedness_interval` steps) is within
+    `window_size` steps (the router adds to the pass only while the shared record flag, set at the end
+    of the previous step and `True` at start-up, is on); the counter is then incremented, in async mode
+    one pending layer is committed, and when the counter reaches `step_interval` it is reset and
+    `rearrange` runs (async: not while a previous result is still being committed). Recording more
+    steps for the log does not change the window the policy sees: the ring buffer holds the last
+    `window_size` recorded steps, which are the last `window_size` steps either way (a test checks it);
+  * `rearrange` maps the window to logical experts through the map in use, its -1 slots (elastic EP:
+    slots being added or removed) sent to a dropped extra column (`masked_fill(map < 0, E)`, so their
+    counts are not in the weight), sums it over the window (int64 `[layers, E]`) and calls
+    `policy.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks,
+    old_global_expert_indices=map in use)` (-1 slots included); the result is the map (`phy2log` only).
+    Sync: committed at once. Async (vLLM's default): the worker calls the policy, then one layer is
+    committed per following step, layer 0 first.
+- `StandinSglangEplb`: SGLang 0.5.23 `python/sglang/srt/eplb/eplb_manager.py` (`EPLBManager.__init__`,
+  `_entrypoint`, `rebalance`, `_check_rebalance_needed`), `expert_location.py` (`init_trivial`,
+  `init_by_eplb`, `update`), `expert_distribution.py` (`_StatAccumulator.dump`, `_CircularBuffer`,
+  `_convert_global_physical_count_to_logical_count`, `_UtilizationRateAccumulatorMixin`,
+  `compute_utilization_rate`), `eplb_algorithms/__init__.py` (`EplbAlgorithm`, `rebalance_experts`,
+  `compute_algorithm`) and `eplb_algorithms/elasticity_aware.py`:
+  * an `EPLBManager` is built with the model's config and a getter of the model, whose
+    `routed_experts_weights_of_layer` holds each MoE layer's expert tensors (moe-place reads the
+    expert size there);
   * start map `trivial`: slot `p` holds expert `p % E`;
   * each forward pass appends its physical counts to a circular buffer of
     `expert_distribution_recorder_buffer_size` passes (SGLang sets it to
     `eplb_rebalance_num_iterations`), then advances the manager's generator, which rebalances after
     every `eplb_rebalance_num_iterations` (n) passes it has yielded (so on passes n+1, 2n+1, ...);
   * a rebalance converts the whole buffer to logical counts `[buffer, layers, E]` (int32) through the map
-    in use and calls the module attribute `sglang.srt.eplb.eplb_algorithms.rebalance_experts(
-    tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups, num_nodes,
-    algorithm)`, algorithm `auto` -> `deepseek_hierarchical` when `num_groups` is set and a multiple of
-    the nodes, else `deepseek`; with `eplb_rebalance_layers_per_chunk` unset (the default) every layer
-    takes the returned `phy2log` at once.
+    in use and all-reduces them over the ranks (a sum: `ranks_counting_each_token` ranks record each
+    token's routing where the MoE input is replicated over ranks, so the policy sees that many times the
+    dispatches; 1, the default, where each rank records its own tokens); with
+    `--eplb-min-rebalancing-utilization-threshold` below 1 (`min_utilization`) it is skipped while the
+    mean GPU utilization (mean / max GPU load per layer, averaged over layers, over the last 1000
+    passes) is above the threshold: the policy is not called; then it calls the module attribute
+    `sglang.srt.eplb.eplb_algorithms.rebalance_experts(tokens_per_expert, num_physical_experts,
+    num_local_physical_experts, num_groups, num_nodes, algorithm)` with an `EplbAlgorithm` member:
+    `auto` -> `deepseek_hierarchical` when `num_groups` is set and a multiple of the nodes, else
+    `deepseek`; with `eplb_rebalance_layers_per_chunk` unset (the default) every layer takes the
+    returned `phy2log` at once;
+  * the elastic branch: `elasticity_aware[_hierarchical]` reads the active ranks from
+    `sglang.srt.elastic_ep.elastic_ep.ElasticEPStateManager.instance()` (`active_ranks`); with fewer
+    active ranks than GPUs it plans globally over the active ranks' slots and gives each inactive rank's
+    slots expert 0 with no entry in `log2phy` (no token goes there).
 - The engines' default policies, `vllm_default_policy` (vLLM 0.33 `policy/default.py`
   `DefaultEplbPolicy`) and `sglang_deepseek` (SGLang 0.5.23 `eplb_algorithms/deepseek.py`): DeepSeek's
   EPLB steps as `moe_place.solvers.deepseek` implements them, with each engine's arithmetic where it
@@ -42,28 +65,40 @@ Each stand-in is shaped like the engine's own call path, written from its source
     step and the per-replica loads packed onto GPUs); SGLang's torch gives float32, as `eplb.py`;
   * vLLM orders items by numpy's default (unstable) `argsort`, SGLang by torch's default sort, on the
     loads in those dtypes; vLLM then reorders each GPU's slots so that experts it keeps stay in place
-    (`preserve_intragpu_slots`, which `moe_place.placement.keep_unchanged_slots` mirrors).
-  The tests check these against outputs of the real policies (`tests/data/make_engine_default_expected.py`).
+    (`preserve_intragpu_slots`, which `moe_place.placement.keep_unchanged_slots` mirrors). numpy's
+    `argsort` orders equal loads by the CPU's features (AVX-512, AVX2, baseline each their own way), so
+    vLLM's map of a window with equal loads depends on the CPU; torch's CPU sort does not.
+  The tests check these against outputs of the real policies (`tests/data/make_engine_default_expected.py`),
+  vLLM's with the orders its own sort returned there replayed (`order`).
 - `standin_vllm_modules()` / `standin_sglang_modules()`: module trees named like the engines' (the
   policy registry `vllm.distributed.eplb.policy.EPLB_POLICIES` with `AbstractEplbPolicy` annotated as
-  0.33's, returning `phy2log` only; `sglang.srt.eplb.eplb_algorithms.rebalance_experts` and
-  `sglang.srt.eplb.expert_location.get_global_expert_location_metadata`), so that moe-place's
-  `install()` and `install_rebalance_hook()` plug into the stand-ins exactly as into the engines.
+  0.33's, returning `phy2log` only, and `vllm.distributed.eplb.eplb_state.EplbState`;
+  `sglang.srt.eplb.eplb_algorithms.rebalance_experts`, `sglang.srt.eplb.eplb_manager.EPLBManager`,
+  `sglang.srt.eplb.expert_location.get_global_expert_location_metadata` and
+  `sglang.srt.elastic_ep.elastic_ep.ElasticEPStateManager`), so that moe-place's `install()` and
+  `install_rebalance_hook()` plug into the stand-ins exactly as into the engines. `write_sglang_tree`
+  writes the SGLang tree to disk as packages (for a process spawned as SGLang spawns its schedulers).
 """
 
 from __future__ import annotations
 
 import abc
+import importlib
+import enum
+import math
 import sys
 import types
 import typing
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
 
+from moe_place.cost.models import ExpertShape, get_model
 from moe_place.placement import keep_unchanged_slots
 from moe_place.solvers.deepseek import _inverse, replicate_experts
 
@@ -72,9 +107,10 @@ SGLANG_VERSION = "0.5.23"
 
 
 # ---------------------------------------------------------------------- the engines' default policies
-def _pack(weight: np.ndarray, num_packs: int, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pack(weight: np.ndarray, num_packs: int, sort) -> tuple[np.ndarray, np.ndarray]:
     """Greedy packing into packs of exactly `n / num_packs` items with float64 pack loads, items taken in
-    `order` (int `[rows, n]`). Returns `(pack_index, rank_in_pack)`, int64 `[rows, n]`.
+    the order `sort(weight)` gives (descending; not called with one item per pack, as in both engines).
+    Returns `(pack_index, rank_in_pack)`, int64 `[rows, n]`.
 
     The packing step of `moe_place.solvers.deepseek.balanced_packing` with both engines' float64
     accumulation (that one accumulates in float32, as DeepSeek's `eplb.py`).
@@ -84,6 +120,7 @@ def _pack(weight: np.ndarray, num_packs: int, order: np.ndarray) -> tuple[np.nda
     if per_pack == 1:
         pack_index = np.broadcast_to(np.arange(items, dtype=np.int64), (rows, items)).copy()
         return pack_index, np.zeros((rows, items), np.int64)
+    order = sort(weight)
     pack_load = np.zeros((rows, num_packs), dtype=np.float64)
     pack_items = np.zeros((rows, num_packs), dtype=np.int64)
     pack_index = np.full((rows, items), -1, dtype=np.int64)
@@ -108,23 +145,25 @@ def _torch_order(values: np.ndarray) -> np.ndarray:
 
 
 def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
-                flavour: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                flavour: str, order=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """DeepSeek EPLB's hierarchical steps with an engine's arithmetic (`flavour` "vllm" or "sglang", module note).
 
     weight: `[layers, E]` loads, taken as float32 (both engines call `.float()`). Pass `num_groups =
-    num_nodes = 1` for the global policy. Returns `phy2log` int64 `[layers, P]`, `replica_rank` int64
-    `[layers, P]` (0 for an expert's first replica) and `logcnt` int64 `[layers, E]`.
+    num_nodes = 1` for the global policy. order: the descending sort of the packing steps, `values
+    [rows, n]` -> indices (default the engine's own: numpy's `argsort` of the negated values, or torch's
+    sort), which orders equal values as this machine's sort does. Returns `phy2log` int64 `[layers, P]`,
+    `replica_rank` int64 `[layers, P]` (0 for an expert's first replica) and `logcnt` int64 `[layers, E]`.
     """
     weight = np.asarray(weight, dtype=np.float32)
     layers, experts = weight.shape
     group_size, groups_per_node = experts // num_groups, num_groups // num_nodes
     slots_per_gpu, per_node = num_replicas // num_gpus, experts // num_nodes
     vllm = flavour == "vllm"
-    order = _numpy_order if vllm else _torch_order
+    order = order or (_numpy_order if vllm else _torch_order)
     # step 1: groups to nodes (group sums in float32: numpy's for vLLM, torch's for SGLang)
     group_load = (weight.reshape(layers, num_groups, group_size).sum(axis=-1) if vllm else
                   torch.from_numpy(weight).unflatten(-1, (num_groups, group_size)).sum(-1).numpy())
-    group_node, group_rank = _pack(group_load, num_nodes, order(group_load))
+    group_node, group_rank = _pack(group_load, num_nodes, order)
     log2node_log = (((group_node * groups_per_node + group_rank) * group_size)[..., None]
                     + np.arange(group_size)).reshape(layers, experts)
     node_log2log = _inverse(log2node_log)
@@ -135,7 +174,7 @@ def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_node
     # step 3: the node's replicas onto its GPUs
     replica_load = np.take_along_axis(node_load / (node_logcnt if vllm else node_logcnt.astype(np.float32)),
                                       phy2node_log, axis=1)
-    gpu, rank_in_gpu = _pack(replica_load, num_gpus // num_nodes, order(replica_load))
+    gpu, rank_in_gpu = _pack(replica_load, num_gpus // num_nodes, order)
     slot2phy = _inverse(gpu * slots_per_gpu + rank_in_gpu)
     slot2node_log = np.take_along_axis(phy2node_log, slot2phy, axis=1)
     slot2node_log = (slot2node_log.reshape(layers, num_nodes, -1)
@@ -147,12 +186,13 @@ def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_node
 
 
 def vllm_default_policy(weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
-                        old_global_expert_indices=None) -> torch.Tensor:
-    """vLLM 0.33's `DefaultEplbPolicy.rebalance_experts` (module note): `phy2log` int64 `[layers, P]`."""
+                        old_global_expert_indices=None, *, order=None) -> torch.Tensor:
+    """vLLM 0.33's `DefaultEplbPolicy.rebalance_experts` (module note): `phy2log` int64 `[layers, P]`.
+    order: the packing steps' sort (`engine_eplb`; the tests replay the orders vLLM's own sort returned)."""
     loads = weight.float().cpu().numpy() if hasattr(weight, "float") else np.asarray(weight, dtype=np.float32)
     hierarchical = num_groups % num_nodes == 0
     phy2log, _, _ = engine_eplb(loads, num_replicas, num_groups if hierarchical else 1,
-                                num_nodes if hierarchical else 1, num_ranks, "vllm")
+                                num_nodes if hierarchical else 1, num_ranks, "vllm", order)
     if old_global_expert_indices is not None and num_ranks > 0 and num_replicas % num_ranks == 0:
         old = np.asarray(old_global_expert_indices.cpu().numpy() if hasattr(old_global_expert_indices, "cpu")
                          else old_global_expert_indices)
@@ -173,6 +213,48 @@ def sglang_deepseek(weight, num_replicas: int, num_groups: int | None, num_nodes
     np.put_along_axis(log2phy, phy2log * width + rank, np.broadcast_to(np.arange(num_replicas), phy2log.shape), 1)
     return tuple(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
                  for a in (phy2log, log2phy.reshape(layers, experts, width), logcnt))
+
+
+# ---------------------------------------------------------------------- SGLang's elastic algorithm
+def sglang_elasticity_aware(weight, num_replicas: int, num_groups: int | None, num_nodes: int, num_gpus: int,
+                            enable_hierarchical: bool, active_ranks: torch.Tensor):
+    """SGLang 0.5.23's `eplb_algorithms/elasticity_aware.py` `rebalance_experts`: with every rank active the
+    deepseek algorithm; with fewer, a global plan over the active ranks' slots, each inactive rank's slots
+    then inserted holding expert 0, `log2phy` listing active slots only."""
+    active = int(active_ranks.sum())
+    if active >= num_gpus:
+        return sglang_deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, enable_hierarchical)
+    per_gpu = num_replicas // num_gpus
+    phy2log, log2phy, logcnt = sglang_deepseek(weight, per_gpu * active, 1, 1, active, False)
+    layers = phy2log.shape[0]
+    slices = list(phy2log.view(layers, active, per_gpu).unbind(dim=1))
+    for index, up in enumerate(active_ranks.tolist()):
+        if not up:
+            slices.insert(index, torch.zeros_like(slices[0]))
+            log2phy = torch.where(log2phy >= index * per_gpu, log2phy + per_gpu, log2phy)
+    return torch.stack(slices, dim=1).reshape(layers, -1).contiguous(), log2phy, logcnt
+
+
+# ---------------------------------------------------------------------- what the engines register of a model
+def expert_weight_tensors(shape: ExpertShape, local_experts: int) -> list[torch.Tensor]:
+    """One MoE layer's expert tensors as the engines register them, `[local_experts, ...]` each, on the meta
+    device (shapes and dtypes, no memory): gate/up `[2I, H]` and down `[H, I]` in the shape's dtype (BF16
+    or a 1-byte type, which vLLM registers as uint8), or one uint8 tensor of the expert's bytes otherwise."""
+    dtype = {2.0: torch.bfloat16, 1.0: torch.uint8}.get(float(shape.dtype_bytes))
+    if dtype is None or shape.matrices != 3:
+        return [torch.empty(local_experts, shape.expert_bytes, dtype=torch.uint8, device="meta")]
+    return [torch.empty(local_experts, 2 * shape.intermediate, shape.hidden, dtype=dtype, device="meta"),
+            torch.empty(local_experts, shape.hidden, shape.intermediate, dtype=dtype, device="meta")]
+
+
+def hf_config_of(shape: ExpertShape) -> types.SimpleNamespace:
+    """The model-config keys the engines read for an expert (Hugging Face names)."""
+    return types.SimpleNamespace(hidden_size=shape.hidden, moe_intermediate_size=shape.intermediate,
+                                 num_experts_per_tok=shape.top_k)
+
+
+def _shape(model: str | ExpertShape | None) -> ExpertShape:
+    return get_model(model or "Qwen3-30B-A3B") if not isinstance(model, ExpertShape) else model
 
 
 # ---------------------------------------------------------------------- module trees named like the engines'
@@ -212,65 +294,160 @@ class DefaultEplbPolicy(AbstractEplbPolicy):
 
 @contextmanager
 def standin_vllm_modules() -> Iterator[dict]:
-    """`vllm.distributed.eplb.policy` (registry, abstract and default policy) and `vllm.config.parallel`
-    (`EPLBPolicyOption`) for the block; yields the registry dict, which `StandinVllmEplb` reads."""
+    """`vllm.distributed.eplb.policy` (registry, abstract and default policy), `vllm.distributed.eplb.eplb_state`
+    (`EplbState`: `StandinVllmEplb`) and `vllm.config.parallel` (`EPLBPolicyOption`) for the block; yields the
+    registry dict, which `StandinVllmEplb` reads."""
     policy = types.ModuleType("vllm.distributed.eplb.policy")
     policy.AbstractEplbPolicy = AbstractEplbPolicy
     policy.DefaultEplbPolicy = DefaultEplbPolicy
     policy.EPLB_POLICIES = {"default": DefaultEplbPolicy}
+    state = types.ModuleType("vllm.distributed.eplb.eplb_state")
+    state.EplbState = StandinVllmEplb
+    state.EPLB_POLICIES = policy.EPLB_POLICIES
     parallel = types.ModuleType("vllm.config.parallel")
     parallel.EPLBPolicyOption = typing.Literal["default"]
     tree = {name: types.ModuleType(name) for name in ("vllm", "vllm.distributed", "vllm.distributed.eplb",
                                                       "vllm.config")}
-    tree.update({"vllm.distributed.eplb.policy": policy, "vllm.config.parallel": parallel})
+    tree.update({"vllm.distributed.eplb.policy": policy, "vllm.distributed.eplb.eplb_state": state,
+                 "vllm.config.parallel": parallel})
     with _modules(tree):
         yield policy.EPLB_POLICIES
 
 
-def compute_algorithm(raw_algorithm: str, num_groups: int | None, num_nodes: int) -> str:
-    """SGLang's `compute_algorithm`: "auto" -> "deepseek_hierarchical" when the groups split over the nodes."""
+class EplbAlgorithm(enum.Enum):
+    """SGLang 0.5.23's `eplb_algorithms.EplbAlgorithm` (the members, by name)."""
+
+    deepseek = enum.auto()
+    deepseek_hierarchical = enum.auto()
+    deepseek_vec = enum.auto()
+    deepseek_vec_hierarchical = enum.auto()
+    elasticity_aware = enum.auto()
+    elasticity_aware_hierarchical = enum.auto()
+
+
+def compute_algorithm(raw_algorithm: str, num_groups: int | None, num_nodes: int) -> EplbAlgorithm:
+    """SGLang's `compute_algorithm`: "auto" -> `deepseek_hierarchical` when the groups split over the nodes."""
     if raw_algorithm != "auto":
-        return raw_algorithm
-    return "deepseek_hierarchical" if num_groups is not None and num_groups % num_nodes == 0 else "deepseek"
+        return EplbAlgorithm[raw_algorithm]
+    hierarchical = num_groups is not None and num_groups % num_nodes == 0
+    return EplbAlgorithm.deepseek_hierarchical if hierarchical else EplbAlgorithm.deepseek
+
+
+class ElasticEPStateManager:
+    """SGLang 0.5.23's `elastic_ep.ElasticEPStateManager` as `rebalance_experts` reads it: `instance()`, None
+    unless elastic EP runs (then every rank counts as healthy), else a state with `active_ranks`."""
+
+    _instance = None
+
+    @classmethod
+    def instance(cls):
+        return cls._instance
+
+    @classmethod
+    def healthy_rank_state(cls, *, ep_size: int) -> torch.Tensor:
+        return torch.ones(ep_size, dtype=torch.int32)
 
 
 def sglang_rebalance_experts(tokens_per_expert: torch.Tensor, num_physical_experts: int,
-                             num_local_physical_experts: int, num_groups: int | None, num_nodes: int, algorithm: str):
-    """SGLang's `eplb_algorithms.rebalance_experts` for the deepseek algorithms: the per-pass counts summed."""
-    if algorithm not in ("deepseek", "deepseek_hierarchical"):
-        raise NotImplementedError(algorithm)
-    return sglang_deepseek(tokens_per_expert.sum(dim=0), num_physical_experts, num_groups, num_nodes,
-                           num_physical_experts // num_local_physical_experts, algorithm == "deepseek_hierarchical")
+                             num_local_physical_experts: int, num_groups: int | None, num_nodes: int,
+                             algorithm: EplbAlgorithm):
+    """SGLang's `eplb_algorithms.rebalance_experts` for the deepseek and elasticity-aware algorithms: the
+    per-pass counts summed; the elastic ones read the active ranks from `ElasticEPStateManager`."""
+    gpus = num_physical_experts // num_local_physical_experts
+    weight = tokens_per_expert.sum(dim=0)
+    if algorithm in (EplbAlgorithm.deepseek, EplbAlgorithm.deepseek_hierarchical):
+        return sglang_deepseek(weight, num_physical_experts, num_groups, num_nodes, gpus,
+                               algorithm == EplbAlgorithm.deepseek_hierarchical)
+    if algorithm in (EplbAlgorithm.elasticity_aware, EplbAlgorithm.elasticity_aware_hierarchical):
+        manager = importlib.import_module("sglang.srt.elastic_ep.elastic_ep").ElasticEPStateManager  # lazily, as SGLang
+        state = manager.instance()
+        active = state.active_ranks if state is not None else manager.healthy_rank_state(ep_size=gpus)
+        return sglang_elasticity_aware(weight, num_physical_experts, num_groups, num_nodes, gpus,
+                                       algorithm == EplbAlgorithm.elasticity_aware_hierarchical, active)
+    raise NotImplementedError(algorithm)
+
+
+class EPLBManager:
+    """The part of SGLang 0.5.23's `EPLBManager.__init__` moe-place sees: keyword arguments, among them the
+    model's config and a getter of the model (read at rebalance time: the model loads after)."""
+
+    def __init__(self, *, model_config, get_model, get_expert_location_updater=None, get_expert_backup_client=None,
+                 get_weight_updater=None):
+        self.model_config, self.get_model = model_config, get_model
 
 
 @dataclass
 class _Metadata:
-    """The part of SGLang's `ExpertLocationMetadata` the hook reads: the map in use on the CPU."""
+    """The part of SGLang's `ExpertLocationMetadata` the hook and the harness read: the map in use on the CPU
+    and the slots of each expert (`[layers, E, X]`, -1 padded; None until the first rebalance)."""
 
     physical_to_logical_map_cpu: torch.Tensor
+    logical_to_all_physical_map_cpu: torch.Tensor | None = None
+
+
+def _sglang_tree(num_iterations: int, layers_per_chunk: int | None = None) -> dict[str, types.ModuleType]:
+    algorithms = types.ModuleType("sglang.srt.eplb.eplb_algorithms")
+    algorithms.EplbAlgorithm = EplbAlgorithm
+    algorithms.rebalance_experts = sglang_rebalance_experts
+    algorithms.compute_algorithm = compute_algorithm
+    manager = types.ModuleType("sglang.srt.eplb.eplb_manager")
+    manager.EPLBManager = type("EPLBManager", (EPLBManager,), {})   # a class per tree: a hook patches its own
+    location = types.ModuleType("sglang.srt.eplb.expert_location")
+    location.metadata = None
+    location.get_global_expert_location_metadata = lambda: location.metadata
+    elastic = types.ModuleType("sglang.srt.elastic_ep.elastic_ep")
+    elastic.ElasticEPStateManager = type("ElasticEPStateManager", (ElasticEPStateManager,), {"_instance": None})
+    runtime = types.ModuleType("sglang.srt.runtime_context")
+    exec_args = types.SimpleNamespace(moe=types.SimpleNamespace(eplb_rebalance_num_iterations=num_iterations,
+                                                                eplb_rebalance_layers_per_chunk=layers_per_chunk))
+    runtime.get_exec = lambda: exec_args
+    tree = {name: types.ModuleType(name) for name in ("sglang", "sglang.srt", "sglang.srt.eplb",
+                                                      "sglang.srt.elastic_ep")}
+    tree.update({"sglang.srt.eplb.eplb_algorithms": algorithms, "sglang.srt.eplb.eplb_manager": manager,
+                 "sglang.srt.eplb.expert_location": location, "sglang.srt.elastic_ep.elastic_ep": elastic,
+                 "sglang.srt.runtime_context": runtime})
+    return tree
 
 
 @contextmanager
 def standin_sglang_modules(num_iterations: int = 1000) -> Iterator[tuple[types.ModuleType, types.ModuleType]]:
-    """`sglang.srt.eplb.eplb_algorithms` and `sglang.srt.eplb.expert_location` for the block; yields both:
-    `StandinSglangEplb` calls the first one's `rebalance_experts` attribute (which the hook replaces) and
-    publishes its map through the second. Also `sglang.srt.runtime_context`, whose `get_exec().moe`
-    holds the server's `eplb_rebalance_num_iterations` (`num_iterations`), where SGLang 0.5.23's
-    running server publishes it (`sglang/srt/runtime_context.py`) and the hook reads it."""
-    algorithms = types.ModuleType("sglang.srt.eplb.eplb_algorithms")
-    algorithms.rebalance_experts = sglang_rebalance_experts
-    algorithms.compute_algorithm = compute_algorithm
-    location = types.ModuleType("sglang.srt.eplb.expert_location")
-    location.metadata = None
-    location.get_global_expert_location_metadata = lambda: location.metadata
-    runtime = types.ModuleType("sglang.srt.runtime_context")
-    exec_args = types.SimpleNamespace(moe=types.SimpleNamespace(eplb_rebalance_num_iterations=num_iterations))
-    runtime.get_exec = lambda: exec_args
-    tree = {name: types.ModuleType(name) for name in ("sglang", "sglang.srt", "sglang.srt.eplb")}
-    tree.update({"sglang.srt.eplb.eplb_algorithms": algorithms, "sglang.srt.eplb.expert_location": location,
-                 "sglang.srt.runtime_context": runtime})
+    """`sglang.srt.eplb.eplb_algorithms`, `.eplb_manager`, `.expert_location` and
+    `sglang.srt.elastic_ep.elastic_ep` for the block; yields the first and the third: `StandinSglangEplb` calls
+    the algorithms module's `rebalance_experts` attribute (which the hook replaces), builds an `EPLBManager`
+    and publishes its map through the expert-location module. Also `sglang.srt.runtime_context`, whose
+    `get_exec().moe` holds the server's `eplb_rebalance_num_iterations` (`num_iterations`) and
+    `eplb_rebalance_layers_per_chunk` (None: every layer at once, SGLang's default), where SGLang 0.5.23's
+    running server publishes them (`sglang/srt/runtime_context.py`) and the hook reads them."""
+    tree = _sglang_tree(num_iterations)
     with _modules(tree):
-        yield algorithms, location
+        yield tree["sglang.srt.eplb.eplb_algorithms"], tree["sglang.srt.eplb.expert_location"]
+
+
+def write_sglang_tree(root: Path, num_iterations: int = 1000) -> None:
+    """The stand-in SGLang tree as packages under `root` (`root/sglang/srt/eplb/eplb_algorithms/__init__.py`,
+    ...), each re-exporting this module's stand-ins (`bench/` must be importable as `engine_standins`), for a
+    process that imports `sglang.srt.eplb...` from disk, as a spawned SGLang scheduler does."""
+    bench = Path(__file__).resolve().parent
+    prelude = f"import sys\nsys.path.insert(0, {str(bench)!r})\nimport engine_standins as _s\n"
+    files = {
+        "sglang/__init__.py": "", "sglang/srt/__init__.py": "", "sglang/srt/eplb/__init__.py": "",
+        "sglang/srt/elastic_ep/__init__.py": "",
+        "sglang/srt/eplb/eplb_algorithms/__init__.py":
+            prelude + "EplbAlgorithm = _s.EplbAlgorithm\nrebalance_experts = _s.sglang_rebalance_experts\n"
+                      "compute_algorithm = _s.compute_algorithm\n",
+        "sglang/srt/eplb/eplb_manager.py": prelude + "class EPLBManager(_s.EPLBManager):\n    pass\n",
+        "sglang/srt/eplb/expert_location.py":
+            "metadata = None\n\n\ndef get_global_expert_location_metadata():\n    return metadata\n",
+        "sglang/srt/elastic_ep/elastic_ep.py":
+            prelude + "class ElasticEPStateManager(_s.ElasticEPStateManager):\n    _instance = None\n",
+        "sglang/srt/runtime_context.py":
+            "import types\n_exec = types.SimpleNamespace(moe=types.SimpleNamespace(eplb_rebalance_num_iterations="
+            f"{int(num_iterations)}, eplb_rebalance_layers_per_chunk=None))\n\n\ndef get_exec():\n    return _exec\n",
+    }
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 # ---------------------------------------------------------------------- the engines' rebalance machinery
@@ -279,23 +456,43 @@ class StandinVllmEplb:
 
     Drive it like vLLM's model runner: before each forward pass read `record` (the shared flag the
     router checks); if set, add the pass's physical counts with `add_pass_load`; after the pass call
-    `step()`. `physical_to_logical_map` is the map in use `[layers, P]`.
+    `step()`. `physical_to_logical_map` is the map in use `[layers, P]`. model: the expert shape the model's
+    registered weights have (a preset name or shape; default Qwen3-30B-A3B), named `model_name`.
+    log_stats / log_interval: vLLM's `log_balancedness` and `log_balancedness_interval`.
     """
 
     def __init__(self, policies: dict, num_layers: int, num_experts: int, num_redundant: int, num_gpus: int,
                  num_nodes: int, num_groups: int, step_interval: int = 3000, window_size: int = 1000,
-                 use_async: bool = True, policy: str = "default"):
-        self.policy = policies[policy]  # `add_model` looks the class up once
-        self.num_experts, self.num_gpus, self.num_groups = num_experts, num_gpus, num_groups
+                 use_async: bool = True, policy: str = "default", model: str | ExpertShape | None = None,
+                 model_name: str | None = None, log_stats: bool = False, log_interval: int = 1):
+        self.policies, self.policy_name = policies, policy
+        self.parallel_config = types.SimpleNamespace(eplb_config=types.SimpleNamespace(
+            step_interval=step_interval, window_size=window_size, use_async=use_async, policy=policy,
+            log_balancedness=log_stats, log_balancedness_interval=log_interval))
+        self.num_gpus, self.num_groups = num_gpus, num_groups
         self.num_nodes = num_nodes if num_gpus % num_nodes == 0 else 1
-        self.num_physical = num_experts + num_redundant
-        linear = list(range(num_experts)) + [i % num_experts for i in range(num_redundant)]
+        self.window_size, self.step_interval, self.use_async = window_size, step_interval, use_async
+        self.log_stats, self.log_interval = log_stats, log_interval
+        shape = _shape(model)
+        physical = num_experts + num_redundant
+        layer = expert_weight_tensors(shape, physical // num_gpus)
+        standin = types.SimpleNamespace(num_moe_layers=num_layers, num_logical_experts=num_experts,
+                                        num_routed_experts=num_experts, num_redundant_experts=num_redundant,
+                                        num_physical_experts=physical, expert_weights=[layer] * num_layers)
+        config = types.SimpleNamespace(model=model_name or shape.name, hf_text_config=hf_config_of(shape))
+        self.add_model(standin, config)
+
+    def add_model(self, model, model_config) -> None:
+        """vLLM's `add_model`: the policy looked up once, the linear start map, the pass and the window."""
+        self.policy = self.policies[self.policy_name]
+        self.num_experts, num_layers = model.num_logical_experts, model.num_moe_layers
+        self.num_physical = model.num_physical_experts
+        linear = list(range(self.num_experts)) + [i % self.num_experts for i in range(model.num_redundant_experts)]
         self.physical_to_logical_map = torch.tensor(linear).unsqueeze(0).expand(num_layers, -1).contiguous()
         self.expert_load_pass = torch.zeros((num_layers, self.num_physical), dtype=torch.int32)
-        self.window = torch.zeros((window_size, num_layers, self.num_physical), dtype=torch.int32)
-        self.window_size, self.step_interval, self.use_async = window_size, step_interval, use_async
+        self.window = torch.zeros((self.window_size, num_layers, self.num_physical), dtype=torch.int32)
         self.window_step = 0
-        self.rearrangement_step = max(0, step_interval - step_interval // 4)
+        self.rearrangement_step = max(0, self.step_interval - self.step_interval // 4)
         self.record = True  # the router's flag, on at start-up
         self.pending: list | None = None  # async: [new map, next layer to commit]
 
@@ -303,7 +500,11 @@ class StandinVllmEplb:
         self.expert_load_pass += physical_counts.to(torch.int32)
 
     def _should_record(self) -> bool:
-        return self.step_interval - self.rearrangement_step <= self.window_size
+        for_rearrange = self.step_interval - self.rearrangement_step <= self.window_size
+        if not self.log_stats:
+            return for_rearrange
+        until_log = (self.log_interval - self.rearrangement_step % self.log_interval) % self.log_interval
+        return for_rearrange or until_log <= self.window_size
 
     def step(self) -> None:
         if self._should_record():
@@ -324,8 +525,9 @@ class StandinVllmEplb:
     def rearrange(self) -> None:
         layers = self.physical_to_logical_map.shape[0]
         logical = torch.zeros((self.window_size, layers, self.num_experts + 1), dtype=self.window.dtype)
-        logical.scatter_add_(-1, self.physical_to_logical_map.unsqueeze(0).expand_as(self.window).long(), self.window)
-        weight = logical[..., :-1].sum(dim=0)  # int64 [layers, E]
+        index = self.physical_to_logical_map.masked_fill(self.physical_to_logical_map < 0, self.num_experts)
+        logical.scatter_add_(-1, index.unsqueeze(0).expand_as(self.window).long(), self.window)
+        weight = logical[..., :-1].sum(dim=0)  # int64 [layers, E], -1 slots' counts dropped
         old = self.physical_to_logical_map.cpu()  # async: the worker's snapshot, taken before any commit
         new = self.policy.rebalance_experts(weight.cpu(), self.num_physical, self.num_groups, self.num_nodes,
                                             self.num_gpus, old)
@@ -341,18 +543,38 @@ class StandinSglangEplb:
     """SGLang 0.5.23's EPLB manager, recorder and expert location for one model (module note).
 
     Drive it like SGLang's model runner: after each forward pass call `on_forward_pass(physical_counts)`.
-    `metadata.physical_to_logical_map_cpu` is the map in use `[layers, P]`. `modules`: the algorithms
-    module, whose `rebalance_experts` attribute is called, and the expert-location module that
-    publishes the metadata (`standin_sglang_modules()`).
+    `metadata.physical_to_logical_map_cpu` is the map in use `[layers, P]` (`logical_to_all_physical_map_cpu`
+    the slots each expert's tokens go to). `modules`: the algorithms module, whose `rebalance_experts`
+    attribute is called, and the expert-location module that publishes the metadata
+    (`standin_sglang_modules()`); the manager and elastic-state modules are SGLang's names in `sys.modules`.
+    model / model_name: the expert shape of the model's weights and its name (default Qwen3-30B-A3B);
+    dense_layers: model layers without experts (zero rows in the counts, no weights). active_ranks: SGLang's
+    elastic state (None: no elastic EP). min_utilization: `--eplb-min-rebalancing-utilization-threshold`.
+    ranks_counting_each_token: ranks whose recorders count each token (the all-reduce sums them).
+    calls / skipped: the rebalances that called the algorithm, and those `_check_rebalance_needed` skipped.
     """
+
+    HISTORY = 1000   # SGLang's EPLB_BALANCEDNESS_WINDOW_SIZES[-1]: the passes the utilization is averaged over
 
     def __init__(self, modules: tuple[types.ModuleType, types.ModuleType], num_layers: int, num_experts: int,
                  num_redundant: int, num_gpus: int, num_nodes: int, num_groups: int | None,
-                 num_iterations: int = 1000, buffer_size: int | None = None, algorithm: str = "auto"):
+                 num_iterations: int = 1000, buffer_size: int | None = None, algorithm: str = "auto",
+                 model: str | ExpertShape | None = None, model_name: str | None = None,
+                 dense_layers: tuple[int, ...] = (), active_ranks: torch.Tensor | None = None,
+                 min_utilization: float = 1.0, ranks_counting_each_token: int = 1):
         self.algorithms, location = modules
         self.num_layers, self.num_experts, self.num_gpus = num_layers, num_experts, num_gpus
         self.num_nodes, self.num_groups, self.raw_algorithm = num_nodes, num_groups, algorithm
         self.num_physical = num_experts + num_redundant
+        shape = _shape(model)
+        weights = {layer: expert_weight_tensors(shape, self.num_physical // num_gpus)
+                   for layer in range(num_layers) if layer not in set(dense_layers)}
+        model_object = types.SimpleNamespace(routed_experts_weights_of_layer=weights)
+        config = types.SimpleNamespace(model_path=model_name or shape.name, hf_config=hf_config_of(shape))
+        self.manager = sys.modules["sglang.srt.eplb.eplb_manager"].EPLBManager(
+            model_config=config, get_model=lambda: model_object)
+        elastic = sys.modules["sglang.srt.elastic_ep.elastic_ep"].ElasticEPStateManager
+        elastic._instance = None if active_ranks is None else types.SimpleNamespace(active_ranks=active_ranks)
         trivial = torch.arange(self.num_physical).repeat(num_layers, 1) % num_experts
         self.metadata = _Metadata(trivial)
         location.metadata = self.metadata
@@ -362,11 +584,17 @@ class StandinSglangEplb:
         self.buffer = torch.zeros((size, num_layers, self.num_physical), dtype=torch.int32)
         self.buffer_index = 0
         self.num_iterations = num_iterations
+        self.min_utilization, self.ranks_counting_each_token = min_utilization, ranks_counting_each_token
+        self.history: deque = deque(maxlen=self.HISTORY)
+        self.calls = self.skipped = 0
         self._generator = self._entrypoint()
 
     def on_forward_pass(self, physical_counts: torch.Tensor) -> None:
         self.buffer[self.buffer_index] = physical_counts.to(torch.int32)
         self.buffer_index = (self.buffer_index + 1) % len(self.buffer)
+        if not math.isclose(self.min_utilization, 1.0):   # the recorder tracks utilization only then
+            gpu = physical_counts.float().reshape(self.num_layers, self.num_gpus, -1).sum(-1)
+            self.history.append(float(((gpu.mean(-1) + 1e-5) / (gpu.max(-1).values + 1e-5)).mean()))
         next(self._generator)
 
     def _entrypoint(self):
@@ -375,13 +603,25 @@ class StandinSglangEplb:
                 yield
             self.rebalance()
 
+    def _rebalance_needed(self) -> bool:
+        if math.isclose(self.min_utilization, 1.0):
+            return True   # SGLang reports no utilization then
+        utilization = sum(self.history) / len(self.history) if self.history else 0.0
+        return utilization <= self.min_utilization
+
     def rebalance(self) -> None:
         current = self.metadata.physical_to_logical_map_cpu
         logical = torch.zeros((len(self.buffer), self.num_layers, self.num_experts), dtype=self.buffer.dtype)
         logical.scatter_add_(2, current.unsqueeze(0).expand(len(self.buffer), -1, -1).long(), self.buffer)
+        logical = logical * self.ranks_counting_each_token   # the all-reduce: a sum over the ranks' records
+        if not self._rebalance_needed():
+            self.skipped += 1
+            return
         algorithm = self.algorithms.compute_algorithm(self.raw_algorithm, self.num_groups, self.num_nodes)
-        phy2log, _, _ = self.algorithms.rebalance_experts(
+        phy2log, log2phy, _ = self.algorithms.rebalance_experts(
             tokens_per_expert=logical, num_physical_experts=self.num_physical,
             num_local_physical_experts=self.num_physical // self.num_gpus, num_groups=self.num_groups,
             num_nodes=self.num_nodes, algorithm=algorithm)
+        self.calls += 1
         self.metadata.physical_to_logical_map_cpu = phy2log.to(torch.int64).cpu().clone()
+        self.metadata.logical_to_all_physical_map_cpu = log2phy.to(torch.int64).cpu().clone()

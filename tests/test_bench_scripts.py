@@ -18,7 +18,8 @@ MODULES = {"engine_harness.py": "the in-engine harness bench_engines.py and test
 PY_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py") if p.name not in MODULES)
 SH_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.sh"))
 # scripts without the shared record options, with the reason
-OWN_OUTPUT_OPTIONS = {"check_sglang_kt_stats.py": "a check: it writes no file"}
+OWN_OUTPUT_OPTIONS = {"check_sglang_kt_stats.py": "a check: it writes no file",
+                      "check_sglang_plugin.py": "a check against a real SGLang: it writes no file"}
 
 
 def _run(*argv, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ The drift test judges expert-layer time plus migration on the cost model; the po
 the issue counts too, is judged by `bench/bench_engines.py` only (tests assert no timings).
 """
 
+import hashlib
 import importlib.util
 import json
 import subprocess
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from moe_place.errors import InputError
 
 torch = pytest.importorskip("torch")
 
@@ -53,50 +56,129 @@ def _no_env(monkeypatch):
 
 
 # ---------------------------------------------------------------------- the stand-in defaults vs the real ones
+# Equal loads are ordered by the engines' unstable sorts. vLLM's is numpy's `argsort`, which orders them
+# by the CPU's features (AVX-512, AVX2 and the baseline each their own way; the golden file holds vLLM's
+# maps from all three, made on one machine with NPY_DISABLE_CPU_FEATURES): the vLLM comparison replays the
+# order vLLM's own sort returned for each case, after checking that the stand-in sorts the very values
+# vLLM sorted, so it holds on every CPU and checks everything but the CPU's choice among equal keys.
+# SGLang's is torch's sort, whose CPU order does not depend on the features (the generator checks that
+# under each ATEN_CPU_CAPABILITY): its tie cases run where torch orders a tied probe as the file says.
 def _golden(engine: str):
-    data = np.load(DATA / ("vllm_default_expected.npz" if engine == "vllm" else "sglang_deepseek_expected.npz"))
+    return np.load(DATA / ("vllm_default_expected.npz" if engine == "vllm" else "sglang_deepseek_expected.npz"))
+
+
+def _torch_ties_alike(data) -> bool:
     probe = (np.arange(96) * 7 % 5).astype(np.float32)
-    same_ties = (np.array_equal(np.argsort(-probe), data["meta/argsort_probe"]) if engine == "vllm" else
-                 np.array_equal(torch.from_numpy(probe).sort(descending=True).indices.numpy(),
-                                data["meta/torch_sort_probe"]))
-    return data, same_ties
+    return np.array_equal(torch.from_numpy(probe).sort(descending=True).indices.numpy(), data["meta/torch_sort_probe"])
 
 
-def _cases(data, same_ties):
+def _cases(data, skip_ties: bool = False):
+    """(case, weight, (replicas, groups, nodes, gpus), old); `case@variant` takes the inputs of `case`."""
     for case in (str(c) for c in data["meta/cases"]):
-        if case.startswith("ties") and not same_ties:
-            continue  # this machine's sort orders equal loads otherwise than the one that made the file
-        replicas, groups, nodes, gpus = (int(v) for v in data[f"{case}/args"])
-        yield case, data[f"{case}/weight"], (replicas, groups, nodes, gpus), data[f"{case}/old"]
+        if skip_ties and case.startswith("ties"):
+            continue
+        base = case.split("@")[0]
+        replicas, groups, nodes, gpus = (int(v) for v in data[f"{base}/args"])
+        yield case, data[f"{base}/weight"], (replicas, groups, nodes, gpus), data[f"{base}/old"]
+
+
+def _keys_digest(keys: np.ndarray) -> str:   # as tests/data/make_engine_default_expected.py records them
+    keys = np.ascontiguousarray(keys)
+    return hashlib.sha256(f"{keys.dtype.str}{keys.shape}".encode() + keys.tobytes()).hexdigest()
+
+
+def has_ties(keys: np.ndarray) -> bool:
+    """The tie probe: some row of what is sorted holds two equal values (its order may differ by CPU)."""
+    ordered = np.sort(keys, axis=-1)
+    return bool((ordered[..., 1:] == ordered[..., :-1]).any())
+
+
+class ReplayedSort:
+    """The stand-in's sort for one golden case: checks that it sorts what vLLM's `balanced_packing` sorted
+    (digest of the negated values), then returns the order vLLM's `argsort` returned there, or, where no
+    row held equal keys (no order stored), this machine's own order, the only descending one."""
+
+    def __init__(self, data, case: str):
+        self.data, self.case, self.calls, self.tied = data, case, 0, []
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        keys = -values
+        prefix = f"{self.case}/sort{self.calls}"
+        assert f"{prefix}/keys_sha256" in self.data.files, f"{self.case}: sort {self.calls} that vLLM did not run"
+        assert _keys_digest(keys) == str(self.data[f"{prefix}/keys_sha256"]), f"{self.case}: sort {self.calls} keys"
+        self.calls += 1
+        self.tied.append(has_ties(keys))
+        if f"{prefix}/order" not in self.data.files:
+            return np.argsort(keys, axis=-1)
+        return self.data[f"{prefix}/order"].astype(np.int64)
+
+    def ran_all(self) -> bool:
+        return f"{self.case}/sort{self.calls}/keys_sha256" not in self.data.files
 
 
 def test_golden_files_say_where_they_came_from():
     for engine, version in (("vllm", "0.33.0"), ("sglang", "0.5.23")):
-        data, _ = _golden(engine)
+        data = _golden(engine)
         assert str(data["meta/engine"]) == engine and str(data["meta/engine_version"]) == version
         cases = [str(c) for c in data["meta/cases"]]
         assert sum(c.startswith("ties") for c in cases) >= 50 and sum(c.startswith("random") for c in cases) >= 50
         assert len(str(data["meta/source_sha256"])) == 64
+    variants = [str(v) for v in _golden("vllm")["meta/variants"]]
+    assert variants == ["native", "x86-64-v3", "x86-64-v2"]   # numpy's three x86-64 sort dispatch targets
 
 
 def test_vllm_standin_default_equals_vllm_033_default_policy():
-    data, same_ties = _golden("vllm")
+    data = _golden("vllm")
     checked = 0
-    for case, weight, (replicas, groups, nodes, gpus), old in _cases(data, same_ties):
-        fresh = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus)
-        kept = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus,
-                                            torch.from_numpy(old))
-        assert fresh.dtype == torch.int64
-        np.testing.assert_array_equal(fresh.numpy(), data[f"{case}/phy2log"], err_msg=case)
-        np.testing.assert_array_equal(kept.numpy(), data[f"{case}/phy2log_with_old"], err_msg=case)
+    for case, weight, (replicas, groups, nodes, gpus), old in _cases(data):
+        for old_map, key in ((None, "phy2log"), (torch.from_numpy(old), "phy2log_with_old")):
+            replay = ReplayedSort(data, case)
+            out = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus, old_map,
+                                               order=replay)
+            assert out.dtype == torch.int64 and replay.ran_all(), case
+            np.testing.assert_array_equal(out.numpy(), data[f"{case}/{key}"], err_msg=case)
         checked += 1
-    assert checked >= 64  # random and harness-size cases at least, ties where this machine sorts ties alike
+    assert checked >= 124 + 4   # every case, and the orders of other CPUs where they give another map
+
+
+def test_vllm_standin_needs_no_replay_where_no_keys_tie():
+    # with no equal keys this machine's own argsort is the only descending order: no replay, the same map
+    data = _golden("vllm")
+    tie_free = 0
+    for case, weight, (replicas, groups, nodes, gpus), old in _cases(data):
+        probe = ReplayedSort(data, case)
+        replayed = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus, order=probe)
+        if any(probe.tied):
+            continue
+        own = standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus)
+        np.testing.assert_array_equal(own.numpy(), replayed.numpy(), err_msg=case)
+        np.testing.assert_array_equal(own.numpy(), data[f"{case}/phy2log"], err_msg=case)
+        tie_free += 1
+    assert tie_free >= 10
+
+
+def test_the_tie_probe_covers_every_case_whose_map_depends_on_the_cpu():
+    # a case stored again for another feature set (its map differs there) must be one the probe calls tied:
+    # the harness cases included (rounded window sums and per-replica loads can be equal)
+    data = _golden("vllm")
+    tied = {}
+    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data):
+        probe = ReplayedSort(data, case)
+        standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus, order=probe)
+        tied[case] = any(probe.tied)
+    per_cpu = {case.split("@")[0] for case in tied if "@" in case}
+    assert per_cpu and all(tied[case] for case in per_cpu)
+    harness = [case for case in tied if case.startswith("harness") and "@" not in case]
+    assert len(harness) == 4 and {c for c in harness if c in per_cpu} == {
+        "harness-e256-g16-n2-groups1", "harness-e256-g32-n4-groups1", "harness-e256-g32-n4-groups8"}
+    assert not has_ties(np.array([[3.0, 2.0, 1.0]])) and has_ties(np.array([[1.0, 2.0], [2.0, 2.0]]))
 
 
 def test_sglang_standin_deepseek_equals_sglang_0523():
-    data, same_ties = _golden("sglang")
+    data = _golden("sglang")
+    same_ties = _torch_ties_alike(data)
     checked = 0
-    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data, same_ties):
+    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data, skip_ties=not same_ties):
         out = standins.sglang_deepseek(torch.from_numpy(weight), replicas, groups, nodes, gpus, groups % nodes == 0)
         for name, tensor in zip(("phy2log", "log2phy", "logcnt"), out):
             np.testing.assert_array_equal(tensor.numpy(), data[f"{case}/{name}"], err_msg=f"{case}: {name}")
@@ -109,9 +191,11 @@ def test_the_engines_arithmetic_matters_where_deepseeks_float32_differs():
     # engines' float64 gives theirs (checked above): the stand-in is not the planner's eplb under a new name
     from moe_place.solvers.deepseek import eplb_rebalance
 
-    data, _ = _golden("vllm")
+    data = _golden("vllm")
     differ = 0
-    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data, False):
+    for case, weight, (replicas, groups, nodes, gpus), _ in _cases(data):
+        if "@" in case:
+            continue
         hierarchical = groups % nodes == 0
         ours = eplb_rebalance(weight, replicas, groups if hierarchical else 1, nodes if hierarchical else 1, gpus)
         differ += not np.array_equal(ours, data[f"{case}/phy2log"])
@@ -192,7 +276,7 @@ def test_sglang_standin_cadence_and_buffer():
                 assert len(seen) == step - 19  # the first call ends pass 21 (0-based 20)
     assert len(seen) == 2  # passes 20 and 40 (0-based)
     tokens, physical, local, groups, nodes, algorithm = seen[0]
-    assert (physical, local, groups, nodes, algorithm) == (12, 3, 4, 2, "deepseek_hierarchical")
+    assert (physical, local, groups, nodes, algorithm) == (12, 3, 4, 2, standins.EplbAlgorithm.deepseek_hierarchical)
     assert tokens.shape == (20, 2, 8) and tokens.dtype == torch.int32
     assert int(tokens.sum()) == int(torch.stack(passes[1:21]).sum())  # the buffer: the last 20 passes
 
@@ -335,3 +419,172 @@ def test_standin_runs_like_the_real_engine(engine):
         np.testing.assert_array_equal(real.map_of_step, stand.map_of_step)
         for a, b in zip(real.maps, stand.maps):
             np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------- steps of the engines the stand-ins run
+def test_vllm_standin_drops_the_counts_of_minus_one_slots_and_hands_the_map_on():
+    # vLLM 0.33 eplb_state.py rearrange: masked_fill(map < 0, E) before the scatter-add, the extra column dropped
+    _Recording.calls = []
+    eplb = standins.StandinVllmEplb({"default": _Recording}, 2, 8, 4, 4, 1, 1, step_interval=8, window_size=8,
+                                    use_async=False)
+    eplb.physical_to_logical_map[:, -2:] = -1   # elastic EP: slots being removed
+    load = torch.ones((2, 12), dtype=torch.int32)
+    for _ in range(2):   # the first call comes after 8 // 4 = 2 steps
+        if eplb.record:
+            eplb.add_pass_load(load)
+        eplb.step()
+    weight, *_, old = _Recording.calls[0]
+    assert int(weight.sum()) == 2 * 2 * 10 and (old[:, -2:] == -1).all()   # the -1 slots' counts are not in it
+    from moe_place.engines.vllm import current_placement
+    assert current_placement(old, 8, 4, (2, 12)) is None   # moe-place then plans afresh: no usable map in use
+
+
+def test_vllm_standin_log_stats_records_more_steps_but_the_policy_sees_the_same_windows():
+    # vLLM 0.33 eplb_state.py _should_record_current_step(log_stats): record also near each balancedness log
+    seen = {}
+    for log_stats in (False, True):
+        _Recording.calls = []
+        eplb = standins.StandinVllmEplb({"default": _Recording}, 2, 8, 4, 4, 1, 1, step_interval=40, window_size=10,
+                                        use_async=False, log_stats=log_stats, log_interval=25)
+        rng = np.random.default_rng(5)
+        recorded = 0
+        for _ in range(130):
+            load = torch.from_numpy(rng.integers(0, 9, size=(2, 12)).astype(np.int32))
+            recorded += bool(eplb.record)
+            if eplb.record:
+                eplb.add_pass_load(load)
+            eplb.step()
+        seen[log_stats] = ([c[0] for c in _Recording.calls], recorded)
+    (plain, plain_steps), (logged, logged_steps) = seen[False], seen[True]
+    assert logged_steps > plain_steps and len(plain) == len(logged) == 4
+    assert all(torch.equal(a, b) for a, b in zip(plain, logged))
+
+
+def _standin_sglang(modules, redundant: int = 4, **kwargs):
+    return standins.StandinSglangEplb(modules, 2, 16, redundant, 4, 1, None, num_iterations=20, **kwargs)
+
+
+def test_sglang_standin_skips_the_rebalance_above_the_utilization_threshold():
+    # SGLang 0.5.23 eplb_manager.py _check_rebalance_needed: no algorithm call while utilization > threshold
+    balanced = torch.full((2, 20), 7, dtype=torch.int32)
+    skewed = balanced.clone()
+    skewed[:, 0] = 400
+    for threshold, load, calls in ((1.0, balanced, 3), (0.9, balanced, 0), (0.9, skewed, 3)):
+        with standins.standin_sglang_modules(20) as modules:
+            eplb = _standin_sglang(modules, min_utilization=threshold)
+            for _ in range(65):
+                eplb.on_forward_pass(load)
+        assert (eplb.calls, eplb.skipped) == (calls, 3 - calls), threshold
+
+
+def test_sglang_standin_all_reduce_sums_every_rank_that_counted_a_token():
+    # SGLang 0.5.23 expert_distribution.py _StatAccumulator.dump: all_reduce(SUM) of the ranks' logical counts
+    totals = []
+    for ranks in (1, 4):
+        with standins.standin_sglang_modules(20) as (algorithms, location):
+            seen = []
+            own = algorithms.rebalance_experts
+            def recording(**kwargs):
+                seen.append(kwargs["tokens_per_expert"].clone())
+                return own(**kwargs)
+
+            algorithms.rebalance_experts = recording
+            eplb = _standin_sglang((algorithms, location), ranks_counting_each_token=ranks)
+            for _ in range(21):
+                eplb.on_forward_pass(torch.full((2, 20), 3, dtype=torch.int32))
+            totals.append(int(seen[0].sum()))
+    assert totals == [20 * 2 * 20 * 3, 4 * 20 * 2 * 20 * 3]
+
+
+def _elastic_run(algorithm: str, active: list[int], policy: str):
+    """A skewed load through the stand-in SGLang with elastic state `active` and `policy` ("moe-place" or
+    SGLang's own); returns (the map and slots of each expert SGLang runs after, the hook or None)."""
+    from moe_place.engines import sglang as adapter
+
+    rng = np.random.default_rng(2)
+    share = rng.dirichlet(np.full(16, 0.4), size=2)
+    with standins.standin_sglang_modules(20) as modules:
+        handle = adapter.install_rebalance_hook() if policy == "moe-place" else None
+        eplb = _standin_sglang(modules, redundant=8, algorithm=algorithm,   # 6 slots per GPU: 16 experts fit on 3
+                               active_ranks=torch.tensor(active, dtype=torch.int32))
+        for _ in range(45):
+            counts = np.stack([rng.multinomial(2048, p) for p in share])
+            rank, logcnt = harness.replica_ranks(eplb.metadata.physical_to_logical_map_cpu.numpy(), 16)
+            eplb.on_forward_pass(torch.from_numpy(harness.physical_counts(
+                eplb.metadata.physical_to_logical_map_cpu.numpy(), counts, rank, logcnt)))
+        hook = None if handle is None else handle.hook
+        if handle is not None:
+            adapter.uninstall_rebalance_hook(handle)
+    return eplb.metadata, hook
+
+
+@pytest.mark.parametrize("algorithm", ["elasticity_aware", "elasticity_aware_hierarchical"])
+def test_elastic_calls_with_a_rank_down_never_place_an_expert_on_it(algorithm):
+    ours, hook = _elastic_run(algorithm, [1, 1, 0, 1], "moe-place")
+    own, _ = _elastic_run(algorithm, [1, 1, 0, 1], "default")
+    assert hook.handed_back == 2 and not hook.sessions   # both calls went back to SGLang's own algorithm
+    slots = ours.logical_to_all_physical_map_cpu
+    down = set(range(2 * 6, 3 * 6))   # rank 2's six slots
+    assert not (set(slots[slots >= 0].tolist()) & down)   # no token is sent there
+    assert torch.equal(ours.physical_to_logical_map_cpu, own.physical_to_logical_map_cpu)
+    up, hook = _elastic_run(algorithm, [1, 1, 1, 1], "moe-place")   # every rank up: the rule answers
+    assert hook.handed_back == 0 and len(hook.sessions) == 1
+
+
+# ---------------------------------------------------------------------- what the engine says, and the log line
+def _first_call(engine: str, size, caplog, **config):
+    """Run moe-place in `engine` (a stand-in) to its first rule call; returns the log line."""
+    caplog.set_level("INFO", logger="moe_place.engines")
+    workload = harness.skewed_workload(size, engine, 200, 2, 1, seed=0)
+    harness.run_engine(engine, "moe-place", size, workload.counts[:500], dict(step_interval=200, window=100))
+    lines = [r.getMessage() for r in caplog.records if r.name == "moe_place.engines"]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("engine", ["standin-vllm", "standin-sglang"])
+def test_the_first_call_logs_the_engines_expert_size(engine, caplog):
+    # the size's model is DeepSeek-V3 (FP8, 7168 x 2048 x 3 bytes per expert); no model is configured, so the
+    # rule can only have the size from the engine's own tensors
+    line = _first_call(engine, HIER, caplog)
+    assert "model DeepSeek-V3, 42.0 MiB per expert" in line and "2 MoE layers x 64 experts" in line
+    assert "hardware H100, 8 GPUs on 2 nodes" in line
+    cadence = "every 200 steps, window 100 steps" if "vllm" in engine else "every 200 passes, window 200 passes"
+    assert cadence in line and ("migration async" if "vllm" in engine else "migration stall") in line
+
+
+@pytest.mark.parametrize("engine", ["standin-vllm", "standin-sglang"])
+@pytest.mark.parametrize("var, value, named", [
+    ("MOE_PLACE_MODEL", "Qwen3-30B-A3B", "9,437,184 bytes per expert"),   # a preset whose expert differs
+    ("MOE_PLACE_STEP_INTERVAL", "300", "the engine's 200"),
+    ("MOE_PLACE_MIGRATION", "async", "the engine's"),
+])
+def test_a_configured_value_that_disagrees_with_the_engine_is_an_error_naming_both(engine, var, value, named,
+                                                                                monkeypatch):
+    if var == "MOE_PLACE_MIGRATION" and "vllm" in engine:
+        value = "stall"   # vLLM here runs use_async
+    monkeypatch.setenv(var, value)
+    workload = harness.skewed_workload(HIER, engine, 200, 2, 1, seed=0)
+    with pytest.raises(InputError) as error:
+        harness.run_engine(engine, "moe-place", HIER, workload.counts[:500], dict(step_interval=200, window=100))
+    text = str(error.value)
+    assert named in text and value in text
+    if var == "MOE_PLACE_MODEL":
+        assert "44,040,192 bytes per expert" in text and "DeepSeek-V3" in text
+
+
+def test_the_hook_plans_as_the_servers_algorithm_says():
+    # SGLang's --eplb-algorithm: deepseek (global) or deepseek_hierarchical; an algorithm the rule does not know
+    # goes back to SGLang's own function
+    from moe_place.engines import sglang as adapter
+
+    calls = []
+    hook = adapter.PaybackRebalance(adapter.EngineConfig(), fallback=lambda *a: calls.append(a) or "sglang's",
+                                    current_map=lambda: torch.arange(72).repeat(2, 1) % 64,
+                                    engine_model=lambda *a: None, interval=lambda: 100, migration=lambda: "stall",
+                                    active_ranks=lambda: None)
+    tokens = torch.from_numpy(np.random.default_rng(0).integers(0, 90, size=(10, 2, 64)))
+    for algorithm in (standins.EplbAlgorithm.deepseek, standins.EplbAlgorithm.deepseek_hierarchical):
+        hook(tokens, 72, 9, 8, 2, algorithm)
+    assert sorted(key[-1] or 0 for key in hook.sessions) == [0, 8]   # groups: none (global), 8 (hierarchical)
+    assert hook(tokens, 72, 9, 8, 2, "some_new_algorithm") == "sglang's" and len(calls) == 1

@@ -152,6 +152,8 @@ def test_the_circle_check_sees_a_circle():
 LATE_IMPORTS_ALLOWED = {
     "moe_place.kernels.aot": "importing the kernels with TRITON_INTERPRET set would bind the interpreter's triton",
     "moe_place.solvers.__init__": "OR-Tools is optional (the solver extra): cpsat's module is loaded when cpsat is asked for",
+    "moe_place.engines.sglang_startup": "runs in every Python process of an environment (a .pth line): the adapter "
+                                        "(numpy, the rule) loads only when SGLang imports its EPLB algorithms",
 }
 
 
@@ -189,3 +191,24 @@ def test_the_late_import_check_tells_a_leading_block_from_a_scattered_import():
               "    from moe_place.io import write_atomic\n")
     found = [(node.lineno, leading) for _, node, leading in _function_level_own_imports(ast.parse(source))]
     assert found == [(3, True), (5, False)]
+
+
+def test_every_hypothesis_test_is_derandomized():
+    # conftest.py loads a derandomized profile; a test's own @settings inherits it unless it says otherwise
+    hypothesis = pytest.importorskip("hypothesis")
+    assert hypothesis.settings.default.derandomize and hypothesis.settings.default.database is None
+    overriding = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests").glob("test_*.py"))
+                  if re.search(r"derandomize\s*=\s*False", path.read_text())]
+    assert not overriding, overriding
+    from hypothesis import given, settings, strategies
+
+    @settings(max_examples=5)   # as the tests write it: the profile's derandomize still holds
+    @given(strategies.integers())
+    def drawn(value):
+        seen.append(value)
+
+    seen: list = []
+    drawn()
+    first, seen = seen, []
+    drawn()
+    assert seen == first

@@ -19,17 +19,34 @@ Launch: `python -m sglang.launch_server ... --ep-size G --ep-num-redundant-exper
 
 Online (`--enable-eplb`): SGLang's `EPLBManager` rebalances every
 `--eplb-rebalance-num-iterations` passes through `ExpertLocationMetadata.init_by_eplb`, which calls
-`sglang.srt.eplb.eplb_algorithms.rebalance_experts(tokens_per_expert [passes, layers, E], ...)`,
-and copies the changed layers (all at once unless `--eplb-rebalance-layers-per-chunk`).
+`sglang.srt.eplb.eplb_algorithms.rebalance_experts(tokens_per_expert [passes, layers, E], ...,
+algorithm)`, and copies the changed layers (all at once unless `--eplb-rebalance-layers-per-chunk`).
 `install_rebalance_hook()` puts `PaybackRebalance` in that function's place (reversibly): the
 rebalance rule (`moe_place.online.policy.RebalanceRule`, what `replay --engine sglang --controller
 ours` runs) decides, from the map SGLang runs, which layers take DeepSeek EPLB's plan of the
 window aligned to the map in use (a gap above the noise floor that pays back), and otherwise
-returns that map unchanged (SGLang then copies nothing). It reads the running server's
-`--eplb-rebalance-num-iterations` for its horizon; the other settings come from
-`moe_place.engines.config` (`MOE_PLACE_CONFIG` or `MOE_PLACE_*`; `migration = "stall"` matches
-SGLang's default all-layers update). Call it in the server process before the first rebalance
-(e.g. a sitecustomize module, or a launcher that imports it then runs SGLang).
+returns that map unchanged (SGLang then copies nothing).
+
+The server's choice of algorithm (`--eplb-algorithm`, the `algorithm` argument) is honoured:
+- `deepseek`, `deepseek_vec`, `elasticity_aware` (and `auto` resolving to `deepseek`): the rule, with
+  global plans; their `_hierarchical` forms: the rule with hierarchical plans (groups inside nodes);
+- `elasticity_aware*` while a rank is down (SGLang's `ElasticEPStateManager` reports fewer active
+  ranks than GPUs): the call goes back to SGLang's own algorithm, which places no expert on an
+  inactive rank (the rule plans over all GPUs); any algorithm this module does not know: the same.
+What SGLang knows comes from SGLang: the model's name, one expert's bytes (the tensors of its
+`routed_experts_weights_of_layer`, read through the `EPLBManager` SGLang built, which
+`install_rebalance_hook()` and the environment hook record: `sglang_managers.MANAGERS`), its MoE
+layers, the GPUs, nodes and groups of the call, `--eplb-rebalance-num-iterations` and the recorder's
+window, and how it copies (`--eplb-rebalance-layers-per-chunk` unset: every layer at once while
+serving waits, "stall"; set: "async"); the rest from `moe_place.engines.config` (`MOE_PLACE_CONFIG`
+or `MOE_PLACE_*`), where a model, cadence or migration model that disagrees with SGLang's is an
+InputError naming both. The rule's first call logs one line
+(`moe_place.engines.config.first_call_line`).
+
+Two ways in: `MOE_PLACE_SGLANG=1` in the server's environment (`moe_place.engines.sglang_startup`:
+every SGLang process of the environment, the spawned schedulers included, no user code), or
+`install_rebalance_hook()` in the process that runs the EPLB manager (in-process use: tests, a
+scheduler you start yourself).
 """
 
 from __future__ import annotations
@@ -37,13 +54,16 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from moe_place.engines.config import EngineConfig, load_engine_config
+from moe_place.engines import sglang_managers
+from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, first_call_line,
+                                      load_engine_config, log_first_call)
 from moe_place.eplb import placement_tensors, plan_placement
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
@@ -52,8 +72,12 @@ from moe_place.placement import Placement
 
 MAP_KEY = "physical_to_logical_map"
 SUFFIXES = (".json", ".pt")
-ALGORITHMS_MODULE = "sglang.srt.eplb.eplb_algorithms"
+ALGORITHMS_MODULE = sglang_managers.ALGORITHMS_MODULE
 LOCATION_MODULE = "sglang.srt.eplb.expert_location"
+ELASTIC_MODULE = "sglang.srt.elastic_ep.elastic_ep"
+# SGLang 0.5.23's EplbAlgorithm names the rule answers for (global, hierarchical); others go back to SGLang
+RULE_ALGORITHMS = {"deepseek": False, "deepseek_hierarchical": True, "deepseek_vec": False,
+                   "deepseek_vec_hierarchical": True, "elasticity_aware": False, "elasticity_aware_hierarchical": True}
 
 
 @dataclass(frozen=True)
@@ -178,30 +202,97 @@ def sglang_rebalance_interval() -> int | None:
         return None
 
 
+def sglang_migration() -> str | None:
+    """How the running SGLang copies a rebalance: "async" with `--eplb-rebalance-layers-per-chunk` (a chunk
+    of layers per pass), "stall" without (every layer at once, serving waits); None outside a server."""
+    try:
+        module = importlib.import_module("sglang.srt.runtime_context")
+        chunk = module.get_exec().moe.eplb_rebalance_layers_per_chunk
+    except Exception:  # noqa: BLE001 - no SGLang, or no server context in this process: use the config
+        return None
+    return "stall" if chunk is None else "async"
+
+
+def sglang_active_ranks():
+    """The ranks SGLang counts as up (int tensor, 1 = active), as its `elasticity_aware` algorithm reads
+    them (`ElasticEPStateManager.instance().active_ranks`), or None when none are marked (all healthy)."""
+    try:
+        module = importlib.import_module(ELASTIC_MODULE)
+    except ImportError:
+        return None
+    state = module.ElasticEPStateManager.instance()
+    return None if state is None else state.active_ranks
+
+
+def sglang_engine_model(num_layers: int, num_experts: int, local_slots: int) -> EngineModel | None:
+    """What SGLang serves, from the newest `EPLBManager` of SGLang's current class whose model fits the call
+    (MoE layer ids below `num_layers`, `local_slots` experts per GPU): its name (`model_path`), one expert's
+    bytes (the tensors of `routed_experts_weights_of_layer`, `[local experts, ...]` each), its MoE layers;
+    None when no such manager was recorded (`sglang_managers.MANAGERS`)."""
+    module = sys.modules.get(sglang_managers.MANAGER_MODULE)
+    current = getattr(module, "EPLBManager", None)
+    for cls, model_config, get_model in reversed(sglang_managers.MANAGERS):
+        if cls is not current or not callable(get_model):
+            continue
+        weights = getattr(get_model(), "routed_experts_weights_of_layer", None)
+        if not weights or max(weights) >= num_layers or any(int(t.shape[0]) != local_slots for t in weights[min(weights)]):
+            continue
+        hf_config = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+        name = getattr(model_config, "model_path", None) or "an unnamed model"
+        return EngineModel(str(name), expert_bytes_of(weights[min(weights)]), len(weights), num_experts,
+                           **config_dims(hf_config), source="SGLang's routed expert weights")
+    return None
+
+
+@dataclass
+class RuleSession:
+    """One model's rule, what SGLang said about it and the cadence it runs at."""
+
+    rule: RebalanceRule
+    engine: EngineModel | None
+    interval: int
+
+
 @dataclass
 class PaybackRebalance:
     """SGLang's `rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts,
     num_groups, num_nodes, algorithm)` decided by the rebalance rule (module note).
 
     config: the rule's settings (None: `load_engine_config()`, read once per model). current_map: returns the map in
-    use `[layers, P]` (default: SGLang's global expert location). The rule's state lives here,
-    one per model shape, between SGLang's calls.
+    use `[layers, P]` (default: SGLang's global expert location). fallback: SGLang's own function, for the
+    calls the rule hands back (an elastic call with a rank down, an algorithm it does not know; set by
+    `install_rebalance_hook`). engine_model / active_ranks / interval: what SGLang says (defaults: read from
+    the running SGLang). The rule's state lives here, one per model shape, between SGLang's calls.
     Returns `(phy2log, log2phy, logcnt)` CPU int64 tensors, as SGLang's own algorithms do.
     """
 
     config: EngineConfig | None = None
     current_map: Callable[[], Any] = sglang_current_map
+    fallback: Callable | None = None
+    engine_model: Callable[[int, int, int], EngineModel | None] = sglang_engine_model
+    active_ranks: Callable[[], Any] = sglang_active_ranks
+    interval: Callable[[], int | None] = sglang_rebalance_interval
+    migration: Callable[[], str | None] = sglang_migration
     sessions: dict = field(default_factory=dict)
+    handed_back: int = 0
 
     def __call__(self, tokens_per_expert, num_physical_experts: int, num_local_physical_experts: int,
                  num_groups: int | None, num_nodes: int, algorithm: Any = None):
+        name = getattr(algorithm, "name", algorithm)   # SGLang passes its EplbAlgorithm enum
+        gpus = num_physical_experts // num_local_physical_experts
+        if name is None:
+            name = "deepseek_hierarchical" if num_groups is not None and num_groups % max(num_nodes, 1) == 0 \
+                else "deepseek"   # what SGLang's "auto" resolves to
+        if name not in RULE_ALGORITHMS or (str(name).startswith("elasticity_aware") and self._ranks_down(gpus)):
+            return self._hand_back(tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups,
+                                   num_nodes, algorithm)
         loads = tokens_per_expert.detach().to("cpu").numpy() if hasattr(tokens_per_expert, "detach") \
             else np.asarray(tokens_per_expert)   # the rule checks and converts the counts once
         if loads.ndim == 2:
             loads = loads[None]
         _, num_layers, num_experts = loads.shape
-        gpus = num_physical_experts // num_local_physical_experts
         nodes = num_nodes if num_nodes >= 1 and gpus % num_nodes == 0 else 1
+        groups = num_groups if RULE_ALGORITHMS[name] else None
         current = None
         old = self.current_map()
         if old is not None:
@@ -209,17 +300,39 @@ class PaybackRebalance:
             if old.shape == (num_layers, num_physical_experts):
                 current = Placement(old, num_experts, gpus, nodes, allow_colocated=True)
         if current is None:  # no map to migrate from: a fresh plan
-            placement = plan_placement(loads.sum(axis=0), num_physical_experts, num_groups, nodes, gpus)
+            placement = plan_placement(loads.sum(axis=0), num_physical_experts, groups, nodes, gpus)
         else:
-            key = (num_layers, num_experts, num_physical_experts, gpus, nodes)
+            key = (num_layers, num_experts, num_physical_experts, gpus, nodes, groups)
             if key not in self.sessions:   # the settings are read once per model, with its rule
-                config = self.config or load_engine_config()
-                groups = num_groups if num_groups and num_experts % num_groups == 0 else None
-                self.sessions[key] = (config.rule(gpus, nodes, num_layers, num_experts, groups), config)
-            rule, config = self.sessions[key]
-            decision = rule.decide(loads, current, sglang_rebalance_interval() or config.step_interval)
+                self.sessions[key] = self._new_session(num_layers, num_experts, gpus, nodes, groups, len(loads),
+                                                       num_local_physical_experts)
+            session = self.sessions[key]
+            decision = session.rule.decide(loads, current, session.interval)
             placement = current if decision is None else decision.placement
         return placement_tensors(placement)
+
+    def _ranks_down(self, gpus: int) -> bool:
+        active = self.active_ranks()
+        return active is not None and int(active.sum()) < gpus   # SGLang's own test for its elastic branch
+
+    def _hand_back(self, *args):
+        if self.fallback is None:
+            raise InputError("sglang", "SGLang's own EPLB algorithm to hand this call back to (install the hook with "
+                             "install_rebalance_hook, which keeps it)", "no fallback")
+        self.handed_back += 1
+        return self.fallback(*args)
+
+    def _new_session(self, num_layers: int, num_experts: int, gpus: int, nodes: int, groups: int | None,
+                     window: int, local_slots: int) -> RuleSession:
+        config = self.config or load_engine_config()
+        engine = self.engine_model(num_layers, num_experts, local_slots)
+        said = self.interval()
+        interval, window = config.cadence(said, window if said is not None else None)
+        rule = config.rule(gpus, nodes, num_layers, num_experts, groups, engine=engine, migration=self.migration())
+        where = "SGLang's --eplb-rebalance-num-iterations" if said is not None else "the config: SGLang did not say"
+        log_first_call(first_call_line("SGLang", rule, engine, config,
+                                       f"every {interval} passes, window {window} passes ({where})"))
+        return RuleSession(rule, engine, interval)
 
 
 @dataclass
@@ -230,16 +343,32 @@ class RebalanceHook:
     previous: Any
     hook: PaybackRebalance
     active: bool = True
+    manager_patch: tuple[Any, Any] | None = None   # (EPLBManager, its own __init__) where this call wrapped it
 
 
 def install_rebalance_hook(hook: PaybackRebalance | None = None) -> RebalanceHook:
-    """Make SGLang's EPLB rebalance run `hook` (default: `PaybackRebalance()`); InputError without SGLang."""
+    """Make SGLang's EPLB rebalance run `hook` (default: `PaybackRebalance()`), with SGLang's own function
+    as its fallback, and record the EPLB managers SGLang builds from now on (for the expert size);
+    InputError without SGLang."""
     try:
         module = importlib.import_module(ALGORITHMS_MODULE)
     except ImportError:
         raise InputError("sglang", f"an importable SGLang with {ALGORITHMS_MODULE}", "not importable") from None
     warm_up()   # the rule's one-time costs now, not in SGLang's first rebalance
-    handle = RebalanceHook(module, module.rebalance_experts, hook or PaybackRebalance())
+    hook = hook or PaybackRebalance()
+    if hook.fallback is None:
+        hook.fallback = module.rebalance_experts
+    handle = RebalanceHook(module, module.rebalance_experts, hook)
+    manager_module = sys.modules.get(sglang_managers.MANAGER_MODULE)
+    if manager_module is None:
+        try:
+            manager_module = importlib.import_module(sglang_managers.MANAGER_MODULE)
+        except ImportError:
+            manager_module = None
+    if manager_module is not None:
+        init = getattr(getattr(manager_module, "EPLBManager", None), "__init__", None)
+        if sglang_managers.watch_managers(manager_module):
+            handle.manager_patch = (manager_module.EPLBManager, init)
     module.rebalance_experts = handle.hook
     return handle
 
@@ -248,4 +377,7 @@ def uninstall_rebalance_hook(handle: RebalanceHook) -> None:
     """Undo `install_rebalance_hook` (a second call is a no-op)."""
     if handle.active:
         handle.module.rebalance_experts = handle.previous
+        if handle.manager_patch is not None:
+            manager, init = handle.manager_patch
+            manager.__init__ = init
         handle.active = False

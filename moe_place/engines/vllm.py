@@ -26,9 +26,14 @@ What the policy decides (`mode`):
   formula 7 with the migration model, `async` as vLLM's `use_async`), whole; otherwise the map
   in use unchanged (vLLM then copies nothing). Its state (the pattern
   ages, the last window) lives in the policy between calls: per model in the class for the legacy
-  interface, in `policy_state` for the context one. Expert bytes, hardware and topology, and
-  vLLM's `step_interval` / `window_size` if not the defaults: `moe_place.engines.config`
-  (`MOE_PLACE_CONFIG` file or `MOE_PLACE_*` variables); the GPUs and nodes are vLLM's own.
+  interface, in `policy_state` for the context one. What vLLM knows comes from vLLM: `install()` wraps
+  `EplbState.add_model`, which records per model (`ENGINE_MODELS`) its name, the bytes of one expert
+  (the expert weight tensors vLLM registers for EPLB, `model.expert_weights`), its MoE layers and
+  experts and vLLM's `step_interval` / `window_size`; the GPUs and nodes are vLLM's call's own. The
+  hardware, the rule's thresholds and caps: `moe_place.engines.config` (`MOE_PLACE_CONFIG` file or
+  `MOE_PLACE_*` variables), where a model or cadence that disagrees with vLLM's is an InputError
+  naming both, raised in `add_model` (the server does not start). The first call logs one line
+  (`moe_place.engines.config.first_call_line`).
 - "replan": a fresh plan at every call (migration-aware when the map in use is given).
 - a static plan: with `MOE_PLACE_STATIC_PLAN=FILE` (a plan file, e.g. from `moe-place export
   --engine vllm`) the policy returns that placement at every rebalance: vLLM moves to it once.
@@ -50,6 +55,7 @@ plugin entry point group `vllm.general_plugins` (`register_plugin`, enabled by s
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 import os
@@ -62,7 +68,8 @@ from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
-from moe_place.engines.config import EngineConfig, load_engine_config
+from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, first_call_line,
+                                      load_engine_config, log_first_call)
 from moe_place.eplb import placement_tensors, plan_placement, weight_to_numpy
 from moe_place.errors import InputError
 from moe_place.online.policy import RebalanceRule, warm_up
@@ -81,6 +88,21 @@ PLUGIN_ENV = "MOE_PLACE_VLLM_POLICY"
 POLICY_MODULES = ("vllm.distributed.eplb.policy", "vllm.backends.distributed.eplb.policy")
 OPTION_MODULES = ("vllm.config.parallel", "vllm.config", "vllm.distributed.eplb.policy",
                   "vllm.backends.distributed.eplb.policy")
+STATE_MODULES = ("vllm.distributed.eplb.eplb_state", "vllm.backends.distributed.eplb.eplb_state")
+
+
+@dataclass(frozen=True)
+class VllmModel:
+    """What vLLM's `EplbState.add_model` was given for one model: the model and vLLM's cadence."""
+
+    model: EngineModel
+    step_interval: int | None
+    window_size: int | None
+    use_async: bool | None = None
+
+
+# (MoE layers, logical experts) -> what vLLM registered for that model, filled by the wrapped add_model
+ENGINE_MODELS: dict[tuple[int, int], VllmModel] = {}
 SETTINGS = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_weight", "static_plan",
             "fresh_margin", "mode", "config")
 
@@ -88,10 +110,13 @@ SETTINGS = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_w
 # ---------------------------------------------------------------------- the decision
 @dataclass
 class RuleSession:
-    """One model's rule and how many calls it has answered (the first call's window is shorter)."""
+    """One model's rule, the cadence it runs at and how many calls it has answered (the first call's
+    window is shorter)."""
 
     rule: RebalanceRule
     config: EngineConfig
+    step_interval: int
+    window_steps: int
     calls: int = 0
 
 
@@ -150,21 +175,34 @@ class _PolicyCore:
             raise InputError("mode", f"one of {', '.join(MODES)}", cls.mode)
         key = (num_layers, num_experts, num_replicas, num_ranks, num_nodes)
         if key not in sessions:   # the settings are read once per model, with its rule
-            config = cls.engine_config()
-            groups = num_groups if num_groups and num_experts % num_groups == 0 else None
-            nodes = num_nodes if num_nodes >= 1 and num_ranks % num_nodes == 0 else 1
-            sessions[key] = RuleSession(config.rule(num_ranks, nodes, num_layers, num_experts, groups), config)
+            sessions[key] = cls.new_session(num_layers, num_experts, num_replicas, num_groups, num_nodes, num_ranks)
         session: RuleSession = sessions[key]
-        config = session.config
         servers = session.rule.cost.topology.num_servers
         if current.num_nodes != servers:
             current = Placement(current.phy2log, num_experts, num_ranks, servers, allow_colocated=True)
         if window_steps is None:  # a summed window: vLLM 0.33's first call comes a quarter interval in
-            window_steps = config.window_steps if session.calls else min(config.window_steps,
-                                                                          max(1, config.step_interval // 4))
+            window_steps = session.window_steps if session.calls else min(session.window_steps,
+                                                                           max(1, session.step_interval // 4))
         session.calls += 1
-        decision = session.rule.decide(loads, current, config.step_interval, window_steps)
+        decision = session.rule.decide(loads, current, session.step_interval, window_steps)
         return current if decision is None else decision.placement
+
+    @classmethod
+    def new_session(cls, num_layers: int, num_experts: int, num_replicas: int, num_groups: int, num_nodes: int,
+                    num_ranks: int) -> RuleSession:
+        """The rule for one model, priced with what vLLM registered for it (`ENGINE_MODELS`), and its log line."""
+        config = cls.engine_config()
+        seen = ENGINE_MODELS.get((num_layers, num_experts))
+        engine = None if seen is None else seen.model
+        interval, window = config.cadence(*(() if seen is None else (seen.step_interval, seen.window_size)))
+        groups = num_groups if num_groups and num_experts % num_groups == 0 else None
+        nodes = num_nodes if num_nodes >= 1 and num_ranks % num_nodes == 0 else 1
+        migration = None if seen is None or seen.use_async is None else ("async" if seen.use_async else "stall")
+        rule = config.rule(num_ranks, nodes, num_layers, num_experts, groups, engine=engine, migration=migration)
+        where = "vLLM's EPLB config" if seen is not None else "vLLM's defaults: vLLM did not say"
+        log_first_call(first_call_line("vLLM", rule, engine, config,
+                                       f"every {interval} steps, window {window} steps ({where})"))
+        return RuleSession(rule, config, interval, window)
 
     @classmethod
     def plan(cls, loads: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
@@ -436,6 +474,7 @@ class Registration:
     previous_policy: Any
     option_patches: list[tuple[Any, str, Any]] = field(default_factory=list)
     rebuilt: list[Any] = field(default_factory=list)
+    recorded: list[tuple[int, int]] = field(default_factory=list)   # ENGINE_MODELS keys its add_model wrote
     active: bool = True
 
 
@@ -463,7 +502,58 @@ def install(policy: type | None = None, name: str = "default", policies: dict | 
     policies[name] = policy
     if name != "default" and module is not None:
         _widen_policy_option(name, handle)
+    if module is not None:
+        _watch_add_model(handle)
     return handle
+
+
+def _watch_add_model(handle: Registration) -> None:
+    """Wrap `EplbState.add_model` so that it records what vLLM registers for each model (`ENGINE_MODELS`)
+    and, when the policy is ours, checks the config against it (an InputError stops the server at start)."""
+    for module_name in STATE_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        state = getattr(module, "EplbState", None)
+        original = getattr(state, "add_model", None)
+        if original is None or getattr(original, "moe_place_wraps", None) is not None:
+            continue
+
+        @functools.wraps(original)
+        def add_model(self, model, model_config, *args, _original=original, **kwargs):
+            result = _original(self, model, model_config, *args, **kwargs)
+            seen = record_vllm_model(self, model, model_config, kwargs.get("model_name", args[0] if args else None))
+            handle.recorded.append((seen.model.num_moe_layers, seen.model.num_experts))
+            return result
+
+        add_model.moe_place_wraps = original
+        handle.option_patches.append((state, "add_model", original))
+        state.add_model = add_model
+
+
+def record_vllm_model(state, model, model_config, model_name: str | None = None) -> VllmModel:
+    """What `EplbState.add_model` registered: the model's name, one expert's bytes (the tensors of
+    `model.expert_weights[0]`, `[local experts, ...]` each), its MoE layers and experts, and the state's
+    `step_interval` / `window_size`; checked against the config when the state's policy is ours."""
+    hf_config = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    name = model_name or getattr(model_config, "model", None) or "an unnamed model"
+    engine = EngineModel(str(name), expert_bytes_of(model.expert_weights[0]), int(model.num_moe_layers),
+                         int(model.num_logical_experts), **config_dims(hf_config),
+                         source="the expert weights vLLM registers with EplbState")
+    eplb = getattr(getattr(state, "parallel_config", None), "eplb_config", None)
+    use_async = getattr(eplb, "use_async", None)
+    seen = VllmModel(engine, getattr(eplb, "step_interval", None), getattr(eplb, "window_size", None),
+                     None if use_async is None else bool(use_async))
+    ENGINE_MODELS[(engine.num_moe_layers, engine.num_experts)] = seen
+    policy = getattr(state, "policy", None)
+    if isinstance(policy, type) and issubclass(policy, _PolicyCore) and policy.mode == "payback" \
+            and not (policy.static_plan or os.environ.get(STATIC_PLAN_ENV)):
+        config = policy.engine_config()
+        config.expert_shape(engine)
+        config.cadence(seen.step_interval, seen.window_size)
+        config.resolved_migration(None if seen.use_async is None else "async" if seen.use_async else "stall")
+    return seen
 
 
 def uninstall(handle: Registration) -> None:
@@ -476,6 +566,8 @@ def uninstall(handle: Registration) -> None:
         handle.policies[handle.name] = handle.previous_policy
     for owner, attr, old in reversed(handle.option_patches):
         setattr(owner, attr, old)
+    for key in handle.recorded:
+        ENGINE_MODELS.pop(key, None)
     for cls in handle.rebuilt:
         _rebuild_pydantic(cls)
     handle.active = False

@@ -1,0 +1,36 @@
+"""The EPLB managers SGLang builds in this process, and the names of SGLang's EPLB modules.
+
+A module of its own, importing nothing, so that both the environment hook (`sglang_startup`, which runs
+in every process) and the adapter (`sglang`) can use it without importing each other.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+ALGORITHMS_MODULE = "sglang.srt.eplb.eplb_algorithms"
+MANAGER_MODULE = "sglang.srt.eplb.eplb_manager"
+MANAGERS: list[tuple[type, object, object]] = []   # (class, model_config, get_model) of each EPLBManager built, newest last
+KEEP_MANAGERS = 8
+
+
+def watch_managers(module, import_algorithms: bool = False) -> bool:
+    """Wrap `module.EPLBManager.__init__` to record each manager (`MANAGERS`) and, with `import_algorithms`,
+    import SGLang's EPLB algorithms right after (where the hook installs); False if already wrapped."""
+    manager = getattr(module, "EPLBManager", None)
+    init = getattr(manager, "__init__", None)
+    if init is None or getattr(init, "moe_place_wraps", None) is not None:
+        return False
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        MANAGERS.append((type(self), kwargs.get("model_config"), kwargs.get("get_model")))
+        del MANAGERS[:-KEEP_MANAGERS]
+        if import_algorithms:
+            importlib.import_module(ALGORITHMS_MODULE)   # the hook is installed (and warmed up) at start
+
+    __init__.moe_place_wraps = init
+    manager.__init__ = __init__
+    return True
