@@ -7,7 +7,7 @@ thing and more of them say it with less sampling noise. How much weight the past
 persistence of the load, which differs from model to model and workload to workload, so it is
 measured, not assumed.
 
-`LoadEstimate` keeps, per candidate half-life `h` (1, 4, 16, ... steps, up to
+`LoadEstimate` keeps, per layer and candidate half-life `h` (1, 4, 16, ... steps, up to
 `MAX_HALF_LIFE_INTERVALS` of the engine's interval), an exponentially weighted mean of every step
 it has seen, each step weighted `2 ** (-age / h)` by its age in steps (numerator and denominator
 carried from call to call, so windows of any length and the gaps between them are weighted by
@@ -16,21 +16,23 @@ alike, nothing before it). At each call, before it sees the new window, each can
 is scored on it: the squared error of its per-expert loads against the mean of each block of
 the window's new steps (up to `SCORE_BLOCKS` blocks, each predicted from the steps before it, so
 a per-step window scores a candidate many times per call; a summed window is one block), relative
-to each layer's mean load, summed over layers and blocks, the scores discounted by
-`SCORE_DISCOUNT` per call; the estimate used is the candidate with the lowest score (the flat window until a call
-has been scored, and on ties). So:
+to the layer's mean load, summed over blocks, the scores discounted by `SCORE_DISCOUNT` per call;
+each layer's estimate is its candidate with the lowest score (the flat window before any score,
+and on ties). So:
 - stationary load: the errors are sampling noise, which the longest memory averages best: a long
   half-life wins, and the estimate settles instead of following each window's noise;
-- sudden change: every long memory mispredicts the first window after the change by far more
-  than noise does; that one error outweighs the discounted history, and a short half-life (or the
-  flat window) is chosen at that very call;
+- sudden change: the rule finds the layer's load changed beyond noise (its same-pattern test) and
+  asks for a reset: that layer's memory and scores start again from the new window, scored block
+  by block within it (the flat window then predicts each block by the running mean of the steps
+  before it), so the estimate after a change is the new window's, not a mix with the old load;
 - slow drift: the half-life that tracks the drift best without chasing noise wins: on the
   replay's drifting traces (16,384 tokens a step) one to a few steps, fresher than any window,
-  which only per-step windows can express (SGLang's per-pass counts). A summed window (vLLM 0.33
-  hands the sum over its window) is one observation of its steps' mean: there the choice is
-  between the flat window and memories of earlier windows.
-A window that overlaps the previous call's adds, and is scored on, only its steps since that call
-(per-step windows; a summed window counts as the steps since the last call).
+  which only per-step windows can express (SGLang's per-pass counts).
+A summed window (vLLM 0.33 hands the sum over its window) is one observation of its steps' mean:
+the estimate is then the window (memories of earlier windows, chosen on one point per call,
+followed drift too slowly: +1% expert time at 200-500-step cadences on the replay's 1 x 8 trace).
+A per-step window that overlaps the previous call's adds, and is scored on, only its steps since
+that call.
 
 `resample` draws what an independent estimate of the same load could have been (the rule's
 noise floor, `moe_place.online.policy`): the window's part of the chosen estimate redrawn (a
@@ -59,16 +61,18 @@ BOOTSTRAP_MIN_STEPS = 8   # per-step windows with fewer steps are redrawn from t
 class LoadEstimate:
     """The coming interval's per-step load `[layers, E]` (module note), with its state between calls.
 
-    adaptive: False keeps the flat window (the engines' estimate) at every call.
+    Each layer keeps its own scores and choice. adaptive: False keeps the flat window (the engines'
+    estimate) at every call.
     """
 
     def __init__(self, num_layers: int, num_experts: int, adaptive: bool = True):
         self.shape = (num_layers, num_experts)
         self.adaptive = adaptive
         self.half_lives = np.zeros(0)        # steps, one per candidate (set at the first call)
-        self.chosen = float("inf")           # half-life in steps of the last estimate (inf: the flat window)
+        self.chosen = np.full(num_layers, np.inf)   # each layer's half-life in steps (inf: the flat window)
         self._calls = 0
-        self._num = self._den = self._score = None
+        self._num = self._den = self._den2 = self._score = None   # [C, L, E], [C, L], [C, L], [C + 1, L]
+        self._fresh = np.ones(num_layers, dtype=bool)   # layers with no memory (first call, or just reset)
         self._flat = np.zeros(self.shape)    # the last window's mean per step: the flat window's estimate
         self._draw: _Draw | None = None      # what `resample` redraws
 
@@ -76,11 +80,15 @@ class LoadEstimate:
     def calls(self) -> int:
         return self._calls
 
-    def update(self, window: np.ndarray, window_steps: int, elapsed_steps: int) -> np.ndarray:
+    def update(self, window: np.ndarray, window_steps: int, elapsed_steps: int,
+               reset: np.ndarray | None = None) -> np.ndarray:
         """float64 `[layers, E]`: the estimate after this call's window, per step.
 
         window: float `[n, layers, E]` per-step counts, or `[layers, E]` counts summed over `window_steps`.
         elapsed_steps: steps since the previous call (its interval; ignored at the first call).
+        reset: bool `[layers]`, layers whose load changed beyond noise since the last call: their memory
+            and scores start again from this window (a sudden change is then followed from its window on,
+            and a layer that keeps its load keeps its memory).
         """
         loads = np.asarray(window, dtype=np.float64)
         per_step = loads.ndim == 3
@@ -90,98 +98,130 @@ class LoadEstimate:
                              (list(loads.shape), window_steps, elapsed_steps))
         total = loads.sum(axis=0) if per_step else loads
         flat = total / window_steps
+        self._calls += 1
+        layers = self.shape[0]
         if not per_step or not self.adaptive:   # a summed window is one observation of its steps' mean:
-            self._flat, self._calls = flat, self._calls + 1   # the estimate is the window (module note)
-            self.chosen = float("inf")
-            self._draw = _Draw(np.zeros(self.shape), 0.0, loads if per_step else None,
-                               np.full(len(loads), window_steps / len(loads)) if per_step else None,
-                               total, float(window_steps), total)
+            self._flat = flat                   # the estimate is the window (module note)
+            self.chosen = np.full(layers, np.inf)
+            even = np.full(len(loads), window_steps / len(loads)) if per_step else None
+            self._draw = _Draw(np.zeros(self.shape), np.zeros(layers), loads if per_step else None,
+                               None if even is None else np.tile(even, (layers, 1)), total,
+                               np.full(layers, float(window_steps)), total, np.ones(layers))
             return flat
-        first = self._calls == 0
-        if first:
+        if self._num is None:
             longest = MAX_HALF_LIFE_INTERVALS * max(elapsed_steps, window_steps)
             self.half_lives = float(HALF_LIFE_FACTOR) ** np.arange(int(np.log(longest) / np.log(HALF_LIFE_FACTOR)) + 1)
-            self._num = np.zeros((len(self.half_lives),) + self.shape)
-            self._den = np.zeros(len(self.half_lives))
-            self._den2 = np.zeros(len(self.half_lives))       # the sum of the squared weights: the noise
-            self._score = np.zeros(len(self.half_lives) + 1)   # the flat window last
+            count = len(self.half_lives)
+            self._num = np.zeros((count,) + self.shape)
+            self._den, self._den2 = np.zeros((count, layers)), np.zeros((count, layers))
+            self._score = np.zeros((count + 1, layers))   # the flat window last
+        if reset is not None:
+            self._fresh |= np.asarray(reset, dtype=bool)
+        fresh_layers = self._fresh.copy()
+        self._num[:, fresh_layers] = 0.0
+        self._den[:, fresh_layers] = self._den2[:, fresh_layers] = 0.0
+        self._score[:, fresh_layers] = 0.0
         decay = 0.5 ** (1.0 / self.half_lives)                                     # per step, per candidate
+        first = self._calls == 1
         new = window_steps if first else min(window_steps, elapsed_steps)          # steps not seen yet
         steps = min(new, len(loads))
+        # a layer that starts again takes the whole window; the others its steps since the last call
+        steps_of = np.where(fresh_layers, len(loads), steps)
         gap = 0 if first else max(elapsed_steps - steps, 0)                         # steps the engine did not record
-        old_num, old_den = decay[:, None, None] ** gap * self._num, decay ** gap * self._den
-        fresh = loads[-steps:]
-        num, den, errors = self._fold_steps(fresh, old_num, old_den, decay, first)
-        if errors is not None:
-            self._score = SCORE_DISCOUNT * self._score + errors
-        keep = decay ** steps
-        ages = np.arange(steps - 1, -1, -1, dtype=np.float64)
-        window_w2 = (decay[:, None] ** (2 * ages)[None, :]).sum(axis=1)       # the new steps' squared weights
-        self._den2 = decay ** (2 * (gap + steps)) * self._den2 + window_w2
+        fresh = loads[-int(steps_of.max()):]
+        num, den, errors = self._fold_steps(fresh, decay[:, None, None] ** gap * self._num,
+                                            decay[:, None] ** gap * self._den, decay, steps_of, fresh_layers)
+        self._score = SCORE_DISCOUNT * self._score + errors
+        n = len(fresh)
+        ages = np.arange(n - 1, -1, -1, dtype=np.float64)
+        inside = ages[None, :] < steps_of[:, None]                                 # [L, n] steps each layer takes
+        weights = np.where(inside[None], decay[:, None, None] ** ages[None, None, :], 0.0)   # [C, L, n]
+        window_den = weights.sum(axis=2)
+        window_w2 = (weights ** 2).sum(axis=2)
+        keep = decay[:, None] ** (gap + steps_of[None, :])
+        base_num, base_den = keep[:, :, None] * self._num, keep * self._den
+        self._den2 = keep ** 2 * self._den2 + window_w2
         self._num, self._den, self._flat = num, den, flat
-        self._calls += 1
-        best = self._best()
-        if best is None:   # the flat window: every step of it alike, nothing before it
-            self.chosen = float("inf")
-            even = np.full(len(loads), window_steps / len(loads))
-            self._draw = _Draw(np.zeros(self.shape), 0.0, loads, even, total, float(window_steps), total)
-            return flat
-        self.chosen = float(self.half_lives[best])
-        base_num, base_den = keep[best] * old_num[best], float(keep[best] * old_den[best])
-        weights = decay[best] ** np.arange(steps - 1, -1, -1, dtype=np.float64)
-        self._draw = _Draw(base_num, base_den, fresh, weights, num[best] - base_num, float(den[best]) - base_den,
-                           fresh.sum(axis=0), float(np.sqrt(self._den2[best] / window_w2[best])))
-        return num[best] / den[best]
+        self._fresh[:] = False
+        best = self._best()                                                        # [L], -1: the flat window
+        rows = np.arange(layers)
+        pick = np.maximum(best, 0)
+        estimate = np.where((best < 0)[:, None], flat, num[pick, rows] / den[pick, rows][:, None])
+        self.chosen = np.where(best < 0, np.inf, self.half_lives[pick])
+        use_flat = best < 0
+        even = np.full((layers, len(loads)), window_steps / len(loads))
+        chosen_weights = _pad_left(weights[pick, rows], len(loads))                # [L, len(loads)]
+        taken_counts = np.einsum("ln,nle->le", (chosen_weights > 0).astype(np.float64), loads)
+        self._draw = _Draw(np.where(use_flat[:, None], 0.0, base_num[pick, rows]),
+                           np.where(use_flat, 0.0, base_den[pick, rows]), loads,
+                           np.where(use_flat[:, None], even, chosen_weights),
+                           np.where(use_flat[:, None], total, num[pick, rows] - base_num[pick, rows]),
+                           np.where(use_flat, float(window_steps), den[pick, rows] - base_den[pick, rows]),
+                           np.where(use_flat[:, None], total, taken_counts),
+                           np.where(use_flat, 1.0, np.sqrt(self._den2[pick, rows]
+                                                           / np.maximum(window_w2[pick, rows], 1e-300))))
+        return estimate
 
-    def _best(self) -> int | None:
-        """The candidate with the lowest score, None for the flat window (also on a tie and before any score)."""
-        if not self._score.any():
-            return None
-        best = int(np.argmin(self._score[:-1]))
-        return best if self._score[best] < self._score[-1] else None
+    def _best(self) -> np.ndarray:
+        """int `[layers]`: each layer's candidate with the lowest score, -1 for the flat window (also on a
+        tie and before any score)."""
+        best = np.argmin(self._score[:-1], axis=0)
+        scored = self._score.any(axis=0)
+        better = self._score[best, np.arange(self.shape[0])] < self._score[-1]
+        return np.where(scored & better, best, -1)
 
     def _fold_steps(self, fresh: np.ndarray, num: np.ndarray, den: np.ndarray, decay: np.ndarray,
-                    first: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Fold per-step counts `fresh [n, layers, E]` into every candidate, block by block, scoring each
-        candidate's prediction of each block's mean before it sees the block (the flat window predicts the
-        last window's mean; at the first call, the running mean of the steps before the block, and the first
-        block, which nothing predicts, is not scored). Returns (num, den, errors or None)."""
+                    steps_of: np.ndarray, restart: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fold per-step counts `fresh [n, layers, E]` into every candidate, block by block (each layer only its
+        last `steps_of` steps), scoring each candidate's prediction of each block's mean before it sees the
+        block. The flat window predicts the last window's mean; for a layer that starts again (`restart`),
+        the running mean of its steps before the block, and its first block, which nothing predicts, is not
+        scored. Returns (num, den, errors `[candidates + 1, layers]`)."""
         n = len(fresh)
         blocks = min(SCORE_BLOCKS, n)
         size = n // blocks
         lead = n - blocks * size                                  # folded before the first scored block
+        ages = np.arange(n - 1, -1, -1)
+        taken = (ages[:, None] < steps_of[None, :]).astype(np.float64)              # [n, L]
+        data = fresh * taken[:, :, None]
         if lead:
             w = decay[:, None] ** np.arange(lead - 1, -1, -1, dtype=np.float64)[None, :]
-            num = decay[:, None, None] ** lead * num + np.tensordot(w, fresh[:lead], axes=(1, 0))
-            den = decay ** lead * den + w.sum(axis=1)
-        body = fresh[lead:].reshape((blocks, size) + self.shape)
+            num = decay[:, None, None] ** lead * num + np.tensordot(w, data[:lead], axes=(1, 0))
+            den = decay[:, None] ** lead * den + np.tensordot(w, taken[:lead], axes=(1, 0))
+        body = data[lead:].reshape((blocks, size) + self.shape)
+        body_taken = taken[lead:].reshape(blocks, size, -1)                          # [blocks, size, L]
         w = decay[:, None] ** np.arange(size - 1, -1, -1, dtype=np.float64)[None, :]        # [candidates, size]
         sums = np.einsum("cm,kmle->ckle", w, body)                                          # each block's weighted sum
-        shrink, block_den = decay ** size, w.sum(axis=1)
+        dens = np.einsum("cm,kml->ckl", w, body_taken)
+        shrink = decay ** size
         predictions = np.empty((len(decay), blocks) + self.shape)
+        known = np.empty((blocks, self.shape[0]), dtype=bool)                       # a layer had steps before it
         for k in range(blocks):
-            predictions[:, k] = num / np.maximum(den, 1e-300)[:, None, None]
+            known[k] = den.max(axis=0) > 0
+            predictions[:, k] = num / np.maximum(den, 1e-300)[:, :, None]
             num = shrink[:, None, None] * num + sums[:, k]
-            den = shrink * den + block_den
-        targets = body.mean(axis=1)                                                          # [blocks, layers, E]
-        if first:
-            if blocks < 2:
-                return num, den, None
-            running = np.cumsum(body.sum(axis=1), axis=0)[:-1] / (lead + size * np.arange(1, blocks))[:, None, None]
-            flat = np.concatenate([running[:1], running])      # block 0's entry is dropped below
-            errors = self._point_errors(predictions[:, 1:], flat[1:], targets[1:])
-        else:
-            errors = self._point_errors(predictions, self._flat[None], targets)
-        return num, den, errors
+            den = shrink[:, None] * den + dens[:, k]
+        counted = body_taken.sum(axis=1)                                             # [blocks, L] steps per block
+        targets = body.sum(axis=1) / np.maximum(counted, 1)[:, :, None]
+        cumulative = np.cumsum(body.sum(axis=1), axis=0) + data[:lead].sum(axis=0)[None]
+        seen = np.cumsum(counted, axis=0) + taken[:lead].sum(axis=0)[None]
+        running = np.concatenate([data[:lead].sum(axis=0)[None], cumulative[:-1]]) / np.maximum(
+            np.concatenate([taken[:lead].sum(axis=0)[None], seen[:-1]]), 1)[:, :, None]
+        flat = np.where(restart[None, :, None], running, self._flat[None])
+        use = (counted > 0) & known & ~(restart[None] & (np.concatenate([taken[:lead].sum(axis=0)[None],
+                                                                          seen[:-1]]) == 0))
+        return num, den, self._point_errors(predictions, flat, targets, use)
 
     @staticmethod
-    def _point_errors(predictions: np.ndarray, flat: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """float64 `[candidates + 1]`: squared errors of the candidates' `predictions [C, ..., layers, E]` and
-        the flat window's `flat [..., layers, E]` against `targets [..., layers, E]`, each relative to its
-        layer's mean target load, summed."""
+    def _point_errors(predictions: np.ndarray, flat: np.ndarray, targets: np.ndarray,
+                      use: np.ndarray) -> np.ndarray:
+        """float64 `[candidates + 1, layers]`: squared errors of the candidates' `predictions [C, blocks,
+        layers, E]` and the flat window's `flat [blocks, layers, E]` against `targets [blocks, layers, E]`,
+        each relative to its layer's mean target load, summed over the blocks `use [blocks, layers]` marks."""
         scale = np.maximum(targets.mean(axis=-1, keepdims=True), 1e-12)
-        candidates = (((predictions - targets[None]) / scale[None]) ** 2).reshape(len(predictions), -1).sum(axis=1)
-        return np.append(candidates, (((flat - targets) / scale) ** 2).sum())
+        mask = use[:, :, None]
+        candidates = ((((predictions - targets[None]) / scale[None]) ** 2) * mask[None]).sum(axis=(1, 3))
+        return np.vstack([candidates, ((((flat - targets) / scale) ** 2) * mask).sum(axis=(0, 2))])
 
     def resample(self, layers: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """float64 `[len(layers), E]`: an estimate of these layers that differs from the last one as much
@@ -190,8 +230,8 @@ class LoadEstimate:
         layers = np.asarray(layers, dtype=np.int64)
         if d.samples is not None and len(d.samples) >= BOOTSTRAP_MIN_STEPS:
             picks = rng.integers(0, len(d.samples), size=len(d.samples))          # a bootstrap of the steps,
-            mass = np.bincount(picks, weights=d.weights, minlength=len(d.samples))  # each draw with its weight
-            part = np.tensordot(mass, d.samples[:, layers], axes=(0, 0))
+            part = np.stack([np.tensordot(np.bincount(picks, weights=d.weights[layer], minlength=len(d.samples)),
+                                          d.samples[:, layer], axes=(0, 0)) for layer in layers])  # each with its weight
         else:                    # a multinomial draw of the window's counts, weighted as the estimate weighs them
             counts = d.counts[layers]
             part = np.zeros_like(counts)
@@ -199,25 +239,34 @@ class LoadEstimate:
                 n = int(round(row.sum()))
                 if n > 0:
                     part[i] = rng.multinomial(n, row / row.sum()) * (d.window_num[layers[i]].sum() / n)
-        den = d.base_den + d.window_den
+        den = (d.base_den + d.window_den)[layers][:, None]
         current = (d.base_num[layers] + d.window_num[layers]) / den
         # the window's deviation, scaled to the whole estimate's noise (its earlier steps were as noisy)
-        drawn = (d.base_num[layers] + d.window_num[layers] + d.noise_scale * (part - d.window_num[layers])) / den
+        scale = d.noise_scale[layers][:, None]
+        drawn = (d.base_num[layers] + d.window_num[layers] + scale * (part - d.window_num[layers])) / den
         return np.clip(current + np.sqrt(2.0) * (drawn - current), 0.0, None)
+
+
+def _pad_left(weights: np.ndarray, length: int) -> np.ndarray:
+    """`weights [L, n]` padded with zeros on the left to `[L, length]` (older steps the estimate did not take)."""
+    out = np.zeros((weights.shape[0], length))
+    out[:, length - weights.shape[1]:] = weights
+    return out
 
 
 @dataclass(frozen=True)
 class _Draw:
-    """The chosen estimate as `(base_num + window_num) / (base_den + window_den)`: the memory of earlier
-    calls and this window's part: its per-step `samples` with their `weights` (or None: a summed window), and
-    its `counts` `[layers, E]`. `resample` redraws the window's part and scales its deviation by
-    `noise_scale`, so that the draw has the noise of every step the estimate weighs, not only this window's."""
+    """Each layer's estimate as `(base_num + window_num) / (base_den + window_den)`: the memory of earlier
+    calls and this window's part: the window's per-step `samples [n, layers, E]` with each layer's `weights
+    [layers, n]` (or None: a summed window), and its `counts` `[layers, E]`. `resample` redraws the window's
+    part and scales its deviation by `noise_scale [layers]`, so that the draw has the noise of every step the
+    estimate weighs, not only this window's."""
 
     base_num: np.ndarray
-    base_den: float
+    base_den: np.ndarray
     samples: np.ndarray | None
     weights: np.ndarray | None
     window_num: np.ndarray
-    window_den: float
+    window_den: np.ndarray
     counts: np.ndarray
-    noise_scale: float = 1.0   # sqrt(all steps' squared weights / this window's): the memory's noise too
+    noise_scale: np.ndarray   # sqrt(all steps' squared weights / this window's): the memory's noise too

@@ -184,9 +184,10 @@ class RebalanceRule:
         self._num_physical = current.num_physical
         if interval_steps < 1:
             raise InputError("interval_steps", "an integer >= 1", interval_steps)
-        lam = self._estimate.update(loads, steps, interval_steps)                 # [layers, E] per step
-        calls, self._calls = self._calls, self._calls + 1
         self._update_age(total, interval_steps, steps)
+        # layers whose load changed beyond noise start their estimate again from this window
+        lam = self._estimate.update(loads, steps, interval_steps, reset=self._changed)   # [layers, E] per step
+        calls, self._calls = self._calls, self._calls + 1
         gpus = current.num_gpus
         mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
         cur_busy = even_split_gpu_loads(current.phy2log, lam, gpus).max(axis=1)
