@@ -11,13 +11,15 @@ start map at its own cadence, with its default policy and with moe-place's (`ins
    served steps span the change are shown, not judged), fewer slots and bytes over the run, no slot moved
    on the stationary calls after the first (sampling noise alone), every group inside one node on a
    hierarchical size;
-2. the replay's drifting traces (`--drift`, bench_replay.py SCENARIOS, `--steps` long), priced on the cost
-   model (expert-layer time + what serving pays for migration under the engine's model, a layer's copies
-   batched + the policy's own CPU time): both policies at the engine's default cadence (target: moe-place
-   at most the default's total time on every run, with fewer bytes), and both at the cadence given by
-   `--step-interval` / `--window` (vLLM) or `--sglang-iterations` (SGLang) (default: bench_replay.py's
-   RECOMMENDED, the cadence moe-place recommends), moe-place's against the default at its own cadence
-   (target: mean ratio <= 0.90).
+2. the replay's drifting traces (`--drift`, bench_replay.py SCENARIOS, `--steps` long, `--seed`), priced on
+   the cost model (expert-layer time + what serving pays for migration under the engine's model, a layer's
+   copies batched + the policy's CPU time where the engine waits for it: not in vLLM's async worker), both
+   policies at the engine's default cadence and at the best cadences the replay found for each of them on
+   that trace (`--replay-record`, bench/results/replay_{vllm,sglang}.json, written by bench_replay.py
+   with the engine's own default policy; window = interval). Targets: at the engine's default cadence
+   moe-place at most the default's total time with fewer bytes; at every cadence run, moe-place at most
+   `SAME_CADENCE` x the default; best against best (each policy's best of the cadences run) at most
+   `BEST_AGAINST_BEST` x the default's, on every trace.
 Each target is printed PASS/FAIL with its numbers; exit status 1 if any fails. `--out` writes the record
 (JSON, with the engine, torch and numpy versions, the commit it ran, whether the rule's files were as
 committed, and a digest of each of them, `engine_harness.RULE_FILES`: tests/test_engines_records.py fails
@@ -47,7 +49,7 @@ from moe_place.progress import ProgressBar
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_harness as harness  # noqa: E402  (bench/ is not a package)
 
-RECOMMENDED = harness.bench_replay().RECOMMENDED  # the cadence moe-place recommends, (step_interval, window)
+REPLAY_RECORDS = {"vllm": "bench/results/replay_vllm.json", "sglang": "bench/results/replay_sglang.json"}
 VLLM_MODES = ("async", "sync")
 
 
@@ -126,38 +128,45 @@ def workload_table(label: str, size, workload, cadence: dict, rows: dict) -> str
     return "\n".join(lines)
 
 
+def protocol_of(engine: str, use_async: bool) -> str:
+    """bench_replay.py's protocol name for an engine run."""
+    return "sglang" if "sglang" in engine else ("vllm" if use_async else "vllm-sync")
+
+
 def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[list, list]:
     default_cadence = harness.default_cadence(engine)
-    iterations = args.sglang_iterations
-    given = (dict(step_interval=iterations, window=iterations) if "sglang" in engine  # SGLang's buffer = interval
-             else dict(step_interval=args.step_interval, window=args.window))
     label = _label(engine, use_async)
-    records, at_default, at_given = [], [], []
+    protocol = protocol_of(engine, use_async)
+    record = args.replay_record or harness.ROOT / REPLAY_RECORDS["sglang" if "sglang" in engine else "vllm"]
+    records, at_default, rows = [], [], []
     print(f"{label}: drifting traces, {args.steps} steps, seed {args.seed}; total = expert-layer time + migration "
-          f"({'async' if use_async else 'stall'}) + the policy's CPU time")
-    print(f"{'scenario':<22} {'policy':<10} {'cadence':<26} {'expert s':>9} {'migr. s':>8} {'policy s':>9} "
+          f"({'async' if use_async else 'stall'}) + the policy's CPU time"
+          f"{' (not paid: the async worker)' if use_async else ''}; best cadences from {record}")
+    print(f"{'scenario':<22} {'policy':<10} {'cadence':<20} {'expert s':>9} {'migr. s':>8} {'policy s':>9} "
           f"{'total s':>9} {'GiB':>7} {'calls':>6} {'vs default':>10}")
     for scenario in args.drift:
         size = harness.drift_size(scenario, scenarios)
         workload = harness.drift_workload(scenario, scenarios, args.steps, args.seed)
+        best = harness.replay_best_cadences(record, f"{scenario} seed {args.seed}", protocol)
+        cadences = {"default": default_cadence}
+        for policy, interval in best.items():
+            cadences.setdefault(f"{policy}'s best", dict(step_interval=interval, window=interval))
         priced = {}
-        for key, policy, cadence in (("default", "default", default_cadence),
-                                     ("moe-place", "moe-place", default_cadence),
-                                     ("default-given", "default", given), ("moe-place-given", "moe-place", given)):
-            run = _run(engine, policy, size, workload.counts, cadence, use_async, args.quiet)
-            priced[key] = {"scenario": scenario, "policy": policy, "cadence": run.cadence,
-                           **harness.price_run(run, workload.counts, size)}
-        base = priced["default"]["total_s"]
-        for key, p in priced.items():
-            cadence = f"{p['cadence']['step_interval']}/{p['cadence']['window']}"
-            print(f"{scenario:<22} {p['policy']:<10} {cadence + (' (given)' if 'given' in key else ' (default)'):<26} "
+        for name, cadence in cadences.items():
+            for policy in harness.POLICIES:
+                run = _run(engine, policy, size, workload.counts, cadence, use_async, args.quiet)
+                priced[(name, policy)] = {"scenario": scenario, "policy": policy, "cadence": run.cadence, "at": name,
+                                          **harness.price_run(run, workload.counts, size)}
+        for (name, _), p in priced.items():
+            base = priced[(name, "default")]["total_s"]
+            print(f"{scenario:<22} {p['policy']:<10} {name + ' ' + str(p['cadence']['step_interval']):<20} "
                   f"{p['expert_s']:>9.3f} {p['migration_s']:>8.3f} {p['policy_s']:>9.3f} {p['total_s']:>9.3f} "
                   f"{p['bytes_moved'] / 2**30:>7.2f} {p['calls']:>6} {p['total_s'] / base:>10.3f}")
-        at_default.append((priced["default"], priced["moe-place"]))
-        at_given.append((priced["default"], priced["moe-place-given"]))
+        at_default.append((priced[("default", "default")], priced[("default", "moe-place")]))
+        rows.append({"scenario": scenario, "runs": list(priced.values())})
         records.append({"engine": engine, "async": use_async, "scenario": scenario, "workload": workload.description,
-                        "runs": priced})
-    targets = harness.judge_drift(label, at_default, at_given, given)
+                        "replay_best": best, "runs": list(priced.values())})
+    targets = harness.judge_drift(label, at_default) + harness.judge_cadences(label, rows)
     for target in targets:
         print("  " + target.line())
     print(flush=True)
@@ -196,13 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changed-calls", type=int, default=4, help="policy calls after the change")
     parser.add_argument("--drift", default="all", help="bench_replay scenarios (comma list), all or none")
     parser.add_argument("--steps", type=int, default=6000, help="steps of each drifting trace (default 6000)")
-    parser.add_argument("--step-interval", type=int, default=RECOMMENDED["vllm"][0],
-                        help="vLLM step_interval of the given cadence (drift; default %(default)s, bench_replay's "
-                             "RECOMMENDED)")
-    parser.add_argument("--window", type=int, default=RECOMMENDED["vllm"][1],
-                        help="vLLM window_size of the given cadence (drift; default %(default)s)")
-    parser.add_argument("--sglang-iterations", type=int, default=RECOMMENDED["sglang"][0],
-                        help="SGLang --eplb-rebalance-num-iterations of the given cadence (default %(default)s)")
+    parser.add_argument("--replay-record", type=Path, default=None,
+                        help="the replay record whose best cadences the drift runs use (default: "
+                             f"{REPLAY_RECORDS['vllm']} or {REPLAY_RECORDS['sglang']})")
     parser.add_argument("--seed", type=int, default=0)
     add_record_options(parser, committed=("bench/results/engines_vllm.json", "bench/results/engines_sglang.json"))
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -213,11 +218,15 @@ def main(argv: list[str] | None = None) -> int:
         args.drift = _list(list(scenarios), allow_none=True)(args.drift)
     except argparse.ArgumentTypeError as exc:
         parser.error(f"--drift: {exc}")
-    for name in ("stationary_calls", "changed_calls", "steps", "step_interval", "window", "sglang_iterations"):
+    for name in ("stationary_calls", "changed_calls", "steps"):
         if getattr(args, name) < (2 if name == "stationary_calls" else 1):
             parser.error(f"--{name.replace('_', '-')}: expected an integer >= {2 if name == 'stationary_calls' else 1}")
-    if args.window > args.step_interval:
-        parser.error("--window: expected at most --step-interval (vLLM records the last window of each interval)")
+    if args.drift:
+        for engine in {"sglang" if "sglang" in e else "vllm" for e in args.engine}:
+            path = args.replay_record or harness.ROOT / REPLAY_RECORDS[engine]
+            if not Path(path).is_file():
+                parser.error(f"--replay-record: expected the replay record of the best cadences ({path}: no such "
+                             "file; bench_replay.py writes it), or --drift none")
     missing = [e for e in args.engine if not harness.importable(e)]
     if missing:
         print(f"bench_engines: --engine {missing[0]}: not importable in this Python ({sys.executable})",

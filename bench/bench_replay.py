@@ -96,8 +96,6 @@ STATIONARY = {"1x8-qwen3-30b-stationary": ("1x8-qwen3-30b",
                                            "drift:steps={steps},layers=8,experts=64,tokens=4096,drift=0,seed=12",
                                            "no drift: sampling noise only")}
 PROTOCOLS = {"vllm": ("vllm", True), "vllm-sync": ("vllm", False), "sglang": ("sglang", False)}
-# the cadence bench_engines.py runs both policies at besides the engine's default (step_interval, window_size)
-RECOMMENDED = {"vllm": (100, 100), "sglang": (100, 100)}
 TARGET_BEST = 0.92           # moe-place at its best cadence / the default at its best
 TARGET_SAME_CADENCE = 1.005  # moe-place / the default at every cadence of the sweep
 RESULTS_JSON, RESULTS_PNG = "bench/results/replay.json", "bench/results/replay.png"

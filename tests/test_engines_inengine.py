@@ -386,7 +386,7 @@ def test_inengine_drift_at_the_engines_cadence():
                                             workload.counts, SMALL)
                   for policy in harness.POLICIES}
         pairs.append(({"scenario": engine, **priced["default"]}, {"scenario": engine, **priced["moe-place"]}))
-    targets = harness.judge_drift("stand-ins", pairs, [], {}, time_key="model_s")
+    targets = harness.judge_drift("stand-ins", pairs, time_key="model_s")
     assert all(t.passed for t in targets), "\n".join(t.line() for t in targets)
 
 
@@ -588,3 +588,19 @@ def test_the_hook_plans_as_the_servers_algorithm_says():
         hook(tokens, 72, 9, 8, 2, algorithm)
     assert sorted(key[-1] or 0 for key in hook.sessions) == [0, 8]   # groups: none (global), 8 (hierarchical)
     assert hook(tokens, 72, 9, 8, 2, "some_new_algorithm") == "sglang's" and len(calls) == 1
+
+
+def test_cadence_targets_judge_every_cadence_and_each_policys_best(tmp_path):
+    runs = [{"at": at, "policy": policy, "total_s": total} for at, policy, total in
+            (("default", "default", 10.0), ("default", "moe-place", 9.9), ("default's best", "default", 8.0),
+             ("default's best", "moe-place", 8.1), ("moe-place's best", "default", 8.4),
+             ("moe-place's best", "moe-place", 7.6))]
+    same, best = harness.judge_cadences("x", [{"scenario": "s", "runs": runs}])
+    assert not same.passed and "1.0125 (s, default's best)" in same.detail   # 8.1 / 8.0
+    assert not best.passed and "s 0.9500" in best.detail                      # 7.6 / 8.0: each its own best
+    record = tmp_path / "replay.json"
+    record.write_text(json.dumps({"traces": [{"name": "s seed 0", "protocols": {"sglang": {"best": {
+        "default": {"step_interval": 50}, "moe-place": {"step_interval": 20}}}}}]}))
+    assert harness.replay_best_cadences(record, "s seed 0", "sglang") == {"default": 50, "moe-place": 20}
+    with pytest.raises(ValueError, match="vllm"):
+        harness.replay_best_cadences(record, "s seed 0", "vllm")
