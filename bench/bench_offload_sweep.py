@@ -51,7 +51,8 @@ PER_LAYER = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 104, 112, 116, 120, 124, 126, 1
 ISSUE_GIB = (42, 45, 48, 54)          # the issue's --gpu-memory, with --kv-reserve 4GiB
 KV_GIB = 4
 ALL_GPU = "all on the GPU"
-RULES = ("sglang-kt uniform", "sglang-kt frequency", "sglang-kt front-loading", "sglang-kt random")
+TARGET_RULES = ("sglang-kt uniform", "sglang-kt frequency", "sglang-kt front-loading")  # the issue's "best rule"
+RULES = TARGET_RULES + ("sglang-kt random",)  # random: a numpy draw, not sglang-kt's torch.randperm(seed 42) set
 PLOTTED = (PLAN, "sglang-kt uniform", "sglang-kt frequency", "sglang-kt front-loading", N_CPU_MOE)
 
 
@@ -119,30 +120,33 @@ def repeat_plans(trace, scenarios, model, rates, batches, seed, caps, problems) 
 
 
 # ---------------------------------------------------------------------- targets, tables, plot
-def ratios(row: dict) -> tuple[float, str]:
-    """(moe-place / the fold's best sglang-kt rule, that rule)."""
+def ratios(row: dict, rules: tuple[str, ...] = TARGET_RULES) -> tuple[float, str]:
+    """(moe-place / the fold's best of `rules`, that rule)."""
     total = row["total_s"]
-    best = min(RULES, key=lambda r: total[r])
+    best = min(rules, key=lambda r: total[r])
     return total[PLAN] / total[best], best
 
 
 def targets(record: dict) -> tuple[list[str], bool]:
     lines, ok = [], True
     every = record["all_experts"]
-    worst_rule = max((ratios(r)[0], f["judged_step"], r["capacity"]) for f in record["folds"] for r in f["budgets"])
-    misses = [(f["judged_step"], r["capacity"], ratios(r)[0], ratios(r)[1]) for f in record["folds"]
-              for r in f["budgets"] if ratios(r)[0] > 1 + 1e-9]
-    ok &= not misses
-    lines.append(f"moe-place at most 1.00x the fold's best sglang-kt rule on every fold and budget: "
-                 f"{'yes' if not misses else 'NO'} (worst {worst_rule[0]:.4f}, judged step {worst_rule[1]}, "
-                 f"{worst_rule[2]} experts)"
-                 + "".join(f"; missed: judged step {j}, {c} experts, {x:.4f}x {b}" for j, c, x, b in misses))
-    full = [(f["judged_step"], r["total_s"][PLAN] / r["total_s"][ALL_GPU]) for f in record["folds"]
-            for r in f["budgets"] if r["capacity"] >= every]
-    bad = [(j, x) for j, x in full if x > 1 + 1e-9]
+    for rules, what, binding in ((TARGET_RULES, "the fold's best of uniform, frequency, front-loading", True),
+                                 (RULES, "the fold's best sglang-kt rule, random included", False)):
+        rows = [(ratios(r, rules), f["judged_step"], r["capacity"]) for f in record["folds"] for r in f["budgets"]]
+        worst = max(rows, key=lambda x: x[0][0])
+        misses = [(j, c, x, b) for (x, b), j, c in rows if x > 1 + 1e-9]
+        if binding:
+            ok &= not misses
+        lines.append(f"moe-place at most 1.00x {what}, every fold and budget: {'yes' if not misses else 'NO'} "
+                     f"(worst {worst[0][0]:.5f}, judged step {worst[1]}, {worst[2]} experts)"
+                     + "".join(f"; over: judged step {j}, {c} experts, {x:.5f}x {b}" for j, c, x, b in misses)
+                     + ("" if binding else " [not a target: our random set is a numpy draw]"))
+    full = [r["total_s"][PLAN] / r["total_s"][ALL_GPU] for f in record["folds"] for r in f["budgets"]
+            if r["capacity"] >= every]
+    bad = [x for x in full if x > 1 + 1e-9]
     ok &= not bad and bool(full)
     lines.append("moe-place at most 1.00x all-GPU where every expert fits: "
-                 + ("yes" if not bad and full else "NO") + " (" + ", ".join(f"{x:.4f}" for _, x in full) + ")")
+                 + ("yes" if not bad and full else "NO") + " (" + ", ".join(f"{x:.4f}" for x in full) + ")")
     diff = sum(sum(d["differing_entries"]) for d in record["determinism"])
     ok &= diff == 0
     lines.append(f"two runs give the same plan at every budget (every fold and all steps): "
@@ -154,7 +158,7 @@ def render_tables(record: dict) -> str:
     """Markdown: the targets per fold and budget, then the mean held-out step time of each set."""
     every, per = record["all_experts"], record["expert_bytes"]
     folds = record["folds"]
-    head = ["experts on the GPU", "GiB"] + [f"step {f['judged_step']}: / best rule, / all-GPU" for f in folds]
+    head = ["experts on the GPU", "GiB"] + [f"judged step {f['judged_step']}: / best rule, / all-GPU" for f in folds]
     head.append("same plan twice")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for i, row in enumerate(folds[0]["budgets"]):
@@ -200,7 +204,7 @@ def render_png(record: dict, dpi: int = 110) -> bytes:
         right.plot(gib, [ratios(r)[0] for r in fold["budgets"]], "o-", ms=3, label=f"judged step {fold['judged_step']}")
     right.axhline(1.0, color="k", lw=1)
     right.set_xlabel("GPU memory for routed experts (GiB)")
-    right.set_ylabel("moe-place / the fold's best sglang-kt rule")
+    right.set_ylabel("moe-place / the fold's best of uniform, frequency, front-loading")
     right.set_title("held out: below 1 is better than every rule")
     right.legend(fontsize=8)
     return png_bytes(fig, dpi)
@@ -214,14 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     add_record_options(parser, plot=True, committed=(RESULTS_JSON, RESULTS_PNG))
     args = parser.parse_args(argv)
     if args.table_from:
-        sys.stdout.write(render_tables(json.loads(Path(args.table_from).read_text())))
+        record = json.loads(Path(args.table_from).read_text())
+        sys.stdout.write(render_tables(record) + "\n" + "\n".join(targets(record)[0]) + "\n")
         return 0
     refuse_overwrite(parser, args)
     record = sweep(args.batches, args.seed)
     lines, ok = targets(record)
     print(render_tables(record))
     print("\n".join(lines))
-    record["targets"] = lines
     if args.output_json:
         write_json_atomic(args.output_json, record)
         print(f"wrote {args.output_json}", file=sys.stderr)
