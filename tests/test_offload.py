@@ -531,3 +531,19 @@ def test_dynamic_update_takes_the_batchs_most_frequent_experts():
     after = tiered_times(counts[1].astype(float), np.array([[False, False, True, False, True, False]]), 5, model,
                          RATES).layer_s.sum()
     assert outcome.step_s[1] == pytest.approx(after)
+
+
+# ---------------------------------------------------------------------- the docs show the committed records
+def test_docs_sweep_tables_are_what_the_record_prints():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "bench/bench_offload_sweep.py", "--table-from",
+                           "bench/results/offload_sweep.json"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    page = (root / "docs" / "offload.md").read_text()
+    start = page.index("<!-- sweep tables:")
+    block = page[page.index("\n", start) + 1:page.index("<!-- end of sweep tables -->")]
+    assert block.strip() == done.stdout.strip()
