@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import sys
 
 from moe_place.cli.options import (add_trace_options, byte_size, int_list, json_file, non_negative_float,
@@ -30,15 +32,25 @@ PLAN_VERSION = 1
 MAX_BATCHES = 65536  # = moe_place.engines.offload_compare.MAX_BATCHES (that module loads the solvers; a test keeps them equal)
 
 
+def _size(text: str) -> int:
+    """`byte_size`, with a sign said as such (argparse reads "-4GiB" as an option: see add_arguments)."""
+    if str(text).strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"expected a size >= 0 like 12GiB, got {text!r}")
+    return byte_size(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # "-4GiB" would read as an unknown option ("expected one argument"); as a value it gets _size's
+    # line. No option of this command looks like a negative number, so nothing else changes.
+    setattr(parser, "_negative_number_matcher", re.compile(r"^-\.?[0-9]"))  # argparse's own hook (3.11-3.13)
     parser.add_argument("trace", metavar="TRACE", help="routing trace (any format `moe-place analyze` reads)")
     add_trace_options(parser)
     parser.add_argument("--model", metavar="PRESET",
                         help=f"expert shape: one of {', '.join(PRESETS)} (default: from the trace's model name)")
-    parser.add_argument("--gpu-memory", type=byte_size, required=True, metavar="BYTES",
+    parser.add_argument("--gpu-memory", type=_size, required=True, metavar="BYTES",
                         help="GPU memory for the routed experts and the KV cache, after the dense weights "
                              "(e.g. 12GiB, 80GB; required)")
-    parser.add_argument("--kv-reserve", type=byte_size, default=0, metavar="BYTES",
+    parser.add_argument("--kv-reserve", type=_size, default=0, metavar="BYTES",
                         help="of it, kept for the KV cache (default 0)")
     parser.add_argument("--layerwise-prefill", action="store_true",
                         help="also keep one MoE layer of GPU memory for sglang-kt's full-GPU prefill and put "
@@ -64,10 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-weight", type=non_negative_float, default=1.0, metavar="W",
                         help="weight of one prefill step against one decode step of each size (default 1)")
     parser.add_argument("--batches", type=positive_int, default=512, metavar="B",
-                        help="decode batches drawn per judged step and batch size, at most 65,536 (default 512)")
+                        help="decode batches drawn per step and batch size, to plan on and to judge on, at most "
+                             "65,536 (default 512)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the drawn batches (default 0)")
-    parser.add_argument("--time-limit", type=non_negative_float, default=10.0, metavar="S",
-                        help="CP-SAT time per plan for layers whose gap stays open (default 10)")
     parser.add_argument("--no-held-out", action="store_true", help="skip the held-out comparison")
     parser.add_argument("--num-model-layers", type=positive_int, metavar="N",
                         help="decoder layers of the model, dense ones included, for the stats file's rows "
@@ -92,6 +103,9 @@ def _check_options(args: argparse.Namespace) -> None:
             raise InputError("--stats-out", "torch installed (pip install torch)", "no torch") from None
     if args.batches > MAX_BATCHES:
         raise InputError("--batches", f"at most {MAX_BATCHES:,}", f"{args.batches:,}")
+    if args.gpu_memory <= 0:
+        raise InputError("--gpu-memory", "a size > 0 (GPU memory for the routed experts and the KV cache)",
+                         f"{args.gpu_memory:,} bytes")
     if args.kv_reserve >= args.gpu_memory:
         raise InputError("--kv-reserve", f"less than --gpu-memory ({args.gpu_memory:,} bytes)", f"{args.kv_reserve:,}")
 
@@ -101,10 +115,12 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.cost.models import get_model, infer_model_name
     from moe_place.cost.offload import OffloadRates, crossover_rows, prefill_threshold_tokens
     from moe_place.engines import llama_cpp, sglang_kt
-    from moe_place.engines.offload_compare import (LAYERS_FROM_TRACE, N_CPU_MOE, PLAN, Scenarios, compare_held_out,
-                                                   planning_problem, render_comparison_png, step_tokens)
-    from moe_place.solvers.offload import plan_offload, whole_layer_plan
+    from moe_place.engines.offload_compare import (LAYERS_FROM_TRACE, N_CPU_MOE, PLAN, PlanningData, Scenarios,
+                                                   compare_held_out, drawn_from, render_comparison_png, step_problems,
+                                                   step_tokens)
+    from moe_place.solvers.offload import mean_objective_s, whole_layer_plan
     from moe_place.traces import load_trace
+    import numpy as np  # noqa: I001 - the library's, lazily like the rest (the command's start stays short)
 
     _check_options(args)
     catalog = load_catalog(args.parts)
@@ -132,20 +148,20 @@ def run(args: argparse.Namespace) -> int:
     every = trace.num_layers * trace.num_experts
     capacity = min(int(capacity), every)
 
-    all_steps = tuple(range(trace.num_steps))
-    problem, counts = planning_problem(trace, all_steps, scenarios, model, rates, capacity)
-    plan = plan_offload(problem, args.time_limit)
+    problems = step_problems(trace, scenarios, model, rates, args.batches, args.seed)
+    data = PlanningData.of(trace, problems, range(trace.num_steps))
+    plan = data.plan(capacity)
     layer_ids = tuple(int(i) for i in trace.meta.layer_ids)
-    share = counts / float(step_tokens(trace).sum())
+    share = data.counts / float(step_tokens(trace).sum())
     threshold = prefill_threshold_tokens(share, plan.resident, model, rates)
     gpu_layers = capacity // trace.num_experts
-    layers_mask = whole_layer_plan(problem, gpu_layers)
+    layers_mask = whole_layer_plan(data.parts, gpu_layers)
     n_cpu_moe = llama_cpp.n_cpu_moe_for(layer_ids, gpu_layers)
     n_cpu_mask = llama_cpp.n_cpu_moe_mask(layer_ids, trace.num_experts, n_cpu_moe)
     comparison = None
     if not args.no_held_out and trace.num_steps >= 2:
         comparison = compare_held_out(trace, scenarios, model, rates, capacity, args.batches, args.seed,
-                                      args.time_limit)
+                                      problems=problems)
     kt_flags = sglang_kt.launch_flags(plan.num_resident, trace.num_layers, trace.num_experts, args.stats_out,
                                       threshold if args.layerwise_prefill else None)
     report = {
@@ -157,24 +173,25 @@ def run(args: argparse.Namespace) -> int:
                      "alpha_s": rates.alpha_s},
         "memory": {"gpu_memory_bytes": args.gpu_memory, "kv_reserve_bytes": args.kv_reserve,
                    "layerwise_prefill_bytes": reserve, "capacity_experts": capacity, "all_experts": every},
-        "scenarios": [{"name": n, "tokens": t, "weight": w}
-                      for n, t, w in scenarios.planned(int(round(step_tokens(trace).mean())))],
-        "plan": {"resident_experts": plan.num_resident, "value_s": plan.value_s, "lower_bound_s": plan.lower_bound_s,
-                 "gap": plan.gap, "status": plan.status, "exact_layers": list(plan.exact_layers),
-                 "notes": list(plan.notes), "scenario_times_s": problem.scenario_times_s(plan.resident).tolist(),
-                 "experts_per_layer": plan.experts_per_layer.tolist(), "layer_value_s": plan.layer_value_s.tolist(),
-                 "layer_bound_s": plan.layer_bound_s.tolist(), "wall_s": plan.wall_s},
+        "scenarios": [{"name": n, "tokens": None if n == "prefill" and args.prefill_tokens is None else t, "weight": w}
+                      for n, t, w in scenarios.planned(0)],
+        "batches": {"per_step_and_size": args.batches, "seed": args.seed, "drawn_from": drawn_from(trace)},
+        "plan": {"resident_experts": plan.num_resident, "source": plan.source, "value_s": plan.value_s,
+                 "lower_bound_s": plan.lower_bound_s, "gap": plan.gap, "held_out_estimate_s": plan.held_out_s,
+                 "candidates_s": plan.candidates_s, "notes": list(plan.notes),
+                 "scenario_times_s": np.mean([p.scenario_times_s(plan.resident) for p in data.parts], axis=0).tolist(),
+                 "experts_per_layer": plan.experts_per_layer.tolist(), "layer_value_s": plan.layer_value_s.tolist()},
         "prefill_threshold_tokens": threshold,
         "formula8_crossover_rows": crossover_rows(model, rates),
         "sglang_kt": {"flags": kt_flags, "stats": args.stats_out},
         "llama_cpp": {"gpu_layers": gpu_layers, "flags": llama_cpp.launch_flags(layers_mask, layer_ids),
                       "n_cpu_moe": n_cpu_moe,
-                      "predicted_s": problem.objective_s(layers_mask),
-                      "n_cpu_moe_predicted_s": problem.objective_s(n_cpu_mask)},
+                      "predicted_s": mean_objective_s(data.parts, layers_mask),
+                      "n_cpu_moe_predicted_s": mean_objective_s(data.parts, n_cpu_mask)},
         "held_out": None if comparison is None else _comparison_json(comparison),
     }
     if args.stats_out:
-        stats = sglang_kt.planned_stats(plan.resident, counts, layer_ids, args.num_model_layers)
+        stats = sglang_kt.planned_stats(plan.resident, data.counts, layer_ids, args.num_model_layers)
         sglang_kt.write_stats(args.stats_out, stats)
         wrote("sglang-kt stats", args.stats_out)
     if args.out:
@@ -192,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _comparison_json(comparison) -> dict:
-    return {"scenarios": list(comparison.scenario_names), "batches": comparison.batches, "fluid": comparison.fluid,
+    return {"scenarios": list(comparison.scenario_names), "batches": comparison.batches,
+            "drawn_from": comparison.drawn_from,
             "folds": [{"plan_steps": list(f.plan_steps), "judged_step": f.judged_step,
                        "times_s": {k: v.tolist() for k, v in f.times_s.items()},
                        "total_s": {k: f.total_s(k) for k in f.times_s}} for f in comparison.folds],
@@ -204,7 +222,7 @@ def _plan_file(report: dict, resident, layer_ids: tuple[int, ...]) -> dict:
     """The offload plan file: resident expert ids per model layer (checked before it is written)."""
     rows = {str(layer): [int(e) for e in resident[i].nonzero()[0]] for i, layer in enumerate(layer_ids)}
     assert sum(len(v) for v in rows.values()) == report["plan"]["resident_experts"] <= report["memory"]["capacity_experts"]
-    keys = ("trace", "model", "layers", "experts", "expert_bytes", "hardware", "memory", "scenarios", "plan",
+    keys = ("trace", "model", "layers", "experts", "expert_bytes", "hardware", "memory", "scenarios", "batches", "plan",
             "prefill_threshold_tokens", "sglang_kt", "llama_cpp")
     return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "resident_experts": rows, **{k: report[k] for k in keys}}
 
@@ -227,16 +245,22 @@ def _table(report: dict, plan_name: str, n_cpu_name: str, layers_name: str) -> s
                f"({mem['capacity_experts'] / mem['all_experts']:.1%})"]
     names = [s["name"] for s in report["scenarios"]]
     per_layer = sorted(plan["experts_per_layer"])
-    lines.append(f"plan on all {report['steps']} steps: {plan['resident_experts']} experts, per layer "
+    source = plan["source"]
+    if source == "thinned frequency":  # frequency takes all the capacity; fewer: some went back to the CPU
+        source = "sglang-kt frequency's set" + ("" if plan["resident_experts"] == mem["capacity_experts"] else ", thinned")
+    batches = report["batches"]
+    lines.append(f"plan on all {report['steps']} steps ({batches['per_step_and_size']} decode batches per step and "
+                 f"size drawn from {batches['drawn_from'].replace('the judged step', 'each step')}): "
+                 f"{plan['resident_experts']} experts ({source}), per layer "
                  f"{per_layer[0]}-{per_layer[-1]} (median {per_layer[len(per_layer) // 2]}); predicted "
                  + ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in zip(names, plan["scenario_times_s"]))
-                 + f"; weighted {plan['value_s'] * 1e3:.3f} ms, lower bound {plan['lower_bound_s'] * 1e3:.3f} ms, "
-                   f"gap {plan['gap']:.2%} ({plan['status']})")
+                 + f"; weighted {plan['value_s'] * 1e3:.3f} ms, lower bound {plan['lower_bound_s'] * 1e3:.3f} ms "
+                   f"(gap {plan['gap']:.2%})")
     lines += [f"note: {n}" for n in plan["notes"]]
     held = report["held_out"]
     if held is not None:
-        how = ("expected (fluid) times of the judged step's shares" if held["fluid"] else
-               f"{held['batches']} decode batches drawn from the judged step's tokens; prefill: its recorded batch")
+        how = (f"{held['batches']} decode batches drawn from {held['drawn_from']}; prefill: "
+               + ("its recorded batch" if report["scenarios"][-1]["tokens"] is None else "drawn as decode"))
         lines += ["", f"held out (plan on the other steps, judge on one; {how}), predicted step time in ms:",
                   f"{'judged':>6} {'set':<40}" + "".join(f"{n:>10}" for n in names) + f"{'weighted':>10} {'vs uniform':>10}"]
         for fold in held["folds"]:
@@ -247,11 +271,14 @@ def _table(report: dict, plan_name: str, n_cpu_name: str, layers_name: str) -> s
         means = held["mean_total_s"]
         base = means["sglang-kt uniform"]
         best_kt = min((v, k) for k, v in means.items() if k.startswith("sglang-kt"))
+        worst = max((f["total_s"][plan_name] / min(v for k, v in f["total_s"].items() if k.startswith("sglang-kt")),
+                     f["judged_step"]) for f in held["folds"])
         lines.append(f"{'mean':>6} " + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in means.items()))
         lines.append(f"{plan_name}: {means[plan_name] / base - 1:+.1%} against sglang-kt's default uniform, "
                      f"{means[plan_name] / best_kt[0] - 1:+.2%} against the best sglang-kt rule ({best_kt[1]}), "
                      f"{means[plan_name] / means[n_cpu_name] - 1:+.1%} against {n_cpu_name} "
-                     f"and {means[plan_name] / means[layers_name] - 1:+.1%} against whole layers from the trace")
+                     f"and {means[plan_name] / means[layers_name] - 1:+.1%} against whole layers from the trace; "
+                     f"worst fold {worst[0]:.4f}x the fold's best sglang-kt rule (judged step {worst[1]})")
     threshold = report["prefill_threshold_tokens"]
     crossover = report["formula8_crossover_rows"]
     lines.append("")
@@ -262,10 +289,10 @@ def _table(report: dict, plan_name: str, n_cpu_name: str, layers_name: str) -> s
                  + ("" if report["memory"]["layerwise_prefill_bytes"] or not threshold else
                     f"; --kt-gpu-prefill-token-threshold {threshold} needs one MoE layer of GPU memory "
                     f"({report['experts'] * report['expert_bytes'] / GIB_BYTES:.2f} GiB): --layerwise-prefill keeps it"))
-    lines.append("sglang-kt: " + " ".join(report["sglang_kt"]["flags"]))
+    lines.append("sglang-kt: " + shlex.join(report["sglang_kt"]["flags"]))
     llama = report["llama_cpp"]
     lines.append(f"llama.cpp ({llama['gpu_layers']} whole layers on the GPU): "
-                 + " ".join(f'"{f}"' if f.startswith("blk") else f for f in llama["flags"])
+                 + shlex.join(llama["flags"])
                  + f"  (predicted {llama['predicted_s'] * 1e3:.3f} ms weighted; --n-cpu-moe {llama['n_cpu_moe']}: "
                    f"{llama['n_cpu_moe_predicted_s'] * 1e3:.3f} ms)")
     return "\n".join(lines) + "\n"

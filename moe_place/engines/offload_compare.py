@@ -1,18 +1,19 @@
 """Held-out comparison of GPU-resident expert sets: the offload planner against the engines' rules.
 
 Plan on some steps of a trace, judge on another (leave one step out: each step is judged once),
-at the same GPU memory (`capacity` experts), with the tiered layer time of
-`moe_place.cost.offload.tiered_times`:
-- decode at each batch size `n`: `batches` batches of `n` distinct tokens drawn from the judged
-  step's tokens (the same draws for every set), each layer at `max(CPU side, GPU side)` of its
-  own rows; a count-level trace has no tokens, so there the expected (fluid) times of the judged
-  step's shares are used instead;
-- prefill: the judged step's whole batch (its recorded rows), or `prefill_tokens` as decode.
-Sets: the plan (`moe_place.solvers.offload`), sglang-kt's four rules (`moe_place.engines.sglang_kt`;
-`frequency` reads the planning steps' counts, as a stats file recorded on them would give it),
-llama.cpp's `--n-cpu-moe N` and whole layers chosen from the trace (`-ot`,
-`moe_place.engines.llama_cpp`), and a hindsight plan made on the judged step itself (a reference
-no deployment has: it knows the future).
+at the same GPU memory (`capacity` experts). Every step becomes a set of batches, priced batch by
+batch with the tiered layer time (`moe_place.solvers.offload.OffloadProblem`, the max of the two
+sides per batch and layer):
+- decode at each batch size `n`: `batches` batches of `n` distinct tokens drawn from the step's
+  recorded tokens (a count-level trace has none: tokens drawn from the step's shares, `k`
+  distinct experts each, `moe_place.traces.synthetic.sample_token_ids`), the same draws for
+  every set and whether the step plans or judges (seeded by `seed`, the step and the scenario);
+- prefill: the step's whole recorded batch, or `prefill_tokens` drawn as decode.
+Sets: the plan (`moe_place.solvers.offload.plan_held_out` on the planning steps' batches),
+sglang-kt's four rules (`moe_place.engines.sglang_kt`; `frequency` reads the planning steps'
+counts, as a stats file recorded on them would give it), llama.cpp's `--n-cpu-moe N` and whole
+layers chosen from the trace (`-ot`, `moe_place.engines.llama_cpp`), and a plan made on the judged
+step's own batches (`plan_offload`: a reference no deployment has, it knows the future).
 """
 
 from __future__ import annotations
@@ -22,28 +23,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.cost.models import ExpertShape
-from moe_place.cost.offload import OffloadRates, expected_costs, expected_tiered_s, tiered_times
+from moe_place.cost.offload import OffloadRates
 from moe_place.engines import llama_cpp, sglang_kt
 from moe_place.errors import InputError
 from moe_place.plotting import new_figure, png_bytes
 from moe_place.progress import ProgressBar
-from moe_place.solvers.offload import OffloadProblem, plan_offload, whole_layer_plan
+from moe_place.solvers.offload import (HeldOutCurves, OffloadPlan, OffloadProblem, count_order, held_out_curves,
+                                       plan_held_out, plan_offload, whole_layer_plan)
 from moe_place.traces.model import Trace
+from moe_place.traces.synthetic import inclusion_probabilities, sample_token_ids
 
 PLAN = "moe-place"
 HINDSIGHT = "hindsight (plan on the judged step)"
 N_CPU_MOE = "llama.cpp --n-cpu-moe"
 LAYERS_FROM_TRACE = "llama.cpp -ot (layers from the trace)"
 PREFILL = "prefill"
-BATCH_CHUNK = 64       # decode batches drawn and priced at once
-MAX_BATCHES = 65536    # --batches: the time grows with it (memory does not: chunks)
+BATCH_CHUNK = 64       # decode batches drawn at once
+MAX_BATCHES = 65536    # --batches: the time grows with it
 
 
 @dataclass(frozen=True)
 class Scenarios:
     """Batch sizes to price: decode batch sizes with weight 1 each, and a prefill scenario.
 
-    prefill_tokens: None: the recorded steps' own batches (planning: their mean size); 0: no prefill."""
+    prefill_tokens: None: the recorded steps' own batches; 0: no prefill."""
 
     batch_sizes: tuple[int, ...] = (8, 32)
     prefill_tokens: int | None = None
@@ -67,11 +70,11 @@ class Scenarios:
     def names(self) -> tuple[str, ...]:
         return tuple(f"decode{n}" for n in self.batch_sizes) + ((PREFILL,) if self.has_prefill else ())
 
-    def planned(self, mean_step_tokens: int) -> list[tuple[str, int, float]]:
-        """`(name, tokens, weight)` for `OffloadProblem.from_counts`."""
+    def planned(self, step_tokens: int) -> list[tuple[str, int, float]]:
+        """`(name, tokens per batch, weight)` of a step of `step_tokens` tokens."""
         out = [(f"decode{n}", int(n), 1.0) for n in self.batch_sizes]
         if self.has_prefill:
-            tokens = mean_step_tokens if self.prefill_tokens is None else self.prefill_tokens
+            tokens = step_tokens if self.prefill_tokens is None else self.prefill_tokens
             out.append((PREFILL, max(1, int(tokens)), float(self.prefill_weight)))
         return out
 
@@ -87,75 +90,114 @@ def step_tokens(trace: Trace) -> np.ndarray:
     return trace.step_counts()[:, 0, :].sum(axis=1) // trace.top_k
 
 
-def planning_problem(trace: Trace, steps, scenarios: Scenarios, model: ExpertShape, rates: OffloadRates,
-                     capacity: int) -> tuple[OffloadProblem, np.ndarray]:
-    """The offload problem of the given steps, and their counts `[L, E]`."""
-    steps = list(steps)
-    counts = trace.step_counts()[steps].sum(axis=0)
-    tokens = step_tokens(trace)[steps]
-    problem = OffloadProblem.from_counts(counts, int(tokens.sum()), scenarios.planned(int(round(tokens.mean()))),
-                                         model, rates, capacity, tuple(trace.meta.layer_ids))
-    return problem, counts
-
-
-def candidate_sets(problem: OffloadProblem, counts: np.ndarray, layer_ids: tuple[int, ...],
-                   time_limit_s: float) -> dict[str, np.ndarray]:
-    """Resident masks `[L, E]` of every compared set at the problem's capacity (hindsight excluded)."""
-    k = min(problem.capacity, problem.num_layers * problem.num_experts)
-    sets = {PLAN: plan_offload(problem, time_limit_s).resident}
-    for strategy in sglang_kt.STRATEGIES:
-        sets[f"sglang-kt {strategy}"] = sglang_kt.strategy_mask(strategy, counts, k)
-    gpu_layers = k // problem.num_experts
-    sets[N_CPU_MOE] = llama_cpp.n_cpu_moe_mask(layer_ids, problem.num_experts,
-                                               llama_cpp.n_cpu_moe_for(layer_ids, gpu_layers))
-    sets[LAYERS_FROM_TRACE] = whole_layer_plan(problem, gpu_layers)
-    return sets
-
-
 def sample_rows(ids: np.ndarray, batch_tokens: int, batches: int, num_experts: int,
                 rng: np.random.Generator) -> np.ndarray:
-    """float64 `[batches, L, E]`: rows per expert of `batches` batches of `batch_tokens` distinct tokens
+    """int32 `[batches, L, E]`: rows per expert of `batches` batches of `batch_tokens` distinct tokens
     drawn from `ids` int `[tokens, L, k]`."""
     tokens, layers, _ = ids.shape
     if batch_tokens > tokens:
-        raise InputError("batch size", f"at most the judged step's {tokens} tokens", batch_tokens)
+        raise InputError("batch size", f"at most the step's {tokens} tokens", batch_tokens)
     picks = np.stack([rng.choice(tokens, batch_tokens, replace=False) for _ in range(batches)])
-    chosen = np.asarray(ids[picks], dtype=np.int64)                            # [B, n, L, k]
+    return _rows_of(np.asarray(ids[picks], dtype=np.int64), num_experts)
+
+
+def _rows_of(chosen: np.ndarray, num_experts: int) -> np.ndarray:
+    """int32 `[B, L, E]` from the experts picked, int `[B, n, L, k]`."""
+    batches, _, layers, _ = chosen.shape
     cell = (np.arange(batches)[:, None, None, None] * layers + np.arange(layers)[None, None, :, None]) * num_experts
     return np.bincount((cell + chosen).reshape(-1), minlength=batches * layers * num_experts).reshape(
-        batches, layers, num_experts).astype(np.float64)
+        batches, layers, num_experts).astype(np.int32)
 
 
-def judge(trace: Trace, step: int, sets: dict[str, np.ndarray], scenarios: Scenarios, model: ExpertShape,
-          rates: OffloadRates, batches: int, seed: int) -> dict[str, np.ndarray]:
-    """Per set, float64 `[scenarios]`: mean step time (sum over layers) of each scenario on `step`."""
-    out = {name: [] for name in sets}
+def step_batches(trace: Trace, step: int, scenarios: Scenarios, batches: int,
+                 seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows int32 `[B, L, E]`, tokens `[B]`, scenario of each batch `[B]`) of one step (module note)."""
     tokens = int(step_tokens(trace)[step])
-    step_counts = trace.step_counts()[step].astype(np.float64)
+    counts = trace.step_counts()[step]
+    rows, sizes, which = [], [], []
     for i, (name, size, _) in enumerate(scenarios.planned(tokens)):
-        recorded = name == PREFILL and scenarios.prefill_tokens is None
-        if recorded:
-            rows, batch = step_counts[None], np.array([tokens])
-        elif trace.is_token_level:  # in chunks of batches, so that memory stays bounded
-            rng = np.random.default_rng([seed, step, i])
-            sums = dict.fromkeys(sets, 0.0)
-            for start in range(0, batches, BATCH_CHUNK):
-                rows = sample_rows(trace.topk_ids[step], size, min(BATCH_CHUNK, batches - start), trace.num_experts,
-                                   rng)
-                for key, mask in sets.items():
-                    sums[key] += float(tiered_times(rows, mask[None], size, model, rates).layer_s.sum())
-            for key in sets:
-                out[key].append(sums[key] / batches)
-            continue
+        if name == PREFILL and scenarios.prefill_tokens is None:
+            drawn = counts[None].astype(np.int32)
         else:
-            costs = expected_costs(step_counts / tokens, size, model, rates)
-            for key, mask in sets.items():
-                out[key].append(float(expected_tiered_s(costs, mask).layer_s.sum()))
-            continue
-        for key, mask in sets.items():
-            times = tiered_times(rows, mask[None], batch[:, None], model, rates).layer_s  # [B, L]
-            out[key].append(float(times.sum(axis=1).mean()))
-    return {key: np.array(values) for key, values in out.items()}
+            rng = np.random.default_rng([seed, step, i])
+            if not trace.is_token_level:
+                probs = inclusion_probabilities(counts.astype(np.float64) + 1e-12, trace.top_k)
+            chunks = []
+            for start in range(0, batches, BATCH_CHUNK):
+                n = min(BATCH_CHUNK, batches - start)
+                if trace.is_token_level:
+                    chunks.append(sample_rows(trace.topk_ids[step], size, n, trace.num_experts, rng))
+                else:
+                    ids = sample_token_ids(probs, n * size, rng).reshape(n, size, trace.num_layers, trace.top_k)
+                    chunks.append(_rows_of(ids.astype(np.int64), trace.num_experts))
+            drawn = np.concatenate(chunks)
+        rows.append(drawn)
+        sizes.append(np.full(len(drawn), size))
+        which.append(np.full(len(drawn), i))
+    return np.concatenate(rows), np.concatenate(sizes), np.concatenate(which)
+
+
+def step_problems(trace: Trace, scenarios: Scenarios, model: ExpertShape, rates: OffloadRates, batches: int,
+                  seed: int, progress: bool | None = None) -> list[OffloadProblem]:
+    """One problem per step of the trace: its batches, priced (the planning and the judged data alike)."""
+    if not 1 <= batches <= MAX_BATCHES:
+        raise InputError("--batches", f"an integer in [1, {MAX_BATCHES:,}]", batches)
+    weights = [(name, weight) for name, _, weight in scenarios.planned(1)]
+    out = []
+    bar = ProgressBar(trace.num_steps, "offload batches", "steps", enabled=progress)
+    for step in range(trace.num_steps):
+        rows, tokens, which = step_batches(trace, step, scenarios, batches, seed)
+        out.append(OffloadProblem.from_rows(rows, tokens, which, weights, model, rates, tuple(trace.meta.layer_ids)))
+        bar.advance()
+    bar.close()
+    return out
+
+
+@dataclass(frozen=True)
+class PlanningData:
+    """What a plan is made from: the steps' problems and counts `[L, E]`, and step 3's curves."""
+
+    steps: tuple[int, ...]
+    parts: tuple[OffloadProblem, ...]
+    counts: np.ndarray
+    curves: HeldOutCurves
+
+    @classmethod
+    def of(cls, trace: Trace, problems: list[OffloadProblem], steps) -> "PlanningData":
+        steps = tuple(int(s) for s in steps)
+        per_step = [trace.step_counts()[s] for s in steps]
+        parts = tuple(problems[s] for s in steps)
+        return cls(steps, parts, np.sum(per_step, axis=0), held_out_curves(parts, per_step))
+
+    def rule_sets(self, capacity: int) -> dict[str, np.ndarray]:
+        """sglang-kt's rules at `capacity` experts on these counts."""
+        return {f"sglang-kt {s}": sglang_kt.strategy_mask(s, self.counts, capacity) for s in sglang_kt.STRATEGIES}
+
+    def plan(self, capacity: int) -> OffloadPlan:
+        """The planner's set (`plan_held_out`) under `capacity` experts, the rules its candidates."""
+        rules = self.rule_sets(capacity)
+        return plan_held_out(self.parts, self.curves, rules["sglang-kt frequency"], rules, capacity)
+
+
+def candidate_sets(data: PlanningData, capacity: int, layer_ids: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Resident masks `[L, E]` of every compared set at `capacity` experts (hindsight excluded)."""
+    experts = data.parts[0].num_experts
+    k = min(capacity, data.parts[0].num_layers * experts)
+    rules = data.rule_sets(k)
+    sets = {PLAN: data.plan(capacity).resident, **rules}
+    gpu_layers = k // experts
+    sets[N_CPU_MOE] = llama_cpp.n_cpu_moe_mask(layer_ids, experts, llama_cpp.n_cpu_moe_for(layer_ids, gpu_layers))
+    sets[LAYERS_FROM_TRACE] = whole_layer_plan(data.parts, gpu_layers)
+    return sets
+
+
+def hindsight_set(trace: Trace, problems: list[OffloadProblem], step: int, capacity: int) -> np.ndarray:
+    """The least time on the judged step's own batches (`plan_offload`, over its count order and
+    its CPU-time order): what knowing the future would give."""
+    problem = problems[step]
+    by_cpu = np.argsort(-np.tensordot(problem.weights, problem.cpu_s.astype(np.float64), axes=1), axis=1,
+                        kind="stable")
+    return plan_offload(problem, capacity, [count_order(trace.step_counts()[step]), by_cpu]).resident
 
 
 @dataclass(frozen=True)
@@ -177,7 +219,7 @@ class Comparison:
     capacity: int
     folds: tuple[FoldResult, ...]
     batches: int
-    fluid: bool
+    drawn_from: str
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -190,29 +232,39 @@ class Comparison:
         return np.mean([fold.times_s[name] for fold in self.folds], axis=0)
 
 
+def drawn_from(trace: Trace) -> str:
+    return "the judged step's tokens" if trace.is_token_level else "the judged step's shares (no tokens recorded)"
+
+
+def fold_result(trace: Trace, problems: list[OffloadProblem], judged: int, capacity: int, scenarios: Scenarios,
+                data: PlanningData | None = None) -> FoldResult:
+    """Plan on every step but `judged` (or `data`, made on them), judge every set on `judged`."""
+    layer_ids = tuple(trace.meta.layer_ids)
+    if data is None:
+        data = PlanningData.of(trace, problems, [s for s in range(trace.num_steps) if s != judged])
+    sets = candidate_sets(data, capacity, layer_ids)
+    sets[HINDSIGHT] = hindsight_set(trace, problems, judged, capacity)
+    times = {key: problems[judged].scenario_times_s(mask) for key, mask in sets.items()}
+    return FoldResult(data.steps, judged, times, scenarios.weights)
+
+
 def compare_held_out(trace: Trace, scenarios: Scenarios, model: ExpertShape, rates: OffloadRates, capacity: int,
-                     batches: int = 512, seed: int = 0, time_limit_s: float = 10.0,
-                     progress: bool | None = None) -> Comparison:
-    """Leave one step out over the trace's steps (needs at least 2)."""
+                     batches: int = 512, seed: int = 0, progress: bool | None = None,
+                     problems: list[OffloadProblem] | None = None) -> Comparison:
+    """Leave one step out over the trace's steps (needs at least 2). problems: `step_problems` of
+    the same arguments, when the caller has them already."""
     if trace.num_steps < 2:
         raise InputError("held-out evaluation", "a trace of at least 2 steps (plan on some, judge on another)",
                          f"{trace.num_steps} step")
-    if not 1 <= batches <= MAX_BATCHES:
-        raise InputError("--batches", f"an integer in [1, {MAX_BATCHES:,}]", batches)
-    layer_ids = tuple(trace.meta.layer_ids)
+    if problems is None:
+        problems = step_problems(trace, scenarios, model, rates, batches, seed, progress)
     folds = []
     bar = ProgressBar(trace.num_steps, "offload held-out", "folds", enabled=progress)
     for judged in range(trace.num_steps):
-        plan_steps = tuple(s for s in range(trace.num_steps) if s != judged)
-        problem, counts = planning_problem(trace, plan_steps, scenarios, model, rates, capacity)
-        sets = candidate_sets(problem, counts, layer_ids, time_limit_s)
-        hindsight, _ = planning_problem(trace, (judged,), scenarios, model, rates, capacity)
-        sets[HINDSIGHT] = plan_offload(hindsight, time_limit_s).resident
-        folds.append(FoldResult(plan_steps, judged, judge(trace, judged, sets, scenarios, model, rates, batches, seed),
-                                scenarios.weights))
+        folds.append(fold_result(trace, problems, judged, capacity, scenarios))
         bar.advance()
     bar.close()
-    return Comparison(scenarios.names, capacity, tuple(folds), batches, not trace.is_token_level)
+    return Comparison(scenarios.names, capacity, tuple(folds), batches, drawn_from(trace))
 
 
 def render_comparison_png(comparison: Comparison, dpi: int = 110) -> bytes:

@@ -210,7 +210,7 @@ def _payback_swaps(share: np.ndarray, resident: np.ndarray, hot: np.ndarray, sce
     come in: their advantage is the one that lasts the tracker's expected life; a colder expert ahead
     by chance would be copied for nothing. The predicted saving counts at `realised_share` of itself:
     what the earlier swaps earned of what was predicted for them (`SwapLedger`)."""
-    problem = OffloadProblem.from_shares(share, scenarios, model, rates, capacity=1)
+    problem = OffloadProblem.from_shares(share, scenarios, model, rates)
     value = np.tensordot(problem.weights, problem.cpu_s, axes=1)             # [L, E] expected CPU s per step
     layers, experts = resident.shape
     out = np.zeros((2, layers, experts), dtype=bool)
@@ -272,5 +272,5 @@ def warm_up_plan(run: ServingRun, warm_up_steps: int, scenarios, model: ExpertSh
     if not 1 <= warm_up_steps <= run.num_steps:
         raise InputError("warm-up steps", f"in [1, {run.num_steps}]", warm_up_steps)
     share = run.counts[:warm_up_steps].sum(axis=0) / float(run.tokens[:warm_up_steps].sum())
-    problem = OffloadProblem.from_shares(np.clip(share, 0.0, 1.0), scenarios, model, rates, capacity)
-    return plan_offload(problem).resident
+    problem = OffloadProblem.from_shares(np.clip(share, 0.0, 1.0), scenarios, model, rates)
+    return plan_offload(problem, capacity).resident
