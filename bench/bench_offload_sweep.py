@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.cli.options import add_record_options, refuse_overwrite
+from moe_place.cli.output import missed_targets
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import get_model
 from moe_place.cost.offload import OffloadRates
@@ -232,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         write_atomic(args.plot, render_png(record))
         print(f"wrote {args.plot}", file=sys.stderr)
-    if not ok:
-        print("bench_offload_sweep.py: missed: " + "; ".join(l for l in lines if ": NO" in l), file=sys.stderr)
-    return 0 if ok else 1
+    return missed_targets("bench_offload_sweep", [] if ok else [line for line in lines if ": NO" in line])
 
 
 if __name__ == "__main__":

@@ -133,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                                           f"{up['handed_back']}x)"))
     for passed, line in lines:
         print(f"{'PASS' if passed else 'FAIL'}  {line}")
-    return 0 if all(p for p, _ in lines) else 1
+    # imported here, not at the top: a spawned child re-runs this module's top, and must start without moe_place
+    from moe_place.cli.output import missed_targets
+
+    return missed_targets("check_sglang_plugin", [line for passed, line in lines if not passed])
 
 
 if __name__ == "__main__":
