@@ -36,10 +36,14 @@ cadences could do with EPLB's plans); a missed target exits 1 and is said on std
     python bench/bench_replay.py [--steps 6000] [--seeds 0,1,2] [--scenarios all] [--protocols all] [--held-out]
         [--jobs 2] [--out FILE.json] [--plot FILE.png] [--force]
 
-The committed record (bench/results/replay.json and .png) comes from:
+The committed records (bench/results/replay_{vllm,sglang}.json and .png) run the engine default's own code
+(`--default-policy engine`), each in its engine's environment (`bench/engine_overlay.sh` makes this checkout
+importable there), and bench/bench_engines.py reads their best cadences:
 
-    python bench/bench_replay.py --held-out --jobs 2 --out bench/results/replay.json \
-        --plot bench/results/replay.png --force
+    PYTHONPATH=OVERLAY VLLM_VENV/bin/python bench/bench_replay.py --held-out --protocols vllm,vllm-sync \
+        --default-policy engine --out bench/results/replay_vllm.json --plot bench/results/replay_vllm.png --force
+    PYTHONPATH=OVERLAY SGLANG_VENV/bin/python bench/bench_replay.py --held-out --protocols sglang \
+        --default-policy engine --out bench/results/replay_sglang.json --plot bench/results/replay_sglang.png --force
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ STATIONARY = {"1x8-qwen3-30b-stationary": ("1x8-qwen3-30b",
 PROTOCOLS = {"vllm": ("vllm", True), "vllm-sync": ("vllm", False), "sglang": ("sglang", False)}
 TARGET_BEST = 0.92           # moe-place at its best cadence / the default at its best
 TARGET_SAME_CADENCE = 1.005  # moe-place / the default at every cadence of the sweep
-RESULTS_JSON, RESULTS_PNG = "bench/results/replay.json", "bench/results/replay.png"
+RESULTS = tuple(f"bench/results/replay_{engine}.{kind}" for engine in ("vllm", "sglang") for kind in ("json", "png"))
 
 
 def hot_spot_steps(counts: np.ndarray, smooth: int = 16, hot_factor: float = 2.0) -> dict:
@@ -252,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", action="store_true", help="also the traces the rule was not tuned on (HELD_OUT)")
     parser.add_argument("--jobs", type=_positive, default=1,
                         help=f"traces in parallel processes, at most the cores ({os.cpu_count()}; default 1)")
-    add_record_options(parser, plot=True, committed=(RESULTS_JSON, RESULTS_PNG))
+    add_record_options(parser, plot=True, committed=RESULTS)
     args = parser.parse_args(argv)
     if args.jobs > (os.cpu_count() or 1):
         parser.error(f"--jobs: expected at most the {os.cpu_count()} cores, got {args.jobs}")
