@@ -1,4 +1,4 @@
-"""README's ties claim, re-measured: the planner's EPLB against vLLM 0.33's real `DefaultEplbPolicy` on tied loads.
+"""The ties claim of docs/results/engines.md, re-measured: the planner's EPLB against vLLM 0.33's real `DefaultEplbPolicy` on tied loads.
 
 Seeded cases of integer loads 0-3 per expert (most experts tie), 16-256 experts on 4-32 GPUs over 1-4 nodes,
 hierarchical (groups a multiple of the nodes) and global, each called without and with the map in use

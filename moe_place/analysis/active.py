@@ -1,4 +1,4 @@
-"""Active experts: how many distinct experts a batch touches, against formula 2 of SPEC.md.
+"""Active experts: how many distinct experts a batch touches, against formula 2 of docs/MODEL.md.
 
 Under uniform routing a batch of `M` tokens, each picking `K` distinct experts of `E`, touches
 `E[U] = E * (1 - (1 - K/E)^M)` experts on average. Each touched expert's weights are read at

@@ -1,6 +1,6 @@
 """Dispatch matrix `a[i][j]`: rows sent from source GPU `i` (where a token lives) to GPU `j`.
 
-`m[j] = sum_i a[i][j]` are the rows GPU `j` computes (SPEC.md, Notation). With replicas, a
+`m[j] = sum_i a[i][j]` are the rows GPU `j` computes (docs/MODEL.md, Notation). With replicas, a
 dispatch to expert `e` is split evenly over `e`'s replicas (the `even` split policy).
 """
 

@@ -1,4 +1,4 @@
-"""Work of a layer's experts: matrix FLOPs and weight bytes read (SPEC.md, Notation and C1).
+"""Work of a layer's experts: matrix FLOPs and weight bytes read (docs/MODEL.md, Notation and C1).
 
 An expert on `m` rows does `F_e(m) = 2*m*P_e` FLOPs and reads its `W_e` bytes of weights at
 least once if `m > 0`. The same dispatches cost the same FLOPs however they are spread, but

@@ -126,7 +126,7 @@ def refuse_overwrite(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                            f"another path, or --force to overwrite it\n")
 
 
-# Output file names whose suffix must say what is written (README "Errors and exit codes"):
+# Output file names whose suffix must say what is written (docs/errors.md, "Output files"):
 OTHER_FORMATS = (".npz", ".npy", ".pt", ".png", ".csv", ".toml")  # never the name of a table or JSON report
 
 

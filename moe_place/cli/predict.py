@@ -15,7 +15,7 @@ HELP = "predict expert compute, dispatch/combine, pipeline, payback and offload 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", metavar="SCENARIO", nargs="?",
-                        help="scenario file (.toml or .json): hardware, topology, model, workload (see README)")
+                        help="scenario file (.toml or .json): hardware, topology, model, workload (see docs/predict.md)")
     format_option(parser)
     add_out_argument(parser, report_file, "FILE", "write the table/JSON to FILE", aliases=("--output",),
                      default_text="stdout")

@@ -1,0 +1,624 @@
+"""The results pages, generated: every table of docs/results/ from the committed records in bench/results/.
+
+    python docs/gen_results.py [--check]
+
+Nothing on those pages is typed by hand: each table and each figure in their sentences is computed here
+from a record, and each page names the records it reads and the commands that wrote them (`RECORDS`).
+After re-measuring (a benchmark's `--out bench/results/... --force`), rerun this and commit both;
+tests/test_docs.py fails while a page differs from what this renders. A record whose shape this does not
+know is an error naming it: teach the page its new shape.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pagegen import GENERATED_NOTE, ROOT, write_or_check  # noqa: E402 - the docs' own helper, beside this file
+
+from moe_place.kernels.report import render_markdown  # noqa: E402
+
+SCRIPT = "docs/gen_results.py"
+RESULTS = ROOT / "bench" / "results"
+TRACE = "traces/data/qwen3-30b-a3b_prefill_topk.npz"
+OVERLAY = ("bash bench/engine_overlay.sh /path/to/{engine}-venv/bin/python /tmp/overlay-{engine} && "
+           "PYTHONPATH=/tmp/overlay-{engine} /path/to/{engine}-venv/bin/python")
+
+# record file (a glob under bench/results/) -> (the command that writes it, the page that shows it)
+RECORDS = {
+    "plan_quality.json": ("python bench/bench_plan_quality.py --output-json bench/results/plan_quality.json --force",
+                          "plan-quality"),
+    "sizing_ep*.json": (f"moe-place plan {TRACE} --gpus G --redundant auto --format json --no-progress "
+                        "--out /tmp/planG.json > bench/results/sizing_epG.json", "sizing"),
+    "scale.json": ("python bench/bench_scale.py --output-json bench/results/scale.json --force", "scale"),
+    "dropin.json": ("python bench/bench_dropin.py --repeats 9 --out bench/results/dropin.json --force", "dropin"),
+    "windows.json": ("python bench/bench_windows.py --time-limit 20 --output-json bench/results/windows.json --force",
+                     "windows"),
+    "analyze_throughput_*.json": ("python bench/bench_trace_throughput.py --tokens T --layers 48 --experts 128 "
+                                  "--steps S --repeats 11 --output-json bench/results/analyze_throughput_tT_sS.json "
+                                  "--force", "throughput"),
+    "engines_vllm.json": (OVERLAY.format(engine="vllm") + " bench/bench_engines.py --engine vllm --quiet "
+                          "--out bench/results/engines_vllm.json --force", "engines"),
+    "engines_sglang.json": (OVERLAY.format(engine="sglang") + " bench/bench_engines.py --engine sglang --quiet "
+                            "--out bench/results/engines_sglang.json --force", "engines"),
+    "eplb_ties.json": (OVERLAY.format(engine="vllm") + " bench/bench_eplb_ties.py --cases 200 "
+                       "--out bench/results/eplb_ties.json --force", "engines"),
+    "replay.json": ("python bench/bench_replay.py --held-out --jobs 2 --out bench/results/replay.json "
+                    "--plot bench/results/replay.png --force", "replay"),
+    "replay.png": ("the same command", "replay"),
+    "comm.json": ("python bench/bench_comm.py --out bench/results/comm.json --plot bench/results/comm.png "
+                  "--no-cli-timing --force", "multinode"),
+    "comm.png": ("the same command", "multinode"),
+    "comm_plan_time.json": ("python bench/bench_comm.py --timing-only --out bench/results/comm_plan_time.json --force",
+                            "multinode"),
+    "offload_heldout_*.json": (f"moe-place offload {TRACE} --gpu-memory M --kv-reserve 4GiB --format json "
+                               "> bench/results/offload_heldout_M.json", "offload"),
+    "cpu_expert.json": ("python bench/bench_cpu_expert.py --reps 7 --output-json bench/results/cpu_expert.json "
+                        "--parts-out bench/results/cpu_this_machine.toml --force", "offload"),
+    "cpu_this_machine.toml": ("the same command", "offload"),
+    "offload_replay.json": ("python bench/bench_offload_replay.py --steps 2000 --output-json "
+                            "bench/results/offload_replay.json --force", "offload"),
+    "NVIDIA_*Z.json": ("bash bench/gpu_check.sh (on the GPU; its .md, .log and PNGs beside it)", "gpu"),
+    "NVIDIA_*_gemm_configs.json": ("python bench/gemm_configs.py --rows 2048 --output-json FILE (same lease)", "gpu"),
+}
+
+TITLES = {
+    "plan-quality": "Plan quality", "sizing": "Redundancy sizing", "scale": "Scale", "dropin": "Drop-in timing",
+    "windows": "Planning on windows", "throughput": "Trace throughput", "engines": "In the engines' own code",
+    "replay": "Replay", "multinode": "Multi-node EP", "offload": "Offloaded serving", "gpu": "GPU microbenchmarks",
+}
+
+
+# -------------------------------------------------------------------------------------------- helpers
+class RecordError(Exception):
+    """A record this generator cannot read: its file and what was expected."""
+
+
+def record(name: str) -> dict:
+    path = RESULTS / name
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RecordError(f"bench/results/{name}: expected a JSON record ({exc})") from None
+
+
+def records(pattern: str) -> list[str]:
+    return sorted(Path(p).name for p in glob.glob(str(RESULTS / pattern)))
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def f(value: float, digits: int = 4) -> str:
+    return f"{value:.{digits}f}"
+
+
+def pct(value: float, digits: int = 1, sign: bool = True) -> str:
+    return f"{value * 100:{'+' if sign else ''}.{digits}f}%"
+
+
+def span(values, digits: int = 3) -> str:
+    """'low-high' of some values (one value if they agree at these digits)."""
+    low, high = f(min(values), digits), f(max(values), digits)
+    return low if low == high else f"{low}-{high}"
+
+
+def source(*names: str) -> str:
+    """The sentence naming a page's records, each a link into the site's copy of bench/results/."""
+    links = ", ".join(f"[`bench/results/{n}`](../records/{n})" for n in names)
+    commands = []
+    for pattern, (command, _page) in RECORDS.items():
+        if any(fnmatch.fnmatch(n, pattern) for n in names) and command != "the same command":
+            commands.append(f"`{command}`")
+    return f"From {links}, written by " + " and ".join(dict.fromkeys(commands)) + "."
+
+
+def page(slug: str, intro: str, *parts: str) -> str:
+    body = [GENERATED_NOTE.format(script=SCRIPT).rstrip("\n"), "", f"# {TITLES[slug]}", "", intro]
+    for part in parts:
+        body += ["", part]
+    return "\n".join(body) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ the pages
+def plan_quality() -> str:
+    data = record("plan_quality.json")
+    rows = [[f"EP{r['ep']}+{r['redundant']}", f"{f(r['eplb_in_mean'])} / {f(r['eplb_in_worst'])}",
+             f"{f(r['fast_in_mean'])} / {f(r['fast_in_worst'])}", f(r["eplb_out_balancedness"], 3),
+             f(r["fast_out_balancedness"], 3), r["fast_worse_than_eplb_layers"]] for r in data["rows"]]
+    worse = sum(r["fast_worse_than_eplb_layers"] for r in data["rows"])
+    return page("plan-quality",
+                f"`fast` against DeepSeek's EPLB (solver `eplb`) on the real {data['trace']} trace, "
+                f"{data['layers']} layers. In sample: plan on the three recorded batches summed, busiest GPU "
+                "over the best certified lower bound, mean / worst layer (1.0 = proved optimal). Out of "
+                "sample: plan on one recorded batch, judge on each other one (all 6 ordered pairs), mean "
+                "balancedness.",
+                source("plan_quality.json"),
+                table(["config", "eplb in sample", "fast in sample", "eplb out of sample", "fast out of sample",
+                       "layers where fast > eplb"], rows),
+                f"`fast` is above `eplb` in sample on {worse} layers of all the rows. Out of sample both lose "
+                "most of their balance: a plan is only as good as the load it was made for.")
+
+
+def sizing() -> str:
+    names = sorted(records("sizing_ep*.json"), key=lambda n: int(re.search(r"\d+", n)[0]))
+    if not names:
+        raise RecordError("bench/results/sizing_ep*.json: expected the sizing records")
+    summary, details = [], []
+    for name in names:
+        s = record(name)["sizing"]
+        by_r = {c["redundant"]: c for c in s["candidates"]}
+        best, zero = by_r[s["recommended_redundant"]], by_r[0]
+        gain = best["held_out_busiest_over_mean"] / zero["held_out_busiest_over_mean"] - 1
+        summary.append([s["num_gpus"], s["recommended_redundant"], f(zero["held_out_busiest_over_mean"]),
+                        f"{f(best['held_out_busiest_over_mean'])} ({pct(gain)})",
+                        f(best["replica_bytes_per_gpu"] / 2**30, 2), f"{best['kv_tokens_per_gpu']:,}", s["reason"]])
+        rows = []
+        for c in s["candidates"]:
+            vs = c["held_out_busiest_over_mean"] / zero["held_out_busiest_over_mean"] - 1
+            mark = " (recommended)" if c["redundant"] == s["recommended_redundant"] else ""
+            rows.append([f"{c['redundant']}{mark}", c["num_physical"], c["slots_per_gpu"],
+                         f(c["held_out_busiest_over_mean"]), f(max(c["fold_held_out_busiest_over_mean"])),
+                         pct(vs), f(c["replica_bytes_per_gpu"] / 2**30, 2), f"{c['kv_tokens_per_gpu']:,}",
+                         "yes" if c["on_hull"] else ""])
+        memory = s["memory"]
+        details += [f"## EP{s['num_gpus']}", "",
+                    f"{s['folds']}, {s['solver']} plans; {memory['source']}: W_e {memory['expert_bytes'] / 2**20:.2f} "
+                    f"MiB x {memory['moe_layers']} MoE layers, KV cache {memory['kv_bytes_per_token']:,} bytes/token.",
+                    "", table(["R", "P", "slots/GPU", "held-out busiest/mean", "worst fold", "vs R = 0",
+                               "replica GiB/GPU", "KV tokens lost/GPU", "on the hull"], rows), ""]
+    return page("sizing",
+                f"`moe-place plan --redundant auto` on the real Qwen3-30B-A3B trace ({TRACE}): for every "
+                "candidate R, plan on all recorded steps but one and judge on the one left out; the knee is "
+                "the last step along the lower convex hull of held-out busiest/mean against replica memory "
+                "that still lowers it by 1% per GiB per GPU ([how](../plan.md#how-many-redundant-experts-redundant-auto)).",
+                source(*names),
+                table(["EP", "recommended R", "held-out busiest/mean at R = 0", "at the recommended R",
+                       "replica GiB/GPU", "KV tokens lost/GPU", "why it stops"], summary),
+                "\n".join(details).rstrip("\n"))
+
+
+def scale() -> str:
+    data = record("scale.json")
+    rows = []
+    for r in data["rows"]:
+        if r["method"].startswith("drop-in"):
+            wall = f"{f(r['wall_s'], 3)} (worst {f(r['wall_worst_s'], 3)}; {r['over_eplb']:.1f}x eplb)"
+            method = f"drop-in, {r['time_limit_s']:g} s limit"
+        else:
+            wall, method = f"{r['wall_s']:.3g}", r["method"]
+        rows.append([r["loads"], r["ep"], method, wall, f"{pct(r['gap_mean'], 2, False)} / {pct(r['gap_worst'], 2, False)}",
+                     f"{r['layers_gap_le_1pct']}/58"])
+    return page("scale",
+                f"A DeepSeek-V3-shaped model, 58 layers x 256 experts + 32 redundant ({data['num_physical']} slots), "
+                "with synthetic DeepSeek-R1-calibrated loads (`r1`) and uniform random loads (`random`), on "
+                f"{data['cores']} core. The drop-in row times what an engine calls, "
+                "`moe_place.eplb.rebalance_experts(weight, 288, 1, 1, G, time_limit_s=0.1)`, end to end (torch "
+                "tensors in and out; median and worst of the calls), against EPLB in the same run.",
+                source("scale.json"),
+                table(["loads", "EP", "solver", "wall s", "gap mean / worst vs certified bound", "layers within 1%"],
+                      rows),
+                "At EP144 (2 slots per GPU) the bound that certifies the plans is the pairing bound of "
+                "`solvers/bounds.py`, not the simple average/count bounds.")
+
+
+def dropin() -> str:
+    data = record("dropin.json")
+    rows = []
+    for r in data["rows"]:
+        topology = f"EP{r['ep']}" + (f" ({r['nodes']} nodes, {r['groups']} groups: hierarchical)" if r["groups"] > 1
+                                     else f" ({r['nodes']} nodes: global)" if r["nodes"] > 1 else "")
+        rows.append([f"{r['model']}, {r['layers']} x {r['experts']}", f"{r['physical']}, {topology}", r["loads"],
+                     f"{f(r['dropin_median_s'], 3)} / {f(r['dropin_worst_s'], 3)}", f(r["eplb_median_s"], 3),
+                     f"{f(r['busiest_vs_eplb_mean'])} / {f(r['busiest_vs_eplb_worst'])}",
+                     "yes" if r["deterministic"] else "no"])
+    worst = max(r["dropin_worst_s"] for r in data["rows"])
+    never_worse = all(r["busiest_vs_eplb_worst"] <= 1 for r in data["rows"])
+    return page("dropin",
+                "The drop-in's default call as an engine makes it: `moe_place.eplb.rebalance_experts(weight, ...)` "
+                "with no keyword (solver `quick`, EPLB's own plan a candidate on every layer, no time limit), "
+                f"torch tensors in and out, on {data['cores']} core; median and worst of {data['repeats']} calls, "
+                "DeepSeek EPLB (`solver=\"eplb\"`) timed alternately. Busiest GPU against EPLB's: mean and worst "
+                "layer (below 1: less busy).",
+                source("dropin.json"),
+                table(["model, layers x experts", "slots, EP", "loads", "drop-in median / worst s", "EPLB s",
+                       "busiest GPU vs EPLB's, mean / worst layer", "same maps every call"], rows),
+                f"Worst call {f(worst, 3)} s (target: an engine never waits more than about 0.2 s); "
+                + ("never busier than EPLB on any layer." if never_worse else "busier than EPLB on some layer."))
+
+
+def windows() -> str:
+    data = record("windows.json")
+    cases: dict[str, dict[str, float]] = {}
+    for r in data["rows"]:
+        cases.setdefault(r["case"], {})[r["method"]] = r["held_out_busiest_over_mean"]
+    methods = ["sum", "windows-mean", "windows-max"]
+    rows = [[case] + [f(values[m], 3) for m in methods] for case, values in cases.items()]
+    rows.append(["mean"] + [f(statistics.mean(v[m] for v in cases.values())) for m in methods])
+    return page("windows",
+                "A plan minimising the mean or the max of per-window busiest loads over the training windows "
+                f"(CP-SAT from the summed-load plan, {data['time_limit_s']:g} s) against the plan on the summed "
+                "loads, judged on every held-out step: busiest / mean GPU rows, EP8 + 8 redundant, 8 layers. The "
+                "window objectives give no consistent held-out gain, so `plan` and `compare` plan on the summed "
+                "loads; `evaluate --windows` still judges a plan per window.",
+                source("windows.json"),
+                table(["case", "summed loads", "windows, mean", "windows, max"], rows))
+
+
+def throughput() -> str:
+    names = records("analyze_throughput_*.json")
+    rows = []
+    for name in names:
+        data = record(name)
+        by = {r["method"]: r for r in data["results"]}
+        kind = "streamed" if data["streamed"] else "read whole"
+        rows.append([f"{data['file_bytes'] / 1e6:.0f} MB, {kind}, {data['steps']} step{'s' if data['steps'] > 1 else ''}",
+                     f"{data['decisions'] / 1e6:.1f} M", f"{by['analyze']['ratio_vs_baseline']:.2f}x ({f(by['analyze']['seconds'], 3)} s)",
+                     f"{by['analyze-1t']['ratio_vs_baseline']:.2f}x",
+                     f"{by['stream']['ratio_vs_baseline']:.2f}x / {by['memory']['ratio_vs_baseline']:.2f}x",
+                     f"{data['analyze_peak_bytes'] / 1e6:.1f} MB",
+                     f"{data['load_average']['before']:.1f}"])
+    return page("throughput",
+                "`moe-place analyze TRACE` end to end (file read, every id validated, every column of the table), "
+                "timed in-process, against a one-core `np.bincount` per layer on contiguous int64 ids in the same "
+                "run (the ratio: above 1 is faster than that reference); 48 layers x top-8 of 128 experts, best of "
+                "11 round-robin runs, on a 2-core machine shared with other jobs (its load average in the last "
+                "column). Files over 256 MiB are streamed.",
+                source(*names),
+                table(["trace file", "routing decisions", "analyze, 2 threads", "analyze, 1 thread",
+                       "counting alone: stream / memory", "peak traced memory", "load average"], rows))
+
+
+def _engine_label(w: dict, versions: dict) -> str:
+    if w["engine"] == "vllm":
+        return f"vllm {versions['vllm']} {'async' if w['async'] else 'sync'}"
+    return f"sglang {versions['sglang']}"
+
+
+def _workload_rows(data: dict) -> list[list]:
+    rows = []
+    for w in data["workloads"]:
+        ours, default = w["rows"]["moe-place"], w["rows"]["default"]
+        judged = lambda calls: [c["busiest_over_mean"] for c in calls if not c["stale"]]  # noqa: E731
+        label = _engine_label(w, data["versions"])
+        prefix = f"{w['engine']} {'async' if w['async'] else 'sync'} {w['size']}:" if w["engine"] == "vllm" \
+            else f"{w['engine']} {w['size']}:"
+        targets = [t for t in w["targets"] if t["name"].startswith(prefix)] or w["targets"]
+        rows.append([label, w["size"], f"{f(max(judged(ours)), 3)} ({f(max(judged(default)), 3)})",
+                     f"{sum(c['slots_changed'] for c in ours):,} / {sum(c['slots_changed'] for c in default):,}",
+                     sum(c["slots_changed"] for c in ours[1:6]),
+                     f"{sum(t['passed'] for t in targets)}/{len(targets)}"])
+    return rows
+
+
+def _drift_rows(data: dict) -> list[list]:
+    """One row per drifting trace, and after each engine mode's rows their mean (the cadence columns)."""
+    rows: list[list] = []
+    recommended: dict[str, list[float]] = {}
+    default_fast: dict[str, list[float]] = {}
+    for d in data["drift"]:
+        runs = d["runs"]
+        ours, default = runs["moe-place"], runs["default"]
+        label = f"{d['engine']} {'async' if d['async'] else 'sync'}" if d["engine"] == "vllm" else d["engine"]
+        recommended.setdefault(label, []).append(runs["moe-place-given"]["total_s"] / default["total_s"])
+        default_fast.setdefault(label, []).append(runs["default-given"]["total_s"] / default["total_s"])
+        rows.append([label, d["scenario"],
+                     f"{f(ours['total_s'], 3)} / {f(default['total_s'], 3)} ({ours['bytes_moved'] / 2**30:.1f} / "
+                     f"{default['bytes_moved'] / 2**30:.1f})",
+                     f(recommended[label][-1], 3), f(default_fast[label][-1], 3)])
+    grouped: list[list] = []
+    for label in recommended:
+        grouped += [row for row in rows if row[0] == label]
+        grouped.append([label, "**mean**", "", f"**{f(statistics.mean(recommended[label]), 3)}**",
+                        f(statistics.mean(default_fast[label]), 3)])
+    return grouped
+
+
+def engines() -> str:
+    vllm, sglang = record("engines_vllm.json"), record("engines_sglang.json")
+    ties = record("eplb_ties.json")
+    cadence = vllm["settings"]
+    workload_rows = _workload_rows(vllm) + _workload_rows(sglang)
+    drift_rows = _drift_rows(vllm) + _drift_rows(sglang)
+    targets = [[t["name"], "met" if t["passed"] else "**missed**", t["detail"]]
+               for data in (vllm, sglang) for t in data["targets"]]
+    met = sum(d["summary"]["met"] for d in (vllm, sglang))
+    total = sum(d["summary"]["targets"] for d in (vllm, sglang))
+    tie_rows = [[r["variant"], "yes" if r["map_in_use"] else "no", f"{r['exact']}/{ties['cases']}",
+                 f"{r['same_gpu_sets']}/{ties['cases']}"] for r in ties["results"]]
+    return page("engines",
+                f"vLLM {vllm['versions']['vllm']}'s real `EplbState` (sync and `use_async`) and SGLang "
+                f"{sglang['versions']['sglang']}'s real `EPLBManager` and recorder, driven on CPU with only the "
+                "process group, communicator and weight copies stubbed (everything that decides a map is "
+                "theirs), each from its own start map at its own cadence, once with the engine's default policy "
+                "and once with moe-place installed as a user installs it (`install()`, `install_rebalance_hook()`). "
+                f"First a stationary load for {cadence['stationary_calls']} policy calls, then a new popularity "
+                f"for {cadence['changed_calls']} more; busiest/mean is that of the steps each map serves, calls "
+                "whose steps span the change are not judged.",
+                source("engines_vllm.json", "engines_sglang.json"),
+                table(["engine (mode)", "size", "busiest/mean, worst judged call: moe-place (default)",
+                       "slots moved over the run: moe-place / default", "slots moved on noise alone (calls 2-6)",
+                       "targets met"], workload_rows),
+                "## Drifting traces\n\nThe replay's drifting traces (`bench/bench_replay.py` SCENARIOS, seed "
+                f"{cadence['seed']}, {cadence['steps']} steps) in the engines' code, priced on the cost model: "
+                "expert-layer time + what serving pays for migration + the policy's own CPU time per call. The "
+                f"recommended cadence is {cadence['step_interval']}/{cadence['window']} (vLLM `step_interval` / "
+                f"`window_size`; SGLang `--eplb-rebalance-num-iterations {cadence['sglang_iterations']}`).",
+                table(["engine (mode)", "trace", "default cadence: moe-place / default total s (GiB moved)",
+                       "recommended cadence: moe-place / default at its default cadence",
+                       "default at the recommended cadence / default"], drift_rows),
+                f"## Targets\n\n{met} of {total} met.",
+                table(["target", "", "detail"], targets),
+                "## Ties\n\nOn seeded tied integer-load cases, the planner's EPLB against vLLM "
+                f"{ties['vllm']}'s `DefaultEplbPolicy` (numpy {ties['numpy']}, torch {ties['torch']}): `numpy-order` "
+                "is the planner's EPLB with numpy's argsort as its order, `stable` with its own stable order, "
+                "`standin` the CI stand-in of vLLM's policy. " + source("eplb_ties.json"),
+                table(["variant", "with the map in use", "maps exactly vLLM's", "same experts per GPU"], tie_rows))
+
+
+def replay() -> str:
+    data = record("replay.json")
+    if "runs" not in data or not all("engines" in run for run in data["runs"]):
+        raise RecordError("bench/results/replay.json: expected the record of bench_replay.py with runs[].engines "
+                          "(teach docs/gen_results.py the record's new shape)")
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for run in data["runs"]:
+        for engine, result in run["engines"].items():
+            for start, numbers in result["starts"].items():
+                groups.setdefault((engine, start), []).append(numbers)
+    rows = []
+    for (engine, start), runs in groups.items():
+        rows.append([f"{engine}, {'engine start' if start == 'engine' else 'offline plan'}",
+                     span([r["ours_vs_default"] for r in runs], 5), span([r["ours_bytes_vs_default"] for r in runs], 2) + "x",
+                     f"{sum(r['at_most_default_with_fewer_bytes'] for r in runs)}/{len(runs)}",
+                     f"{f(statistics.mean(r['ours_rec_vs_default'] for r in runs), 3)} "
+                     f"({span([r['ours_rec_vs_default'] for r in runs], 3)})",
+                     f(statistics.mean(r["default_rec_vs_default"] for r in runs), 3)])
+    scenarios = sorted({run["scenario"] for run in data["runs"]})
+    hot = [run["hot_spot_steps"] for run in data["runs"]]
+    rec = ", ".join(f"{engine} {a}/{b}" for engine, (a, b) in data["recommended"].items())
+    return page("replay",
+                f"The replay under the engines' protocol: {len(scenarios)} drifting traces ({', '.join(scenarios)}) x "
+                f"seeds {', '.join(map(str, data['seeds']))}, {data['steps']} steps of domain-mixture routing whose hot "
+                f"spots last {span([h['median'] for h in hot], 0)} steps median, from the engine's start map (slot "
+                "`p` holds expert `p % E`) and from an offline plan of the first window, at the engine's cadence and "
+                f"at the recommended one ({rec}). `default` is the engine's default policy as the replay runs it "
+                "(DeepSeek EPLB in numpy; vLLM keeping unmoved experts' slots), `ours` the rule; total = expert-layer "
+                f"time + migration + policy CPU time ({data['policy_time']}).",
+                source("replay.json", "replay.png") + " This record predates the cadence sweep of today's "
+                "`bench/bench_replay.py` ([Online rebalancing and cadence](../online.md)); that command rewrites it "
+                "in the new shape.",
+                table(["engine, start map", f"default cadence: ours / default ({len(groups[next(iter(groups))])} runs)",
+                       "bytes moved, ours / default", "runs at most the default with fewer bytes",
+                       "recommended cadence: ours / default at its cadence, mean (range)",
+                       "default at the recommended cadence / default, mean"], rows),
+                "![replay: the first seed](../records/replay.png)")
+
+
+def _comm_main(data: dict) -> str:
+    rows = []
+    for r in data["rows"]:
+        rows.append([f"EP{r['ep']}+{r['redundant']}", r["sample"], r["method"], f(r["distinct_nodes_per_token"], 3),
+                     f(r["rdma_gb"], 3), f(r["busiest_over_mean_gpu_rows"], 3), f(r["busiest_over_mean_nic"], 3),
+                     f(r["dispatch_s"] * 1e3), f(r["compute_s"] * 1e3), f(r["combine_s"] * 1e3),
+                     f(r["layer_time_s"] * 1e3), pct(r["vs_best"]) if "vs_best" in r else ""])
+    return table(["case", "sample", "method", "nodes/tok", "RDMA GB", "GPU b/m", "NIC b/m", "dispatch ms",
+                  "compute ms", "combine ms", "layer ms", "vs best"], rows)
+
+
+def _comm_vs_best(data: dict) -> None:
+    """Each row's layer time against the best of contiguous, eplb and fast in its case and sample."""
+    best: dict[tuple, float] = {}
+    for r in data["rows"]:
+        if r["method"] in ("contiguous", "eplb", "fast"):
+            key = (r["ep"], r["redundant"], r["sample"])
+            best[key] = min(best.get(key, float("inf")), r["layer_time_s"])
+    for r in data["rows"]:
+        r["vs_best"] = r["layer_time_s"] / best[(r["ep"], r["redundant"], r["sample"])] - 1
+
+
+def multinode() -> str:
+    data = record("comm.json")
+    timing = record("comm_plan_time.json")
+    _comm_vs_best(data)
+    verdicts, subsets, frontier = [], [], []
+    for v in data["verdicts"]:
+        case = f"EP{v['ep']}+{v['redundant']}"
+        verdicts.append([case, " / ".join(f(x) for x in v["held_out_time_over_fast"]), f(v["held_out_time_over_fast_mean"]),
+                         " / ".join(str(n) for n in v["layers_grouped"].values()), pct(v["in_sample_time_vs_best"]),
+                         pct(v["held_out_time_vs_best_mean"])])
+        for method, s in v["subsets"].items():
+            every = v["every_subset"][method]
+            subsets.append([case, f"{method}/fast", pct(s["at_most_1.00"], 1, False), pct(s["at_most_1.01"], 1, False),
+                            f(s["median"]), f(s["max"]), f"{every['pairs']:,}", pct(every["at_most_1.00"], 1, False),
+                            f(every["max"])])
+        w = v["windows"]
+        for own, told in zip(w["frontier"], w["told_traffic"]):
+            frontier.append([case, f"{own['min_saving']:.2f}", f(own["mean_over_folds"]),
+                             pct(own["subsets_at_most_1.00"], 1, False), f(own["subsets_max"]), f(told["mean_over_folds"]),
+                             pct(told["subsets_at_most_1.00"], 1, False), f(told["subsets_max"])])
+    correlations = [[f"EP{v['ep']}+{v['redundant']}", f"{v['windows']['corr_compute']:+.2f}",
+                     f"{v['windows']['corr_comm']:+.2f}", f"{v['windows']['held_out_compute_mean']:+.4f}",
+                     f(v["windows"]["held_out_compute_spread"])] for v in data["verdicts"]]
+    times = [[t["command"], f"{t['wall_s']:.1f}", t["cores"], t["exit_code"]] for t in timing["plan_time"]]
+    s = data["subsets"]
+    return page("multinode",
+                f"The real Qwen3-30B-A3B trace (three recorded prefill batches), all {len(data['layers'])} layers, under "
+                "the default model of `--objective time` (DeepEP dispatch, SGLang's static replica choice, tokens "
+                "in blocks, H100 nodes with NVLink 450 GB/s and one 400 Gbit/s NIC per GPU, weights read once): "
+                "in sample (plan on the three batches, judge on them) and leave-one-batch-out (`hold k`: plan on "
+                "the two others, judge on batch k). Layer times are summed over the layers and the judged batches; "
+                "`GPU b/m` is busiest/mean GPU rows, `NIC b/m` the dispatch time over what the mean NIC needs; `vs "
+                "best` is against the best of contiguous, eplb and fast. `eplb-hier` gives EPLB one group per node; "
+                "`time` is `--objective time`; `time-layer` its windows judging the whole layer time; `time-bal` "
+                "starts from the co-activation-blind node split; `ungated` is `time`'s hedged plan on every layer, "
+                "no guard; `grouped` every layer grouped as far as the search goes. Design: "
+                "[the model](../MODEL.md#multi-node-ep-the-layer-time-plan-out-of-sample).",
+                source("comm.json", "comm.png", "comm_plan_time.json"),
+                "## Held out: `time` over `fast`\n\nPer fold (plan on two batches, judge on the third), the whole "
+                "model's layer time of `--objective time` over the balance-only plan's, and the layers the guard "
+                "grouped per fold.",
+                table(["case", "time/fast per fold", "mean", "layers grouped per fold", "in sample vs best",
+                       "held out vs best, mean"], verdicts),
+                f"## Parts of the model\n\n{s['count']} seeded random sets of {s['layers']} layers x the 3 held-out "
+                "batches (pairs): a method's held-out layer time over `fast`'s summed over the set, and the same over "
+                "every such set. `eplb/fast` is the chance between two balance-only plans.",
+                table(["case", "method", "pairs <= 1.00", "pairs <= 1.01", "median", "max",
+                       "every subset x fold: pairs", "<= 1.00", "max"], subsets),
+                "## What the windows say\n\nThe guard's evidence is each layer planned on one training batch and "
+                "judged on the other. Correlation between that evidence and the held-out batch (compute difference "
+                "and dispatch + combine saving of the hedged plan against `fast`), and the held-out compute "
+                "difference over `fast`'s layer time:",
+                table(["case", "corr, compute", "corr, dispatch + combine", "held-out compute difference, mean",
+                       "spread"], correlations),
+                "The guard at each bar (a layer is grouped only if its dispatch + combine save more than the bar's "
+                "share of the balance-only layer time on every held-out window), on its windows, and, as a bound no "
+                "planner has, on the held-out batch's own traffic saving:",
+                table(["case", "bar", "mean over folds", "subsets <= 1.00", "subsets max",
+                       "told the traffic: mean", "<= 1.00", "max"], frontier),
+                "## Plan time\n\n" + table(["command", "wall s", "cores", "exit"], times),
+                "## Every row\n\n" + _comm_main(data),
+                "![layer time by part, the subset-fold pairs and the guard's bars](../records/comm.png)")
+
+
+OFFLOAD_METHODS = ["moe-place", "sglang-kt uniform", "sglang-kt frequency", "sglang-kt front-loading",
+                   "sglang-kt random", "llama.cpp --n-cpu-moe", "llama.cpp -ot (layers from the trace)"]
+
+
+def _offload_rows(data: dict) -> list[list]:
+    memory = data["memory"]
+    share = f"{memory['capacity_experts']} ({memory['capacity_experts'] / memory['all_experts'] * 100:.1f}%)"
+    held = data["held_out"]
+    judged = [(str(fold["judged_step"]), fold["total_s"]) for fold in held["folds"]] + [("mean", held["mean_total_s"])]
+    rows = []
+    for label, totals in judged:
+        best_rule = min(totals[m] for m in OFFLOAD_METHODS if m.startswith("sglang-kt"))
+        ours = totals["moe-place"]
+        ratios = [ours / totals["sglang-kt uniform"] - 1, ours / best_rule - 1, ours / totals["llama.cpp --n-cpu-moe"] - 1]
+        cells = [pct(ratios[0]), pct(ratios[1], 3), pct(ratios[2])]
+        if label == "mean":
+            cells = [f"**{cells[0]}**", cells[1], f"**{cells[2]}**"]
+        rows.append([share, label] + [f"{totals[m] * 1e3:.1f}" for m in OFFLOAD_METHODS] + cells)
+    return rows
+
+
+def offload() -> str:
+    names = sorted(records("offload_heldout_*.json"), key=lambda n: float(re.search(r"[\d.]+(?=GiB)", n)[0]))
+    held = [record(n) for n in names]
+    rows = [row for data in held for row in _offload_rows(data)]
+    cpu = record("cpu_expert.json")
+    cpu_rows = []
+    for dtype, d in cpu["dtypes"].items():
+        for r in d["rows"]:
+            cpu_rows.append([dtype, r["rows"], f(r["measured_s"] * 1e3, 3), f(r["predicted_s"] * 1e3, 3),
+                             f(r["ratio"], 2), r["bound"], "> 25%" if r["flagged"] else ""])
+    rates = [[dtype, f"{d['flops_per_s'] / 1e9:.1f} GFLOP/s", f"{d['dram_bytes_per_s'] / 1e9:.1f} GB/s",
+              f"{d['expert_bytes'] / 2**20:.0f} MiB"] for dtype, d in cpu["dtypes"].items()]
+    online = record("offload_replay.json")
+    online_rows = []
+    for case, c in online["cases"].items():
+        static = c["policies"]["static"]["total_s"]
+        for name, p in c["policies"].items():
+            online_rows.append([case, c["threshold_tokens"], name, f(p["total_s"], 3), pct(p["total_s"] / static - 1),
+                                f"{p['link_copies']:,}", f"{p['gpu_copies']:,}"])
+    machine = cpu["machine"]
+    return page("offload",
+                "Every figure here is the cost model's prediction (no engine ran), except the CPU expert timings "
+                "below.",
+                "## Held out against the engines' rules\n\n`moe-place offload` on the real Qwen3-30B-A3B trace at "
+                "three GPU memory budgets, each with `--kv-reserve 4GiB`: plan on two recorded batches, judge on the "
+                "third; predicted weighted step time (decode 8 + decode 32 + prefill, ms) of the plan against "
+                "sglang-kt's placement rules and llama.cpp's at the same memory. `random` is a seeded numpy draw of "
+                "the same rule, not sglang-kt's torch draw; `frequency` reads the planning batches' counts, as a "
+                "stats file recorded on them would give it. " + source(*names),
+                table(["GPU experts", "judged step"] + OFFLOAD_METHODS
+                      + ["plan vs uniform", "vs best sglang-kt rule", "vs `--n-cpu-moe`"], rows),
+                "## The CPU half of formula 8, measured\n\n"
+                f"One {cpu['model']} expert (gate+up, SiLU*up, down; {cpu['hidden']} x {cpu['intermediate']}) in torch "
+                f"{machine['torch']} on {machine['torch_threads']} thread of a {machine['cores']}-core {machine['cpu']} "
+                f"machine (load average {machine['load_average_1min']:.1f}), the experts cycled from a "
+                f"{cpu['bank_mib']} MiB bank so that the weights come from DRAM; the CPU's rates calibrated in the "
+                f"same run (least of {cpu['reps']} calls each). " + source("cpu_expert.json", "cpu_this_machine.toml"),
+                table(["dtype", "calibrated compute", "calibrated DRAM", "expert bytes"], rates),
+                table(["dtype", "rows", "measured ms", "predicted ms", "measured / predicted", "bound", ""], cpu_rows),
+                "## Online: swap resident experts over PCIe only when it pays back\n\n"
+                f"Seeded drifting serving runs ({online['model']} shape, {online['layers']} layers, "
+                f"{online['capacity']} experts on the GPU, {online['steps']} steps), every policy from the same plan "
+                "made on the first steps: `static` (that plan), `sglang-kt dynamic` (after each full-GPU prefill "
+                "pass, the batch's most frequent experts), `payback` (ours: a hot expert replaces the least valuable "
+                "resident one over PCIe when the copy pays back) and the plan made on the whole run (hindsight, a "
+                "reference). " + source("offload_replay.json"),
+                table(["case", "full-GPU prefill from (tokens)", "policy", "total s", "vs static", "link copies",
+                       "GPU copies"], online_rows))
+
+
+def gpu() -> str:
+    names = records("NVIDIA_*Z.json")
+    parts = []
+    for name in names:
+        result = record(name)
+        stem = name[: -len(".json")]
+        plots = {p.stem[len(stem) + 1:].replace("_", " "): f"../records/{p.name}"
+                 for p in sorted(RESULTS.glob(f"{stem}_*.png"))}
+        parts += [source(name), render_markdown(result, RESULTS / name, plots)]
+        configs = RESULTS / f"{stem}_gemm_configs.json"
+        if configs.exists():
+            c = json.loads(configs.read_text())
+            rows = [[r["block_m"], r["block_n"], r["block_k"], r["num_warps"] or "default", r["num_stages"],
+                     r["group_m"], f(r["ms"], 3), f"{r['tflops']:.0f}", f(r["of_dense_8192"], 2)] for r in c["configs"]]
+            parts += [f"### Grouped-GEMM launch settings ({c['experts']} experts x {c['rows_per_expert']} rows, "
+                      f"h={c['hidden']}, I={c['intermediate']})", source(configs.name),
+                      table(["BLOCK_M", "BLOCK_N", "BLOCK_K", "warps", "stages", "GROUP_M", "ms", "TFLOP/s",
+                             "of dense 8192^3"], rows)]
+    return page("gpu", "Predicted against measured on a GPU, per run: `moe-place report`'s rendering of each "
+                "committed microbenchmark record ([how to run one](../microbench.md)).", *parts)
+
+
+PAGES = {"plan-quality": plan_quality, "sizing": sizing, "scale": scale, "dropin": dropin, "windows": windows,
+         "throughput": throughput, "engines": engines, "replay": replay, "multinode": multinode, "offload": offload,
+         "gpu": gpu}
+
+
+def index() -> str:
+    rows = []
+    for path in sorted(RESULTS.iterdir()):
+        if path.suffix == ".md" or not path.is_file():
+            continue
+        pattern = next((p for p in RECORDS if fnmatch.fnmatch(path.name, p)), None)
+        if pattern is None and path.suffix in (".png", ".log"):
+            owner = next((p for p in RECORDS if p.endswith("Z.json") and fnmatch.fnmatch(
+                re.sub(r"(_[a-z_]+)?\.(png|log)$", ".json", path.name), p)), None)
+            pattern = owner
+        if pattern is None:
+            raise RecordError(f"bench/results/{path.name}: a record no results page reads (add it to RECORDS in "
+                              f"{SCRIPT})")
+        command, slug = RECORDS[pattern]
+        rows.append([f"[`{path.name}`](../records/{path.name})", f"[{TITLES[slug]}]({slug}.md)", f"`{command}`"])
+    return "\n".join([GENERATED_NOTE.format(script=SCRIPT).rstrip("\n"), "", "# Results", "",
+                      "Every table on these pages is rendered by `docs/gen_results.py` from a committed record in "
+                      "`bench/results/`, and the tests check that each page is what the script renders from the "
+                      "records. The commands say `--force` where they overwrite a committed record: without it, "
+                      "every benchmark keeps an existing file.", "",
+                      table(["record", "page", "written by"], rows)]) + "\n"
+
+
+def render() -> dict[str, str]:
+    pages = {f"results/{slug}.md": build() for slug, build in PAGES.items()}
+    pages["results/index.md"] = index()
+    return pages
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(write_or_check(SCRIPT, "results", render))
+    except RecordError as exc:
+        sys.exit(f"{SCRIPT}: error: {exc}")
