@@ -41,17 +41,21 @@ The committed records (bench/results/replay_{vllm,sglang}.json and .png) run the
 importable there), and bench/bench_engines.py reads their best cadences:
 
     PYTHONPATH=OVERLAY VLLM_VENV/bin/python bench/bench_replay.py --held-out --protocols vllm,vllm-sync \
-        --default-policy engine --out bench/results/replay_vllm.json --plot bench/results/replay_vllm.png --force
+        --default-policy engine --out bench/results/replay_vllm.json --force
+    python bench/bench_replay.py --replot bench/results/replay_vllm.json --plot bench/results/replay_vllm.png --force
     PYTHONPATH=OVERLAY SGLANG_VENV/bin/python bench/bench_replay.py --held-out --protocols sglang \
-        --default-policy engine --out bench/results/replay_sglang.json --plot bench/results/replay_sglang.png --force
+        --default-policy engine --out bench/results/replay_sglang.json --force
+    python bench/bench_replay.py --replot bench/results/replay_sglang.json --plot bench/results/replay_sglang.png --force
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -257,7 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=_positive, default=1,
                         help=f"traces in parallel processes, at most the cores ({os.cpu_count()}; default 1)")
     add_record_options(parser, plot=True, committed=RESULTS)
+    parser.add_argument("--replot", metavar="RECORD.json", default=None,
+                        help="only draw --plot from a record this script wrote (an engine's environment may lack "
+                             "matplotlib: run the sweep there, the figure here)")
     args = parser.parse_args(argv)
+    if args.replot:
+        if not args.plot:
+            parser.error("--replot: expected --plot FILE.png too")
+        refuse_overwrite(parser, args)
+        write_atomic(args.plot, render_cadence_png(json.loads(Path(args.replot).read_text())["traces"]))
+        return 0
     if args.jobs > (os.cpu_count() or 1):
         parser.error(f"--jobs: expected at most the {os.cpu_count()} cores, got {args.jobs}")
     refuse_overwrite(parser, args)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import importlib.util
 import json
 import re
 import statistics
@@ -49,9 +50,13 @@ RECORDS = {
                             "--out bench/results/engines_sglang.json --force", "engines"),
     "eplb_ties.json": (OVERLAY.format(engine="vllm") + " bench/bench_eplb_ties.py --cases 200 "
                        "--out bench/results/eplb_ties.json --force", "engines"),
-    "replay.json": ("python bench/bench_replay.py --held-out --jobs 2 --out bench/results/replay.json "
-                    "--plot bench/results/replay.png --force", "replay"),
-    "replay.png": ("the same command", "replay"),
+    "replay_vllm.json": (OVERLAY.format(engine="vllm") + " bench/bench_replay.py --held-out --protocols "
+                         "vllm,vllm-sync --default-policy engine --out bench/results/replay_vllm.json --force",
+                         "replay"),
+    "replay_sglang.json": (OVERLAY.format(engine="sglang") + " bench/bench_replay.py --held-out --protocols sglang "
+                           "--default-policy engine --out bench/results/replay_sglang.json --force", "replay"),
+    "replay_*.png": ("python bench/bench_replay.py --replot bench/results/replay_ENGINE.json --plot "
+                     "bench/results/replay_ENGINE.png --force", "replay"),
     "comm.json": ("python bench/bench_comm.py --out bench/results/comm.json --plot bench/results/comm.png "
                   "--no-cli-timing --force", "multinode"),
     "comm.png": ("the same command", "multinode"),
@@ -59,6 +64,11 @@ RECORDS = {
                             "multinode"),
     "offload_heldout_*.json": (f"moe-place offload {TRACE} --gpu-memory M --kv-reserve 4GiB --format json "
                                "> bench/results/offload_heldout_M.json", "offload"),
+    "offload_sweep.json": ("python bench/bench_offload_sweep.py --out bench/results/offload_sweep.json --plot "
+                           "bench/results/offload_sweep.png --force", "offload"),
+    "offload_sweep.png": ("the same command", "offload"),
+    "offload_published.json": ("python bench/bench_offload_published.py --out bench/results/offload_published.json "
+                               "--force", "offload"),
     "cpu_expert.json": ("python bench/bench_cpu_expert.py --reps 7 --output-json bench/results/cpu_expert.json "
                         "--parts-out bench/results/cpu_this_machine.toml --force", "offload"),
     "cpu_this_machine.toml": ("the same command", "offload"),
@@ -71,7 +81,7 @@ RECORDS = {
 TITLES = {
     "plan-quality": "Plan quality", "sizing": "Redundancy sizing", "scale": "Scale", "dropin": "Drop-in timing",
     "windows": "Planning on windows", "throughput": "Trace throughput", "engines": "In the engines' own code",
-    "replay": "Replay", "multinode": "Multi-node EP", "offload": "Offloaded serving", "gpu": "GPU microbenchmarks",
+    "replay": "Online rebalancing, best against best", "multinode": "Multi-node EP", "offload": "Offloaded serving", "gpu": "GPU microbenchmarks",
 }
 
 
@@ -366,128 +376,80 @@ def engines() -> str:
 
 
 def replay() -> str:
-    data = record("replay.json")
-    if "runs" not in data or not all("engines" in run for run in data["runs"]):
-        raise RecordError("bench/results/replay.json: expected the record of bench_replay.py with runs[].engines "
-                          "(teach docs/gen_results.py the record's new shape)")
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for run in data["runs"]:
-        for engine, result in run["engines"].items():
-            for start, numbers in result["starts"].items():
-                groups.setdefault((engine, start), []).append(numbers)
-    rows = []
-    for (engine, start), runs in groups.items():
-        rows.append([f"{engine}, {'engine start' if start == 'engine' else 'offline plan'}",
-                     span([r["ours_vs_default"] for r in runs], 5), span([r["ours_bytes_vs_default"] for r in runs], 2) + "x",
-                     f"{sum(r['at_most_default_with_fewer_bytes'] for r in runs)}/{len(runs)}",
-                     f"{f(statistics.mean(r['ours_rec_vs_default'] for r in runs), 3)} "
-                     f"({span([r['ours_rec_vs_default'] for r in runs], 3)})",
-                     f(statistics.mean(r["default_rec_vs_default"] for r in runs), 3)])
-    scenarios = sorted({run["scenario"] for run in data["runs"]})
-    hot = [run["hot_spot_steps"] for run in data["runs"]]
-    rec = ", ".join(f"{engine} {a}/{b}" for engine, (a, b) in data["recommended"].items())
+    parts, intro_traces = [], None
+    for engine in ("vllm", "sglang"):
+        data = record(f"replay_{engine}.json")
+        if "traces" not in data or not all("protocols" in t for t in data["traces"]):
+            raise RecordError(f"bench/results/replay_{engine}.json: expected the record of bench_replay.py with "
+                              "traces[].protocols (teach docs/gen_results.py the record's new shape)")
+        intro_traces = intro_traces or data
+        for protocol in data["protocols"]:
+            rows, ratios, hind = [], [], []
+            for t in data["traces"]:
+                s = t["protocols"][protocol]
+                bd, bo = s["best"]["default"], s["best"]["moe-place"]
+                default_at = s["default_interval"]
+                worst = max(s["ratio_at"], key=lambda i: s["ratio_at"][i])
+                if t["kind"] != "stationary":
+                    ratios.append(s["best_ratio"])
+                    hind.append(s["hindsight_ratio"])
+                rows.append([t["name"], t["kind"], f"{f(bd['total_s'], 3)} every {bd['step_interval']}",
+                             f"{f(bo['total_s'], 3)} every {bo['step_interval']}", f(s["best_ratio"]),
+                             f(s["hindsight_ratio"]), f"{f(s['ratio_at'][worst])} (every {worst})",
+                             f(s["ratio_at"][str(default_at)]) if default_at else "-"])
+            policy = data["traces"][0]["protocols"][protocol]["default_policy"]
+            parts.append(f"## {protocol}\n\nThe default policy is {policy}. Mean best against best over the "
+                         f"{len(ratios)} drifting traces {f(statistics.mean(ratios))} (range {span(ratios, 4)}); "
+                         f"hindsight {f(statistics.mean(hind))} ({span(hind, 4)}).")
+            parts.append(table(["trace", "kind", "default at its best: total s", "moe-place at its best: total s",
+                                "best against best", "hindsight / default's best",
+                                "worst same-cadence ratio", "at the engine's default cadence"], rows))
+            still = [t for t in data["traces"] if t["kind"] == "stationary"]
+            for t in still:
+                moved = {r["step_interval"]: r["slots_after_first"] for r in t["protocols"][protocol]["runs"]
+                         if r["policy"] == "moe-place"}
+                parts.append(f"Stationary load ({t['name']}): slots moe-place moved after its first call, per "
+                             "interval: " + ", ".join(f"{i}: {n}" for i, n in sorted(moved.items())) + ".")
+        parts.append(f"![{engine}: total time over the interval](../records/replay_{engine}.png)")
+    data = intro_traces
     return page("replay",
-                f"The replay under the engines' protocol: {len(scenarios)} drifting traces ({', '.join(scenarios)}) x "
-                f"seeds {', '.join(map(str, data['seeds']))}, {data['steps']} steps of domain-mixture routing whose hot "
-                f"spots last {span([h['median'] for h in hot], 0)} steps median, from the engine's start map (slot "
-                "`p` holds expert `p % E`) and from an offline plan of the first window, at the engine's cadence and "
-                f"at the recommended one ({rec}). `default` is the engine's default policy as the replay runs it "
-                "(DeepSeek EPLB in numpy; vLLM keeping unmoved experts' slots), `ours` the rule; total = expert-layer "
-                f"time + migration + policy CPU time ({data['policy_time']}).",
-                source("replay.json", "replay.png") + " This record predates the cadence sweep of today's "
-                "`bench/bench_replay.py` ([Online rebalancing and cadence](../online.md)); that command rewrites it "
-                "in the new shape.",
-                table(["engine, start map", f"default cadence: ours / default ({len(groups[next(iter(groups))])} runs)",
-                       "bytes moved, ours / default", "runs at most the default with fewer bytes",
-                       "recommended cadence: ours / default at its cadence, mean (range)",
-                       "default at the recommended cadence / default, mean"], rows),
-                "![replay: the first seed](../records/replay.png)")
+                f"Each trace ({data['steps']} steps of drifting domain-mixture routing: `bench/bench_replay.py` "
+                "SCENARIOS x seeds, then traces the rule was not tuned on, and a stationary one) is replayed under each "
+                "engine's protocol at intervals from 10 steps to the engine's default, with the engine's default "
+                "policy (its own code, as the engine runs it) and with moe-place's rule. Best against best: each "
+                "policy's least total over the intervals, moe-place's over the default's. Hindsight: plans made on "
+                "the next interval's load, moved for free, at its best interval, over the default's best (no policy "
+                "reaches it). Total = expert-layer time + migration + the policy's CPU time where the engine waits "
+                f"for it ({data['policy_time']}). [Online rebalancing](../online.md) explains the protocols.",
+                source("replay_vllm.json", "replay_sglang.json", "replay_vllm.png", "replay_sglang.png"), *parts)
 
 
-def _comm_main(data: dict) -> str:
-    rows = []
-    for r in data["rows"]:
-        rows.append([f"EP{r['ep']}+{r['redundant']}", r["sample"], r["method"], f(r["distinct_nodes_per_token"], 3),
-                     f(r["rdma_gb"], 3), f(r["busiest_over_mean_gpu_rows"], 3), f(r["busiest_over_mean_nic"], 3),
-                     f(r["dispatch_s"] * 1e3), f(r["compute_s"] * 1e3), f(r["combine_s"] * 1e3),
-                     f(r["layer_time_s"] * 1e3), pct(r["vs_best"]) if "vs_best" in r else ""])
-    return table(["case", "sample", "method", "nodes/tok", "RDMA GB", "GPU b/m", "NIC b/m", "dispatch ms",
-                  "compute ms", "combine ms", "layer ms", "vs best"], rows)
-
-
-def _comm_vs_best(data: dict) -> None:
-    """Each row's layer time against the best of contiguous, eplb and fast in its case and sample."""
-    best: dict[tuple, float] = {}
-    for r in data["rows"]:
-        if r["method"] in ("contiguous", "eplb", "fast"):
-            key = (r["ep"], r["redundant"], r["sample"])
-            best[key] = min(best.get(key, float("inf")), r["layer_time_s"])
-    for r in data["rows"]:
-        r["vs_best"] = r["layer_time_s"] / best[(r["ep"], r["redundant"], r["sample"])] - 1
+def _bench(name: str):
+    """bench/NAME.py as a module (bench/ is not a package): its table renderers, which the task pages
+    (docs/multinode.md, docs/offload.md) show verbatim too."""
+    spec = importlib.util.spec_from_file_location(f"{name}_for_docs", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def multinode() -> str:
     data = record("comm.json")
     timing = record("comm_plan_time.json")
-    _comm_vs_best(data)
-    verdicts, subsets, frontier = [], [], []
-    for v in data["verdicts"]:
-        case = f"EP{v['ep']}+{v['redundant']}"
-        verdicts.append([case, " / ".join(f(x) for x in v["held_out_time_over_fast"]), f(v["held_out_time_over_fast_mean"]),
-                         " / ".join(str(n) for n in v["layers_grouped"].values()), pct(v["in_sample_time_vs_best"]),
-                         pct(v["held_out_time_vs_best_mean"])])
-        for method, s in v["subsets"].items():
-            every = v["every_subset"][method]
-            subsets.append([case, f"{method}/fast", pct(s["at_most_1.00"], 1, False), pct(s["at_most_1.01"], 1, False),
-                            f(s["median"]), f(s["max"]), f"{every['pairs']:,}", pct(every["at_most_1.00"], 1, False),
-                            f(every["max"])])
-        w = v["windows"]
-        for own, told in zip(w["frontier"], w["told_traffic"]):
-            frontier.append([case, f"{own['min_saving']:.2f}", f(own["mean_over_folds"]),
-                             pct(own["subsets_at_most_1.00"], 1, False), f(own["subsets_max"]), f(told["mean_over_folds"]),
-                             pct(told["subsets_at_most_1.00"], 1, False), f(told["subsets_max"])])
-    correlations = [[f"EP{v['ep']}+{v['redundant']}", f"{v['windows']['corr_compute']:+.2f}",
-                     f"{v['windows']['corr_comm']:+.2f}", f"{v['windows']['held_out_compute_mean']:+.4f}",
-                     f(v["windows"]["held_out_compute_spread"])] for v in data["verdicts"]]
-    times = [[t["command"], f"{t['wall_s']:.1f}", t["cores"], t["exit_code"]] for t in timing["plan_time"]]
-    s = data["subsets"]
+    if "verdicts" not in data or not all("whole_model" in v for v in data["verdicts"]):
+        raise RecordError("bench/results/comm.json: expected the record of bench_comm.py with verdicts[].whole_model "
+                          "(teach docs/gen_results.py the record's new shape)")
+    times = [[t["command"], f"{t['wall_s']:.1f}", f"{t['cpu_s']:.1f}", t["cores"], t["exit_code"]]
+             for t in timing["plan_time"]]
     return page("multinode",
-                f"The real Qwen3-30B-A3B trace (three recorded prefill batches), all {len(data['layers'])} layers, under "
-                "the default model of `--objective time` (DeepEP dispatch, SGLang's static replica choice, tokens "
-                "in blocks, H100 nodes with NVLink 450 GB/s and one 400 Gbit/s NIC per GPU, weights read once): "
-                "in sample (plan on the three batches, judge on them) and leave-one-batch-out (`hold k`: plan on "
-                "the two others, judge on batch k). Layer times are summed over the layers and the judged batches; "
-                "`GPU b/m` is busiest/mean GPU rows, `NIC b/m` the dispatch time over what the mean NIC needs; `vs "
-                "best` is against the best of contiguous, eplb and fast. `eplb-hier` gives EPLB one group per node; "
-                "`time` is `--objective time`; `time-layer` its windows judging the whole layer time; `time-bal` "
-                "starts from the co-activation-blind node split; `ungated` is `time`'s hedged plan on every layer, "
-                "no guard; `grouped` every layer grouped as far as the search goes. Design: "
-                "[the model](../MODEL.md#multi-node-ep-the-layer-time-plan-out-of-sample).",
-                source("comm.json", "comm.png", "comm_plan_time.json"),
-                "## Held out: `time` over `fast`\n\nPer fold (plan on two batches, judge on the third), the whole "
-                "model's layer time of `--objective time` over the balance-only plan's, and the layers the guard "
-                "grouped per fold.",
-                table(["case", "time/fast per fold", "mean", "layers grouped per fold", "in sample vs best",
-                       "held out vs best, mean"], verdicts),
-                f"## Parts of the model\n\n{s['count']} seeded random sets of {s['layers']} layers x the 3 held-out "
-                "batches (pairs): a method's held-out layer time over `fast`'s summed over the set, and the same over "
-                "every such set. `eplb/fast` is the chance between two balance-only plans.",
-                table(["case", "method", "pairs <= 1.00", "pairs <= 1.01", "median", "max",
-                       "every subset x fold: pairs", "<= 1.00", "max"], subsets),
-                "## What the windows say\n\nThe guard's evidence is each layer planned on one training batch and "
-                "judged on the other. Correlation between that evidence and the held-out batch (compute difference "
-                "and dispatch + combine saving of the hedged plan against `fast`), and the held-out compute "
-                "difference over `fast`'s layer time:",
-                table(["case", "corr, compute", "corr, dispatch + combine", "held-out compute difference, mean",
-                       "spread"], correlations),
-                "The guard at each bar (a layer is grouped only if its dispatch + combine save more than the bar's "
-                "share of the balance-only layer time on every held-out window), on its windows, and, as a bound no "
-                "planner has, on the held-out batch's own traffic saving:",
-                table(["case", "bar", "mean over folds", "subsets <= 1.00", "subsets max",
-                       "told the traffic: mean", "<= 1.00", "max"], frontier),
-                "## Plan time\n\n" + table(["command", "wall s", "cores", "exit"], times),
-                "## Every row\n\n" + _comm_main(data),
-                "![layer time by part, the subset-fold pairs and the guard's bars](../records/comm.png)")
+                "The real Qwen3-30B-A3B trace (three recorded prefill batches), all 48 layers, planned with "
+                "`--objective time` on two batches and judged on the third (each fold), layer time predicted by the "
+                "default model of the time objective, over the balance-only plan `fast`; then the synthetic test bed "
+                "of known co-activation. [Multi-node EP](../multinode.md) explains the decision.",
+                source("comm.json", "comm_plan_time.json", "comm.png"),
+                _bench("bench_comm").results_table(data),
+                "## Plan time\n\n" + table(["command", "wall s", "CPU s", "cores", "exit"], times),
+                "![layer time per method](../records/comm.png)")
 
 
 OFFLOAD_METHODS = ["moe-place", "sglang-kt uniform", "sglang-kt frequency", "sglang-kt front-loading",
@@ -531,9 +493,28 @@ def offload() -> str:
             online_rows.append([case, c["threshold_tokens"], name, f(p["total_s"], 3), pct(p["total_s"] / static - 1),
                                 f"{p['link_copies']:,}", f"{p['gpu_copies']:,}"])
     machine = cpu["machine"]
+    published = record("offload_published.json")["readings"]["from the 100% row"]
+    published_rows = [[f"{j['percent']}%", " > ".join(j["model_order"]), " > ".join(j["published_order"]),
+                       "yes" if j["order_ok"] else "no",
+                       ", ".join(f"{name} {f(m, 3)} vs {f(p, 3)}" for name, (m, p) in j["ratios"].items())]
+                      for j in published["judged"]]
     return page("offload",
                 "Every figure here is the cost model's prediction (no engine ran), except the CPU expert timings "
                 "below.",
+                "## Every budget, held out\n\nThe plan against sglang-kt's rules (the best of `uniform`, "
+                "`frequency`, `front-loading`), llama.cpp and all-GPU at budgets from one expert per layer to all "
+                "experts, each recorded step judged with the plan made on the other two; then each set's mean "
+                "held-out step time (ms). [Offloaded serving](../offload.md) explains the plan. "
+                + source("offload_sweep.json", "offload_sweep.png"),
+                _bench("bench_offload_sweep").render_tables(record("offload_sweep.json")).rstrip("\n"),
+                "![step time over GPU memory](../records/offload_sweep.png)",
+                "## The published KTransformers table\n\nThe model configured for kt-kernel's published setup "
+                "(Qwen3-Next-80B-A3B-FP8, 4 x RTX 4090, Xeon 6454S; the non-expert time per token from the table's "
+                "100% row), the order of the three strategies and each one's ratio to `uniform`, model vs table "
+                f"(order reproduced at every ratio: {'yes' if published['order_reproduced'] else 'no'}). "
+                + source("offload_published.json"),
+                table(["experts on the GPU", "model's order", "published order", "same", "ratio to uniform: model vs "
+                       "published"], published_rows),
                 "## Held out against the engines' rules\n\n`moe-place offload` on the real Qwen3-30B-A3B trace at "
                 "three GPU memory budgets, each with `--kv-reserve 4GiB`: plan on two recorded batches, judge on the "
                 "third; predicted weighted step time (decode 8 + decode 32 + prefill, ms) of the plan against "

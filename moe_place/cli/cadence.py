@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
     parser.add_argument("--plot", type=png_file, metavar="FILE.png",
-                        help="also write a PNG: total time over the interval for both policies and the reference")
+                        help="also write a PNG: total time over the interval for both policies and the reference (default: none)")
     add_progress_option(parser)
 
 
