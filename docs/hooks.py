@@ -1,6 +1,6 @@
 """MkDocs hook: the committed records of bench/results/ are part of the site, under records/.
 
-Results pages link to the record each table comes from (`records/replay.json`) and show its plots
+Results pages link to the record each table comes from (`records/replay_vllm.json`) and show its plots
 (`records/replay.png`); this puts those files into the site as they are in the checkout, so that the
 links are checked by `mkdocs build --strict` like any other. Markdown files there are left out (a
 record's report is rendered by docs/gen_results.py into a results page instead).

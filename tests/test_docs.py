@@ -50,7 +50,7 @@ def site(tmp_path_factory):
 @needs_mkdocs
 def test_the_site_builds_in_strict_mode(site):
     for page in ("index.html", "plan/index.html", "reference/cli/index.html", "results/replay/index.html",
-                 "records/replay.json"):
+                 "records/replay_vllm.json"):
         assert (site / page).is_file(), page
 
 

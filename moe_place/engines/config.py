@@ -10,7 +10,7 @@ nodes, and the cadence (vLLM's `step_interval` / `window_size`, SGLang's
     # moe-place.toml
     hardware = "H100"            # GPU part of the catalog                   MOE_PLACE_HARDWARE
     nic_gbit = 400               # NIC per GPU, Gbit/s (multi-node)          MOE_PLACE_NIC_GBIT
-    copy_schedule = "serial"     # "serial" (formula 7) or "parallel"        MOE_PLACE_COPY_SCHEDULE
+    copy_schedule = "parallel"   # "parallel" (both engines batch a layer's transfers) or "serial" (formula 7)  MOE_PLACE_COPY_SCHEDULE
     min_gain = 0.005             # a layer moves only if its busiest GPU drops by this share of the mean  MOE_PLACE_MIN_GAIN
     noise_margin = 2.0           # ... and by this many times the measured noise floor  MOE_PLACE_NOISE_MARGIN
     max_moved_slots = 64         # a cap the engine states, slots per layer (default: none)  MOE_PLACE_MAX_MOVED_SLOTS
@@ -113,7 +113,7 @@ class EngineConfig:
     hardware: str = "H100"
     nic_gbit: float = 400.0
     migration: str | None = None
-    copy_schedule: str = "serial"
+    copy_schedule: str = "parallel"   # vLLM and SGLang issue a layer's copies as one batch_isend_irecv
     step_interval: int | None = None
     window_steps: int | None = None
     min_gain: float = 0.005
