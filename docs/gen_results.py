@@ -311,26 +311,26 @@ def _workload_rows(data: dict) -> list[list]:
 
 
 def _drift_rows(data: dict) -> list[list]:
-    """One row per drifting trace, and after each engine mode's rows their mean (the cadence columns)."""
+    """One row per drifting trace and engine mode: both policies at the engine's default cadence and at each
+    one's best cadence from the replay record, and best against best (each policy's best of those runs)."""
     rows: list[list] = []
-    recommended: dict[str, list[float]] = {}
-    default_fast: dict[str, list[float]] = {}
     for d in data["drift"]:
         runs = d["runs"]
-        ours, default = runs["moe-place"], runs["default"]
+        if not isinstance(runs, list) or not all("at" in r for r in runs):
+            raise RecordError("bench/results/engines_*.json: expected drift[].runs as a list of priced runs with "
+                              "'at' (teach docs/gen_results.py the record's new shape)")
+        by = {(r["at"], r["policy"]): r for r in runs}
         label = f"{d['engine']} {'async' if d['async'] else 'sync'}" if d["engine"] == "vllm" else d["engine"]
-        recommended.setdefault(label, []).append(runs["moe-place-given"]["total_s"] / default["total_s"])
-        default_fast.setdefault(label, []).append(runs["default-given"]["total_s"] / default["total_s"])
-        rows.append([label, d["scenario"],
-                     f"{f(ours['total_s'], 3)} / {f(default['total_s'], 3)} ({ours['bytes_moved'] / 2**30:.1f} / "
-                     f"{default['bytes_moved'] / 2**30:.1f})",
-                     f(recommended[label][-1], 3), f(default_fast[label][-1], 3)])
-    grouped: list[list] = []
-    for label in recommended:
-        grouped += [row for row in rows if row[0] == label]
-        grouped.append([label, "**mean**", "", f"**{f(statistics.mean(recommended[label]), 3)}**",
-                        f(statistics.mean(default_fast[label]), 3)])
-    return grouped
+        cells = []
+        for at in ("default", "default's best", "moe-place's best"):
+            if (at, "default") in by:
+                o, g = by[(at, "moe-place")], by[(at, "default")]
+                cells.append(f"{f(o['total_s'] / g['total_s'], 3)} (every {g['cadence']['step_interval']})")
+            else:
+                cells.append("-")
+        best = {p: min(r["total_s"] for r in runs if r["policy"] == p) for p in ("default", "moe-place")}
+        rows.append([label, d["scenario"], *cells, f(best["moe-place"] / best["default"], 4)])
+    return rows
 
 
 def engines() -> str:
@@ -339,6 +339,13 @@ def engines() -> str:
     cadence = vllm["settings"]
     workload_rows = _workload_rows(vllm) + _workload_rows(sglang)
     drift_rows = _drift_rows(vllm) + _drift_rows(sglang)
+    cpu_rows = []
+    for data in (vllm, sglang):
+        for w in data["workloads"]:
+            label = f"{w['engine']} {'async' if w['async'] else 'sync'}" if w["engine"] == "vllm" else w["engine"]
+            default, ours = ([c["policy_s"] for c in w["rows"][p]] for p in ("default", "moe-place"))
+            cpu_rows.append([label, w["size"], len(default), f(statistics.median(default) * 1e3, 1),
+                             f(statistics.median(ours) * 1e3, 1), f(statistics.median(ours) / statistics.median(default), 2)])
     targets = [[t["name"], "met" if t["passed"] else "**missed**", t["detail"]]
                for data in (vllm, sglang) for t in data["targets"]]
     met = sum(d["summary"]["met"] for d in (vllm, sglang))
@@ -360,12 +367,17 @@ def engines() -> str:
                        "targets met"], workload_rows),
                 "## Drifting traces\n\nThe replay's drifting traces (`bench/bench_replay.py` SCENARIOS, seed "
                 f"{cadence['seed']}, {cadence['steps']} steps) in the engines' code, priced on the cost model: "
-                "expert-layer time + what serving pays for migration + the policy's own CPU time per call. The "
-                f"recommended cadence is {cadence['step_interval']}/{cadence['window']} (vLLM `step_interval` / "
-                f"`window_size`; SGLang `--eplb-rebalance-num-iterations {cadence['sglang_iterations']}`).",
-                table(["engine (mode)", "trace", "default cadence: moe-place / default total s (GiB moved)",
-                       "recommended cadence: moe-place / default at its default cadence",
-                       "default at the recommended cadence / default"], drift_rows),
+                "expert-layer time + what serving pays for migration + the policy's CPU time where the engine "
+                "waits for it (not in vLLM's async worker), both policies at the engine's default cadence and at "
+                "each one's best cadence in the replay record (window = interval); best against best: each "
+                "policy's best of these runs.",
+                table(["engine (mode)", "trace", "moe-place / default at the engine's default cadence",
+                       "... at the default's best cadence", "... at moe-place's best cadence",
+                       "best against best"], drift_rows),
+                "## CPU time per call\n\nThe policy's CPU seconds per call on the workload runs above (the calling "
+                "thread's: vLLM's async worker, the serving thread otherwise; median over the run's calls): the "
+                "engine's own default policy code and moe-place's rule, on the same calls of the same engine.",
+                table(["engine (mode)", "size", "calls", "default ms", "moe-place ms", "moe-place / default"], cpu_rows),
                 f"## Targets\n\n{met} of {total} met.",
                 table(["target", "", "detail"], targets),
                 "## Ties\n\nOn seeded tied integer-load cases, the planner's EPLB against vLLM "
