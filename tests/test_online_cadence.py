@@ -13,7 +13,7 @@ from moe_place.errors import InputError
 from moe_place.online.cadence import cadences, engine_settings, sweep
 from moe_place.online.controller import EngineCadence, initial_map, make_controller
 from moe_place.online.costing import cluster_cost
-from moe_place.online.estimate import LoadEstimate
+from moe_place.online.estimate import BLAS_ONE_THREAD_WORK, LoadEstimate
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import hindsight_next_reference, replay
 from moe_place.online.switch import MapSwitch
@@ -42,6 +42,26 @@ def test_a_stationary_load_chooses_a_long_memory_and_the_estimate_settles():
     truth = shares * 400
     window_error = np.abs(_steps(shares, 50, 400, rng).mean(axis=0) - truth).mean()
     assert np.abs(lam - truth).mean() < 0.6 * window_error   # better than one window's mean
+
+
+def test_each_memory_is_the_weighted_mean_of_every_step_seen_also_when_folded_in_slices():
+    # 2 layers x 1,500 experts: the blocks' matrix products run in column slices (one BLAS thread each);
+    # every candidate must still be sum_t 2^(-age_t / h) x_t / sum_t 2^(-age_t / h) over both windows
+    rng = np.random.default_rng(3)
+    layers, experts = 2, 1500
+    shares = rng.dirichlet(np.full(experts, 0.5), size=layers)
+    windows = [np.stack([[rng.multinomial(20000, row) for row in shares] for _ in range(n)]).astype(np.float64)
+               for n in (300, 700)]
+    estimate = LoadEstimate(layers, experts)
+    estimate.update(windows[0], 300, 300)
+    estimate.update(windows[1], 700, 700)
+    assert len(estimate.half_lives) * (700 // 32) * layers * experts > BLAS_ONE_THREAD_WORK   # sliced
+    steps = np.concatenate(windows)
+    ages = np.arange(len(steps) - 1, -1, -1, dtype=np.float64)
+    for c, h in enumerate(estimate.half_lives):
+        weights = 2.0 ** (-ages / h)
+        direct = np.tensordot(weights, steps, axes=(0, 0)) / weights.sum()
+        np.testing.assert_allclose(estimate._num[c] / estimate._den[c][:, None], direct, rtol=1e-9)
 
 
 def test_a_sudden_change_is_followed_at_the_first_call_after_it():

@@ -56,6 +56,7 @@ SCORE_DISCOUNT = 0.75   # a score forgets half of a call's error in about 2.4 ca
 # after a change outweighs a long calm history, one noisy window does not undo a steady one
 SCORE_BLOCKS = 32         # a per-step window is scored on up to this many blocks of its steps
 BOOTSTRAP_MIN_STEPS = 8   # per-step windows with fewer steps are redrawn from their counts
+BLAS_ONE_THREAD_WORK = 2 ** 17   # multiply-adds per matrix product below OpenBLAS's threading threshold (4 x 65536)
 
 
 class LoadEstimate:
@@ -151,7 +152,8 @@ class LoadEstimate:
         use_flat = best < 0
         even = np.full((layers, len(loads)), window_steps / len(loads))
         chosen_weights = _pad_left(weights[pick, rows], len(loads))                # [L, len(loads)]
-        taken_counts = np.einsum("ln,nle->le", (chosen_weights > 0).astype(np.float64), loads)
+        taken = chosen_weights > 0
+        taken_counts = total if taken.all() else np.einsum("ln,nle->le", taken.astype(np.float64), loads)
         self._draw = _Draw(np.where(use_flat[:, None], 0.0, base_num[pick, rows]),
                            np.where(use_flat, 0.0, base_den[pick, rows]), loads,
                            np.where(use_flat[:, None], even, chosen_weights),
@@ -183,16 +185,20 @@ class LoadEstimate:
         lead = n - blocks * size                                  # folded before the first scored block
         ages = np.arange(n - 1, -1, -1)
         taken = (ages[:, None] < steps_of[None, :]).astype(np.float64)              # [n, L]
-        data = fresh * taken[:, :, None]
+        data = fresh if taken.all() else fresh * taken[:, :, None]
         if lead:
             w = decay[:, None] ** np.arange(lead - 1, -1, -1, dtype=np.float64)[None, :]
-            num = decay[:, None, None] ** lead * num + np.tensordot(w, data[:lead], axes=(1, 0))
+            num = decay[:, None, None] ** lead * num + _matmul_one_thread(
+                w, data[:lead].reshape(lead, -1)).reshape(num.shape)
             den = decay[:, None] ** lead * den + np.tensordot(w, taken[:lead], axes=(1, 0))
         body = data[lead:].reshape((blocks, size) + self.shape)
         body_taken = taken[lead:].reshape(blocks, size, -1)                          # [blocks, size, L]
         w = decay[:, None] ** np.arange(size - 1, -1, -1, dtype=np.float64)[None, :]        # [candidates, size]
-        sums = np.einsum("cm,kmle->ckle", w, body)                                          # each block's weighted sum
-        dens = np.einsum("cm,kml->ckl", w, body_taken)
+        # each block's weighted sum per candidate: `[C, size] @ [size, L*E]` a block, in column slices small
+        # enough that BLAS keeps each product on the calling thread (its CPU time is then the call's)
+        sums = _matmul_one_thread(w, body.reshape(blocks, size, -1)).reshape(
+            (blocks, len(decay)) + self.shape).swapaxes(0, 1)
+        dens = np.matmul(w, body_taken).swapaxes(0, 1)                                      # [C, blocks, L]
         shrink = decay ** size
         predictions = np.empty((len(decay), blocks) + self.shape)
         known = np.empty((blocks, self.shape[0]), dtype=bool)                       # a layer had steps before it
@@ -245,6 +251,15 @@ class LoadEstimate:
         scale = d.noise_scale[layers][:, None]
         drawn = (d.base_num[layers] + d.window_num[layers] + scale * (part - d.window_num[layers])) / den
         return np.clip(current + np.sqrt(2.0) * (drawn - current), 0.0, None)
+
+
+def _matmul_one_thread(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`a [M, K] @ b [..., K, N]`, in column slices of `b` small enough that BLAS keeps each product on the
+    calling thread: the policy's CPU time is then its thread's, as the engines and the replay count it."""
+    width = max(1, BLAS_ONE_THREAD_WORK // (a.shape[0] * a.shape[1]))
+    if b.shape[-1] <= width:
+        return np.matmul(a, b)
+    return np.concatenate([np.matmul(a, b[..., j:j + width]) for j in range(0, b.shape[-1], width)], axis=-1)
 
 
 def _pad_left(weights: np.ndarray, length: int) -> np.ndarray:
