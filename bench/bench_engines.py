@@ -133,11 +133,16 @@ def protocol_of(engine: str, use_async: bool) -> str:
     return "sglang" if "sglang" in engine else ("vllm" if use_async else "vllm-sync")
 
 
+def replay_record(args, engine: str) -> Path:
+    """The replay record whose best cadences an engine's drift runs use (`--replay-record` or the committed one)."""
+    return args.replay_record or harness.ROOT / REPLAY_RECORDS["sglang" if "sglang" in engine else "vllm"]
+
+
 def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[list, list]:
     default_cadence = harness.default_cadence(engine)
     label = _label(engine, use_async)
     protocol = protocol_of(engine, use_async)
-    record = args.replay_record or harness.ROOT / REPLAY_RECORDS["sglang" if "sglang" in engine else "vllm"]
+    record = replay_record(args, engine)
     records, at_default, rows = [], [], []
     print(f"{label}: drifting traces, {args.steps} steps, seed {args.seed}; total = expert-layer time + migration "
           f"({'async' if use_async else 'stall'}) + the policy's CPU time"
@@ -222,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < (2 if name == "stationary_calls" else 1):
             parser.error(f"--{name.replace('_', '-')}: expected an integer >= {2 if name == 'stationary_calls' else 1}")
     if args.drift:
-        for engine in {"sglang" if "sglang" in e else "vllm" for e in args.engine}:
-            path = args.replay_record or harness.ROOT / REPLAY_RECORDS[engine]
+        for path in {replay_record(args, engine) for engine in args.engine}:
             if not Path(path).is_file():
                 parser.error(f"--replay-record: expected the replay record of the best cadences ({path}: no such "
                              "file; bench_replay.py writes it), or --drift none")

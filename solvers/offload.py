@@ -200,31 +200,34 @@ class OffloadProblem:
         order = np.asarray(order)
         if order.shape != (self.num_layers, self.num_experts):
             raise InputError("expert order", f"[{self.num_layers}, {self.num_experts}]", order.shape)
-        w, e = self.weights, self.num_experts
-        some_cpu = (np.arange(e + 1) < e)[None, None, :]
-        out = np.zeros((self.num_layers, e + 1))
-        for rows, c, g in self._chunks():
+
+        def in_order(c, g):
             c = np.take_along_axis(c, order[None], axis=2)
-            g = np.take_along_axis(g, order[None], axis=2)
-            zeros = np.zeros(c.shape[:2] + (1,))
-            cpu_left = c.sum(axis=2, keepdims=True) - np.concatenate([zeros, np.cumsum(c, axis=2)], axis=2)
-            side_a = cpu_left + self.transfer_s[rows, None, None] * some_cpu
-            side_b = np.concatenate([zeros, np.cumsum(g, axis=2)], axis=2)
-            out += np.einsum("b,blk->lk", w[rows], np.maximum(side_a, side_b))
-        return out
+            return c.sum(axis=2, keepdims=True), c, np.take_along_axis(g, order[None], axis=2)
+
+        return self._prefix_values(in_order)
 
     def layer_bounds_s(self) -> np.ndarray:
         """float64 `[L, E + 1]`: no set of `k` resident experts of layer `l` costs less (module note)."""
+        # per batch: the costliest CPU experts leave first, the cheapest GPU ones join first
+        return self._prefix_values(lambda c, g: (c.sum(axis=2, keepdims=True), -np.sort(-c, axis=2),
+                                                 np.sort(g, axis=2)))
+
+    def _prefix_values(self, arrange) -> np.ndarray:
+        """float64 `[L, E + 1]`: `sum_b w[b] * max(CPU side, GPU side)` with `k` experts resident, for every
+        `k`; `arrange(c, g)` gives, per chunk of batches `[b, L, E]`, the CPU time with none resident
+        `[b, L, 1]`, the CPU times in the order experts leave the CPU and the GPU times in the order they
+        join it."""
         w, e = self.weights, self.num_experts
         some_cpu = (np.arange(e + 1) < e)[None, None, :]
         out = np.zeros((self.num_layers, e + 1))
         for rows, c, g in self._chunks():
+            total, leaving, joining = arrange(c, g)
             zeros = np.zeros(c.shape[:2] + (1,))
-            costliest = -np.sort(-c, axis=2)                                     # on the GPU first
-            min_a = c.sum(axis=2, keepdims=True) - np.concatenate([zeros, np.cumsum(costliest, axis=2)], axis=2)
-            min_b = np.concatenate([zeros, np.cumsum(np.sort(g, axis=2), axis=2)], axis=2)
+            side_a = total - np.concatenate([zeros, np.cumsum(leaving, axis=2)], axis=2)
+            side_b = np.concatenate([zeros, np.cumsum(joining, axis=2)], axis=2)
             out += np.einsum("b,blk->lk", w[rows],
-                             np.maximum(min_a + self.transfer_s[rows, None, None] * some_cpu, min_b))
+                             np.maximum(side_a + self.transfer_s[rows, None, None] * some_cpu, side_b))
         return out
 
     def check_mask(self, resident) -> np.ndarray:
@@ -303,6 +306,12 @@ def count_order(counts) -> np.ndarray:
     """int `[L, E]`: each layer's experts by count, most first (ties: the lower id, as sglang-kt's
     `frequency` rule breaks them here)."""
     return np.argsort(-np.asarray(counts, dtype=np.float64), axis=1, kind="stable")
+
+
+def cpu_time_order(problem: OffloadProblem) -> np.ndarray:
+    """int `[L, E]`: each layer's experts by their weighted CPU time over the problem's batches, most first."""
+    return np.argsort(-np.tensordot(problem.weights, problem.cpu_s.astype(np.float64), axes=1), axis=1,
+                      kind="stable")
 
 
 # ---------------------------------------------------------------------- the held-out plan
@@ -397,8 +406,7 @@ def plan_offload(problem: OffloadProblem, capacity: int, orders=None) -> Offload
     if capacity < 1:
         raise InputError("GPU capacity", "at least one expert", capacity)
     if orders is None:
-        orders = [np.argsort(-np.tensordot(problem.weights, problem.cpu_s.astype(np.float64), axes=1), axis=1,
-                             kind="stable")]
+        orders = [cpu_time_order(problem)]
     curves = [problem.prefix_values_s(order) for order in orders]
     best = np.min(curves, axis=0)
     which = np.argmin(curves, axis=0)

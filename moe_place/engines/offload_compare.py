@@ -28,8 +28,8 @@ from moe_place.engines import llama_cpp, sglang_kt
 from moe_place.errors import InputError
 from moe_place.plotting import new_figure, png_bytes
 from moe_place.progress import ProgressBar
-from moe_place.solvers.offload import (HeldOutCurves, OffloadPlan, OffloadProblem, count_order, held_out_curves,
-                                       plan_held_out, plan_offload, whole_layer_plan)
+from moe_place.solvers.offload import (HeldOutCurves, OffloadPlan, OffloadProblem, count_order, cpu_time_order,
+                                       held_out_curves, plan_held_out, plan_offload, whole_layer_plan)
 from moe_place.traces.model import Trace
 from moe_place.traces.synthetic import inclusion_probabilities, sample_token_ids
 
@@ -195,9 +195,7 @@ def hindsight_set(trace: Trace, problems: list[OffloadProblem], step: int, capac
     """The least time on the judged step's own batches (`plan_offload`, over its count order and
     its CPU-time order): what knowing the future would give."""
     problem = problems[step]
-    by_cpu = np.argsort(-np.tensordot(problem.weights, problem.cpu_s.astype(np.float64), axes=1), axis=1,
-                        kind="stable")
-    return plan_offload(problem, capacity, [count_order(trace.step_counts()[step]), by_cpu]).resident
+    return plan_offload(problem, capacity, [count_order(trace.step_counts()[step]), cpu_time_order(problem)]).resident
 
 
 @dataclass(frozen=True)
