@@ -46,7 +46,8 @@ def test_a_stationary_load_chooses_a_long_memory_and_the_estimate_settles():
 
 def test_each_memory_is_the_weighted_mean_of_every_step_seen_also_when_folded_in_slices():
     # 2 layers x 1,500 experts: the blocks' matrix products run in column slices (one BLAS thread each);
-    # every candidate must still be sum_t 2^(-age_t / h) x_t / sum_t 2^(-age_t / h) over both windows
+    # every candidate must still be sum_t 2^(-age_t / h) x_t / sum_t 2^(-age_t / h) over both windows, to
+    # float32's precision (the products' type) relative to the layer's mean load
     rng = np.random.default_rng(3)
     layers, experts = 2, 1500
     shares = rng.dirichlet(np.full(experts, 0.5), size=layers)
@@ -61,7 +62,31 @@ def test_each_memory_is_the_weighted_mean_of_every_step_seen_also_when_folded_in
     for c, h in enumerate(estimate.half_lives):
         weights = 2.0 ** (-ages / h)
         direct = np.tensordot(weights, steps, axes=(0, 0)) / weights.sum()
-        np.testing.assert_allclose(estimate._num[c] / estimate._den[c][:, None], direct, rtol=1e-9)
+        np.testing.assert_allclose(estimate._num[c] / estimate._den[c][:, None], direct, rtol=1e-6,
+                                   atol=1e-6 * direct.mean())
+
+
+def test_a_layer_that_keeps_its_memory_decays_it_over_its_own_new_steps_when_another_starts_again():
+    # a window of 100 steps every 20 (each overlaps the last by 80): layer 0 starts again (its load changed)
+    # and takes the whole window; layer 1 keeps its memory and takes its 20 new steps, which must weigh
+    # them as the steps after the first window, not as the last 20 of 100 (its memory aged 20 steps, not 100)
+    rng = np.random.default_rng(4)
+    shares = rng.dirichlet(np.full(EXPERTS, 0.5), size=2)
+    first, second = (np.stack([[rng.multinomial(400, row) for row in shares] for _ in range(100)]).astype(np.float64)
+                     for _ in range(2))
+    estimate = LoadEstimate(2, EXPERTS)
+    estimate.update(first, 100, 100)
+    estimate.update(second, 100, 20, reset=np.array([True, False]))
+    kept = np.concatenate([first, second[-20:]])[:, 1]           # layer 1: every step it has seen, in order
+    ages = np.arange(len(kept) - 1, -1, -1, dtype=np.float64)
+    restarted_ages = np.arange(99, -1, -1, dtype=np.float64)
+    for c, h in enumerate(estimate.half_lives):
+        weights = 2.0 ** (-ages / h)
+        np.testing.assert_allclose(estimate._num[c, 1] / estimate._den[c, 1],
+                                   weights @ kept / weights.sum(), rtol=1e-6, atol=1e-6 * kept.mean())
+        weights = 2.0 ** (-restarted_ages / h)
+        np.testing.assert_allclose(estimate._num[c, 0] / estimate._den[c, 0],
+                                   weights @ second[:, 0] / weights.sum(), rtol=1e-6, atol=1e-6 * second.mean())
 
 
 def test_a_sudden_change_is_followed_at_the_first_call_after_it():

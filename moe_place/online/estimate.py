@@ -32,7 +32,9 @@ A summed window (vLLM 0.33 hands the sum over its window) is one observation of 
 the estimate is then the window (memories of earlier windows, chosen on one point per call,
 followed drift too slowly: +1% expert time at 200-500-step cadences on the replay's 1 x 8 trace).
 A per-step window that overlaps the previous call's adds, and is scored on, only its steps since
-that call.
+that call, and ages the memory by those steps only (a layer that starts again takes the whole window).
+The weighted sums are float32 matrix products (the counts are exact in float32, a weighted sum keeps
+24 bits, far below any estimate's sampling noise), carried from call to call in float64.
 
 `resample` draws what an independent estimate of the same load could have been (the rule's
 noise floor, `moe_place.online.policy`): the window's part of the chosen estimate redrawn (a
@@ -82,7 +84,7 @@ class LoadEstimate:
         return self._calls
 
     def update(self, window: np.ndarray, window_steps: int, elapsed_steps: int,
-               reset: np.ndarray | None = None) -> np.ndarray:
+               reset: np.ndarray | None = None, total: np.ndarray | None = None) -> np.ndarray:
         """float64 `[layers, E]`: the estimate after this call's window, per step.
 
         window: float `[n, layers, E]` per-step counts, or `[layers, E]` counts summed over `window_steps`.
@@ -90,14 +92,17 @@ class LoadEstimate:
         reset: bool `[layers]`, layers whose load changed beyond noise since the last call: their memory
             and scores start again from this window (a sudden change is then followed from its window on,
             and a layer that keeps its load keeps its memory).
+        total: the window's counts summed over its steps, where the caller has them (else summed here).
         """
-        loads = np.asarray(window, dtype=np.float64)
+        loads = np.asarray(window)
         per_step = loads.ndim == 3
+        loads = loads.astype(np.float32 if per_step else np.float64, copy=False)   # as `_fold_steps` multiplies
         if loads.shape[-2:] != self.shape or loads.ndim not in (2, 3) or window_steps < 1 or elapsed_steps < 1:
             raise InputError("load window", f"[n, {self.shape[0]}, {self.shape[1]}] or {list(self.shape)} counts "
                              "over window_steps >= 1, elapsed_steps >= 1",
                              (list(loads.shape), window_steps, elapsed_steps))
-        total = loads.sum(axis=0) if per_step else loads
+        if total is None:
+            total = step_sums(loads) if per_step else loads
         flat = total / window_steps
         self._calls += 1
         layers = self.shape[0]
@@ -129,15 +134,20 @@ class LoadEstimate:
         # a layer that starts again takes the whole window; the others its steps since the last call
         steps_of = np.where(fresh_layers, len(loads), steps)
         gap = 0 if first else max(elapsed_steps - steps, 0)                         # steps the engine did not record
-        fresh = loads[-int(steps_of.max()):]
-        num, den, errors = self._fold_steps(fresh, decay[:, None, None] ** gap * self._num,
-                                            decay[:, None] ** gap * self._den, decay, steps_of, fresh_layers)
+        num, den = np.empty_like(self._num), np.empty_like(self._den)
+        errors = np.empty_like(self._score)
+        for restart, taken in ((True, len(loads)), (False, steps)):   # each group of layers over its own steps
+            idx = np.flatnonzero(fresh_layers == restart)
+            if idx.size:
+                part = loads[-taken:] if idx.size == layers else loads[-taken:, idx]
+                num[:, idx], den[:, idx], errors[:, idx] = self._fold_steps(
+                    part, decay[:, None, None] ** gap * self._num[:, idx], decay[:, None] ** gap * self._den[:, idx],
+                    decay, restart, self._flat[idx])
         self._score = SCORE_DISCOUNT * self._score + errors
-        n = len(fresh)
+        n = int(steps_of.max())
         ages = np.arange(n - 1, -1, -1, dtype=np.float64)
         inside = ages[None, :] < steps_of[:, None]                                 # [L, n] steps each layer takes
         weights = np.where(inside[None], decay[:, None, None] ** ages[None, None, :], 0.0)   # [C, L, n]
-        window_den = weights.sum(axis=2)
         window_w2 = (weights ** 2).sum(axis=2)
         keep = decay[:, None] ** (gap + steps_of[None, :])
         base_num, base_den = keep[:, :, None] * self._num, keep * self._den
@@ -172,62 +182,78 @@ class LoadEstimate:
         better = self._score[best, np.arange(self.shape[0])] < self._score[-1]
         return np.where(scored & better, best, -1)
 
-    def _fold_steps(self, fresh: np.ndarray, num: np.ndarray, den: np.ndarray, decay: np.ndarray,
-                    steps_of: np.ndarray, restart: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fold per-step counts `fresh [n, layers, E]` into every candidate, block by block (each layer only its
-        last `steps_of` steps), scoring each candidate's prediction of each block's mean before it sees the
-        block. The flat window predicts the last window's mean; for a layer that starts again (`restart`),
-        the running mean of its steps before the block, and its first block, which nothing predicts, is not
-        scored. Returns (num, den, errors `[candidates + 1, layers]`)."""
-        n = len(fresh)
+    def _fold_steps(self, fresh: np.ndarray, num: np.ndarray, den: np.ndarray, decay: np.ndarray, restart: bool,
+                    last_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fold every step of `fresh` (float32 `[n, l, E]`, some layers' counts) into every candidate's memory
+        (`num [C, l, E]`, `den [C, l]`, as they stand before its first step), block by block, scoring each
+        candidate's prediction of each block's mean before it sees the block. The flat window predicts the
+        last window's mean (`last_flat [l, E]`); for layers that start again (`restart`), the running mean of
+        the steps before the block, and their first block, which nothing predicts, is not scored. Returns
+        (num, den, errors `[candidates + 1, l]`).
+
+        The matrix products run in float32 (counts are exact in it up to 2**24, and a weighted sum keeps 24
+        bits, far below the sampling noise of any estimate); the memory carried between calls is float64."""
+        n, count, shape = len(fresh), len(decay), fresh.shape[1:]
         blocks = min(SCORE_BLOCKS, n)
         size = n // blocks
         lead = n - blocks * size                                  # folded before the first scored block
-        ages = np.arange(n - 1, -1, -1)
-        taken = (ages[:, None] < steps_of[None, :]).astype(np.float64)              # [n, L]
-        data = fresh if taken.all() else fresh * taken[:, :, None]
+        lead_sum = fresh[:lead].sum(axis=0, dtype=np.float64)    # [l, E]
         if lead:
             w = decay[:, None] ** np.arange(lead - 1, -1, -1, dtype=np.float64)[None, :]
             num = decay[:, None, None] ** lead * num + _matmul_one_thread(
-                w, data[:lead].reshape(lead, -1)).reshape(num.shape)
-            den = decay[:, None] ** lead * den + np.tensordot(w, taken[:lead], axes=(1, 0))
-        body = data[lead:].reshape((blocks, size) + self.shape)
-        body_taken = taken[lead:].reshape(blocks, size, -1)                          # [blocks, size, L]
-        w = decay[:, None] ** np.arange(size - 1, -1, -1, dtype=np.float64)[None, :]        # [candidates, size]
-        # each block's weighted sum per candidate: `[C, size] @ [size, L*E]` a block, in column slices small
-        # enough that BLAS keeps each product on the calling thread (its CPU time is then the call's)
-        sums = _matmul_one_thread(w, body.reshape(blocks, size, -1)).reshape(
-            (blocks, len(decay)) + self.shape).swapaxes(0, 1)
-        dens = np.matmul(w, body_taken).swapaxes(0, 1)                                      # [C, blocks, L]
+                w.astype(np.float32), fresh[:lead].reshape(lead, -1)).reshape(num.shape)
+            den = decay[:, None] ** lead * den + w.sum(axis=1)[:, None]
+        # each block's weighted sum per candidate, and its plain sum (the last row): `[C + 1, size] @
+        # [size, l*E]` a block, in column slices small enough that BLAS keeps each product on the calling
+        # thread (its CPU time is then the call's)
+        w = np.vstack([decay[:, None] ** np.arange(size - 1, -1, -1, dtype=np.float64)[None, :], np.ones(size)])
+        sums = _matmul_one_thread(w.astype(np.float32), fresh[lead:].reshape(blocks, size, -1))  # [blocks, C+1, l*E]
+        block_sums = sums[:, count].reshape((blocks,) + shape).astype(np.float64)
+        # block j's weighted sums as they stand before block k (row `blocks`: after the last), per candidate:
+        # shrink^(k - 1 - j) for j < k; the memory before the blocks is carried by shrink^k
         shrink = decay ** size
-        predictions = np.empty((len(decay), blocks) + self.shape)
-        known = np.empty((blocks, self.shape[0]), dtype=bool)                       # a layer had steps before it
-        for k in range(blocks):
-            known[k] = den.max(axis=0) > 0
-            predictions[:, k] = num / np.maximum(den, 1e-300)[:, :, None]
-            num = shrink[:, None, None] * num + sums[:, k]
-            den = shrink[:, None] * den + dens[:, k]
-        counted = body_taken.sum(axis=1)                                             # [blocks, L] steps per block
-        targets = body.sum(axis=1) / np.maximum(counted, 1)[:, :, None]
-        cumulative = np.cumsum(body.sum(axis=1), axis=0) + data[:lead].sum(axis=0)[None]
-        seen = np.cumsum(counted, axis=0) + taken[:lead].sum(axis=0)[None]
-        running = np.concatenate([data[:lead].sum(axis=0)[None], cumulative[:-1]]) / np.maximum(
-            np.concatenate([taken[:lead].sum(axis=0)[None], seen[:-1]]), 1)[:, :, None]
-        flat = np.where(restart[None, :, None], running, self._flat[None])
-        use = (counted > 0) & known & ~(restart[None] & (np.concatenate([taken[:lead].sum(axis=0)[None],
-                                                                          seen[:-1]]) == 0))
+        order = np.arange(blocks + 1)[:, None] - 1 - np.arange(blocks)[None, :]              # [blocks + 1, blocks]
+        carry = np.where(order >= 0, shrink[:, None, None] ** np.maximum(order, 0), 0.0)   # [C, blocks + 1, blocks]
+        start = shrink[:, None] ** np.arange(blocks + 1)[None, :]                           # [C, blocks + 1]
+        nums = _matmul_one_thread(carry.astype(np.float32),
+                                  np.ascontiguousarray(sums[:, :count].swapaxes(0, 1)))    # [C, blocks + 1, l*E]
+        dens = start[:, :, None] * den[:, None] + (carry.sum(axis=2) * w[:count].sum(axis=1)[:, None])[:, :, None]
+        dens_before = dens[:, :-1]                                                          # [C, blocks, l]
+        # each block's prediction in float32 (scores need no more): the block's predecessors in the window,
+        # weighted, and the earlier memory's mean with its share of the weight (a mean and a share, not their
+        # float64 sums, which can be below float32's range after a long gap)
+        inverse = np.minimum(1.0 / np.maximum(dens_before, 1e-300), 1e30)   # clipped only where no window step came
+        predictions = nums[:, :-1].reshape((count, blocks) + shape)
+        predictions *= inverse[..., None].astype(np.float32)
+        memory = (num / np.maximum(den, 1e-300)[:, :, None]).astype(np.float32)            # [C, l, E]
+        share = start[:, :-1, None] * den[:, None] / np.maximum(dens_before, 1e-300)        # in [0, 1]
+        predictions += memory[:, None] * share.astype(np.float32)[..., None]
+        num = start[:, -1, None, None] * num + nums[:, -1].reshape(num.shape)
+        den = dens[:, -1]
+        targets = block_sums / size
+        use = np.broadcast_to(dens_before.max(axis=0) > 0, (blocks, shape[0]))             # some memory before it
+        if restart:   # the running mean of the steps before each block
+            seen = lead + size * np.arange(blocks)
+            sums_before = np.concatenate([lead_sum[None], lead_sum + np.cumsum(block_sums, axis=0)[:-1]])
+            flat = sums_before / np.maximum(seen, 1)[:, None, None]
+            use = use & (seen > 0)[:, None]
+        else:
+            flat = last_flat[None]
         return num, den, self._point_errors(predictions, flat, targets, use)
 
     @staticmethod
     def _point_errors(predictions: np.ndarray, flat: np.ndarray, targets: np.ndarray,
                       use: np.ndarray) -> np.ndarray:
         """float64 `[candidates + 1, layers]`: squared errors of the candidates' `predictions [C, blocks,
-        layers, E]` and the flat window's `flat [blocks, layers, E]` against `targets [blocks, layers, E]`,
-        each relative to its layer's mean target load, summed over the blocks `use [blocks, layers]` marks."""
-        scale = np.maximum(targets.mean(axis=-1, keepdims=True), 1e-12)
-        mask = use[:, :, None]
-        candidates = ((((predictions - targets[None]) / scale[None]) ** 2) * mask[None]).sum(axis=(1, 3))
-        return np.vstack([candidates, ((((flat - targets) / scale) ** 2) * mask).sum(axis=(0, 2))])
+        layers, E]` (float32 or float64, overwritten) and the flat window's `flat [blocks, layers, E]`
+        against `targets [blocks, layers, E]`, each relative to its layer's mean target load, summed over
+        the blocks `use [blocks, layers]` marks."""
+        weight = use[:, :, None] / np.maximum(targets.mean(axis=-1, keepdims=True), 1e-12)   # [blocks, L, 1]
+        predictions -= targets[None].astype(predictions.dtype)
+        predictions *= weight[None].astype(predictions.dtype)
+        np.square(predictions, out=predictions)
+        flat_error = np.square((flat - targets) * weight)
+        return np.vstack([predictions.sum(axis=(1, 3), dtype=np.float64), flat_error.sum(axis=(0, 2))])
 
     def resample(self, layers: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """float64 `[len(layers), E]`: an estimate of these layers that differs from the last one as much
@@ -253,10 +279,30 @@ class LoadEstimate:
         return np.clip(current + np.sqrt(2.0) * (drawn - current), 0.0, None)
 
 
+SUM_CHUNK_STEPS = 64   # steps summed in float32 at a time: exact for integer counts up to 2**18 a step
+
+
+def step_sums(loads: np.ndarray) -> np.ndarray:
+    """float64 `[layers, E]`: per-step counts `loads` (float32 `[n, layers, E]`) summed over their steps, as
+    float32 products of `SUM_CHUNK_STEPS` steps at a time (exact for integer counts, on the calling thread)
+    accumulated in float64; a few times faster than numpy's float64 sum of a float32 array."""
+    n, shape = len(loads), loads.shape[1:]
+    flat = loads.reshape(n, -1)
+    whole = n - n % SUM_CHUNK_STEPS
+    total = np.zeros(flat.shape[1])
+    if whole:
+        ones = np.ones((1, SUM_CHUNK_STEPS), dtype=loads.dtype)
+        total += _matmul_one_thread(ones, flat[:whole].reshape(-1, SUM_CHUNK_STEPS, flat.shape[1])).sum(
+            axis=0, dtype=np.float64)[0]
+    if whole < n:
+        total += flat[whole:].sum(axis=0, dtype=np.float64)
+    return total.reshape(shape)
+
+
 def _matmul_one_thread(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """`a [M, K] @ b [..., K, N]`, in column slices of `b` small enough that BLAS keeps each product on the
+    """`a [..., M, K] @ b [..., K, N]`, in column slices of `b` small enough that BLAS keeps each product on the
     calling thread: the policy's CPU time is then its thread's, as the engines and the replay count it."""
-    width = max(1, BLAS_ONE_THREAD_WORK // (a.shape[0] * a.shape[1]))
+    width = max(1, BLAS_ONE_THREAD_WORK // (a.shape[-2] * a.shape[-1]))
     if b.shape[-1] <= width:
         return np.matmul(a, b)
     return np.concatenate([np.matmul(a, b[..., j:j + width]) for j in range(0, b.shape[-1], width)], axis=-1)

@@ -60,7 +60,7 @@ import numpy as np
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
 from moe_place.online.costing import ReplayCost, cluster_cost
-from moe_place.online.estimate import LoadEstimate
+from moe_place.online.estimate import LoadEstimate, step_sums
 from moe_place.placement import Placement, align_slots, even_split_gpu_loads
 from moe_place.solvers.deepseek import eplb_rebalance
 
@@ -151,6 +151,8 @@ class RebalanceRule:
     _calls: int = field(default=0, init=False, repr=False)
     _num_physical: int = field(default=0, init=False, repr=False)
     _estimate: LoadEstimate = field(init=False, repr=False)
+    _buffer: np.ndarray = field(default_factory=lambda: np.empty((0, 0, 0), dtype=np.float32), init=False,
+                                repr=False)   # the window in float32 (the estimate keeps it until the next call)
     _floors: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -186,7 +188,7 @@ class RebalanceRule:
             raise InputError("interval_steps", "an integer >= 1", interval_steps)
         self._update_age(total, interval_steps, steps)
         # layers whose load changed beyond noise start their estimate again from this window
-        lam = self._estimate.update(loads, steps, interval_steps, reset=self._changed)   # [layers, E] per step
+        lam = self._estimate.update(loads, steps, interval_steps, reset=self._changed, total=total)   # per step
         calls, self._calls = self._calls, self._calls + 1
         gpus = current.num_gpus
         mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
@@ -234,6 +236,12 @@ class RebalanceRule:
         kept_for = interval_steps / (1.0 - retention)                               # geometric life of a saving
         horizon = np.minimum(np.maximum(np.maximum(interval_steps, self._age), kept_for),
                              MAX_HORIZON_INTERVALS * interval_steps)
+        if not open_layers.size:   # every layer within `min_gain` of its fresh plan: nothing to price
+            self.last_verdicts = tuple(LayerVerdict(layer, float(deficit[layer]), float(floor[layer]), 0.0, 0.0,
+                                                    float(horizon[layer]), 0, False, "balanced")
+                                       for layer in range(self.num_layers))
+            self.last_policy_s = time.thread_time() - started
+            return None
         # the busiest GPU's time of every layer on the map in use, and of the open layers on the fresh one
         times = self.cost.rows_times_s(np.concatenate([current.phy2log, fresh.phy2log[open_layers]]),
                                        np.concatenate([lam, lam[open_layers]]), gpus)
@@ -272,23 +280,35 @@ class RebalanceRule:
     # ------------------------------------------------------------------ the steps
     def _window(self, window: np.ndarray, current: Placement,
                 window_steps: int | None) -> tuple[np.ndarray, np.ndarray, int]:
-        """(the window as given, its counts summed `[layers, E]`, the steps they cover)."""
+        """(the window as float, its counts summed `[layers, E]` in float64, the steps they cover)."""
         loads = np.asarray(window)
         shape = (current.num_layers, current.num_experts)
         if loads.shape[-2:] != shape or loads.ndim not in (2, 3) or 0 in loads.shape:
             raise InputError("load window", f"[samples, {shape[0]}, {shape[1]}] or [{shape[0]}, {shape[1]}]",
                              list(loads.shape))
-        if (loads.dtype.kind not in "iub" and not np.isfinite(loads).all()) or loads.min() < 0:
-            raise InputError("load window", "finite counts >= 0", "NaN, inf or a negative count")
         if (current.num_layers, current.num_experts) != (self.num_layers, self.num_experts):
             raise InputError("current map", f"{self.num_layers} layers x {self.num_experts} experts",
                              f"{current.num_layers} x {current.num_experts}")
+        # converted once, for the checks, the sums and the estimate: per-step counts to float32 (exact for
+        # counts up to 2**24 a step, half float64's memory on a window of a thousand steps)
+        counts = loads.dtype.kind in "iub"
+        if counts and loads.min() < 0:
+            raise InputError("load window", "finite counts >= 0", "a negative count")
+        if loads.ndim == 2:
+            loads = loads.astype(np.float64, copy=False)
+        elif loads.dtype != np.float32:   # into the last call's buffer: a fresh 4 MB array costs its page faults
+            if self._buffer.shape != loads.shape:
+                self._buffer = np.empty(loads.shape, dtype=np.float32)
+            np.copyto(self._buffer, loads, casting="unsafe")
+            loads = self._buffer
+        if not counts and not (loads.min() >= 0 and np.isfinite(loads.max())):   # NaN fails the first, inf the second
+            raise InputError("load window", "finite counts >= 0", "NaN, inf or a negative count")
         if loads.ndim == 3:   # per-step counts as the engine hands them
             steps = len(loads) if window_steps is None else int(window_steps)
-            total = loads.sum(axis=0, dtype=np.float64)
+            total = step_sums(loads)
         else:
             steps = 1 if window_steps is None else int(window_steps)
-            total = loads.astype(np.float64)
+            total = loads
         if steps < 1:
             raise InputError("window_steps", "an integer >= 1", window_steps)
         return loads, total, steps
