@@ -55,6 +55,7 @@ RECORDS = {
                          "replay"),
     "replay_sglang.json": (OVERLAY.format(engine="sglang") + " bench/bench_replay.py --held-out --protocols sglang "
                            "--default-policy engine --out bench/results/replay_sglang.json --force", "replay"),
+    "stationary.json": ("python bench/bench_stationary.py --out bench/results/stationary.json --force", "replay"),
     "replay_*.png": ("python bench/bench_replay.py --replot bench/results/replay_ENGINE.json --plot "
                      "bench/results/replay_ENGINE.png --force", "replay"),
     "comm.json": ("python bench/bench_comm.py --out bench/results/comm.json --plot bench/results/comm.png "
@@ -423,6 +424,16 @@ def replay() -> str:
                 parts.append(f"Stationary load ({t['name']}): slots moe-place moved after its first call, per "
                              "interval: " + ", ".join(f"{i}: {n}" for i, n in sorted(moved.items())) + ".")
         parts.append(f"![{engine}: total time over the interval](../records/replay_{engine}.png)")
+    still = record("stationary.json")
+    parts.append(f"## What the moves on the stationary load buy\n\n{still['trace']} under the {still['protocol']} "
+                 "protocol, replayed with moe-place's rule and with the same rule frozen after its first call (it "
+                 "still runs; its later answers are dropped): expert-layer seconds over the trace, and what the "
+                 "copies cost serving.")
+    parts.append(table(["interval", "slots moved after the first call", "expert s", "frozen: expert s",
+                        "rule / frozen", "copies s", "frozen: copies s"],
+                       [[r["step_interval"], r["slots_after_first"], f(r["expert_s"], 4), f(r["frozen_expert_s"], 4),
+                         f(r["expert_ratio"], 6), f(r["migration_s"], 4), f(r["frozen_migration_s"], 4)]
+                        for r in still["rows"]]))
     data = intro_traces
     return page("replay",
                 f"Each trace ({data['steps']} steps of drifting domain-mixture routing: `bench/bench_replay.py` "
@@ -433,7 +444,8 @@ def replay() -> str:
                 "the next interval's load, moved for free, at its best interval, over the default's best (no policy "
                 "reaches it). Total = expert-layer time + migration + the policy's CPU time where the engine waits "
                 f"for it ({data['policy_time']}). [Online rebalancing](../online.md) explains the protocols.",
-                source("replay_vllm.json", "replay_sglang.json", "replay_vllm.png", "replay_sglang.png"), *parts)
+                source("replay_vllm.json", "replay_sglang.json", "replay_vllm.png", "replay_sglang.png",
+                       "stationary.json"), *parts)
 
 
 def _bench(name: str):
