@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--intervals: expected a comma list of steps, got {args.intervals!r}")
     if min(intervals) < 1 or args.steps < 1:
         parser.error("--intervals and --steps: expected integers >= 1")
-    record = measure(args.protocol, args.steps, intervals)
+    try:
+        record = measure(args.protocol, args.steps, intervals)
+    except KeyboardInterrupt:
+        print("bench_stationary: interrupted; nothing written", file=sys.stderr)
+        return 130
     print(table(record))
     if args.output_json:
         write_json_atomic(args.output_json, {"command": ["bench_stationary.py", *(argv or sys.argv[1:])], **record})
