@@ -236,18 +236,18 @@ class RebalanceRule:
         kept_for = interval_steps / (1.0 - retention)                               # geometric life of a saving
         horizon = np.minimum(np.maximum(np.maximum(interval_steps, self._age), kept_for),
                              MAX_HORIZON_INTERVALS * interval_steps)
-        if not open_layers.size:   # every layer within `min_gain` of its fresh plan: nothing to price
-            self.last_verdicts = tuple(LayerVerdict(layer, float(deficit[layer]), float(floor[layer]), 0.0, 0.0,
-                                                    float(horizon[layer]), 0, False, "balanced")
-                                       for layer in range(self.num_layers))
-            self.last_policy_s = time.thread_time() - started
-            return None
-        # the busiest GPU's time of every layer on the map in use, and of the open layers on the fresh one
-        times = self.cost.rows_times_s(np.concatenate([current.phy2log, fresh.phy2log[open_layers]]),
-                                       np.concatenate([lam, lam[open_layers]]), gpus)
-        cur_s, new_s = times[:self.num_layers], times[:self.num_layers].copy()
-        new_s[open_layers] = times[self.num_layers:]
         moves = self.cost.moves
+        cur_s = new_s = np.zeros(self.num_layers)   # priced only where a layer could move: the others are balanced
+        moved, copy_s = np.zeros(self.num_layers, dtype=np.int64), np.zeros(self.num_layers)
+        if open_layers.size:
+            # the busiest GPU's time of every layer on the map in use, and of the open layers on the fresh one
+            times = self.cost.rows_times_s(np.concatenate([current.phy2log, fresh.phy2log[open_layers]]),
+                                           np.concatenate([lam, lam[open_layers]]), gpus)
+            cur_s, new_s = times[:self.num_layers], times[:self.num_layers].copy()
+            new_s[open_layers] = times[self.num_layers:]
+            plan = moves.copy_plan(current, fresh, open_layers)
+            moved = np.bincount(plan.layer, minlength=self.num_layers)
+            copy_s = moves.copy_times_by_layer(plan, self.num_layers)
 
         @cache
         def step() -> tuple[float, float]:
@@ -256,9 +256,6 @@ class RebalanceRule:
             not use the link time."""
             return float(cur_s.sum()), (moves.comm_time_s(current, lam) if moves.model == "async" else 0.0)
 
-        plan = moves.copy_plan(current, fresh, open_layers)
-        moved = np.bincount(plan.layer, minlength=self.num_layers)
-        copy_s = moves.copy_times_by_layer(plan, self.num_layers)
         verdicts = [self._judge(layer, int(moved[layer]), float(copy_s[layer]), step, float(deficit[layer]),
                                 float(floor[layer]), float(cur_s[layer] - new_s[layer]), float(horizon[layer]))
                     for layer in range(self.num_layers)]
