@@ -181,15 +181,20 @@ def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: i
     slots_per_gpu = num_physical // num_gpus
     experts_per_node = experts // num_nodes
 
-    # Step 1: groups to nodes. "Node-major" ids (nlog) number the experts node by node.
-    group_load = weight.reshape(layers, num_groups, group_size).sum(axis=-1)
-    group_node, group_rank = balanced_packing(group_load, num_nodes, descending_order)
-    group_start = (group_node * groups_per_node + group_rank) * group_size  # [layers, groups]
-    log2nlog = (group_start[:, :, None] + np.arange(group_size)).reshape(layers, experts)
-    nlog2log = _inverse(log2nlog)
+    # Step 1: groups to nodes. "Node-major" ids (nlog) number the experts node by node; the global
+    # policy's one group on one node numbers them as they are.
+    one_node = num_groups == 1 and num_nodes == 1
+    if one_node:
+        node_load = weight
+    else:
+        group_load = weight.reshape(layers, num_groups, group_size).sum(axis=-1)
+        group_node, group_rank = balanced_packing(group_load, num_nodes, descending_order)
+        group_start = (group_node * groups_per_node + group_rank) * group_size  # [layers, groups]
+        log2nlog = (group_start[:, :, None] + np.arange(group_size)).reshape(layers, experts)
+        nlog2log = _inverse(log2nlog)
+        node_load = np.take_along_axis(weight, nlog2log, axis=1).reshape(layers * num_nodes, experts_per_node)
 
     # Step 2: replicas inside each node; rows are (layer, node) pairs from here on.
-    node_load = np.take_along_axis(weight, nlog2log, axis=1).reshape(layers * num_nodes, experts_per_node)
     phy2nlog, replica_rank, nlogcnt = replicate_experts(node_load, num_physical // num_nodes)
 
     # Step 3: the node's replicas onto its GPUs. "GPU-major" ids (gphy) are the final slot ids.
@@ -198,10 +203,12 @@ def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: i
     gphy2phy = _inverse(gpu_index * slots_per_gpu + rank_in_gpu)
 
     gphy2nlog = np.take_along_axis(phy2nlog, gphy2phy, axis=1)
+    rank = np.take_along_axis(replica_rank, gphy2phy, axis=1).reshape(layers, num_physical)
+    if one_node:
+        return gphy2nlog, rank, nlogcnt
     node_offset = (np.arange(num_nodes) * experts_per_node)[None, :, None]
     gphy2nlog = (gphy2nlog.reshape(layers, num_nodes, -1) + node_offset).reshape(layers, num_physical)
     phy2log = np.take_along_axis(nlog2log, gphy2nlog, axis=1)
-    rank = np.take_along_axis(replica_rank, gphy2phy, axis=1).reshape(layers, num_physical)
     logcnt = np.take_along_axis(nlogcnt.reshape(layers, experts), log2nlog, axis=1)
     return phy2log, rank, logcnt
 
@@ -234,8 +241,11 @@ def eplb_maps(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes:
 
 def eplb_rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
                    num_gpus: int) -> np.ndarray:
-    """int64 `[layers, P]`: the `phy2log` of `eplb_maps` (arguments as there)."""
-    return eplb_maps(weight, num_replicas, num_groups, num_nodes, num_gpus)[0]
+    """int64 `[layers, P]`: the `phy2log` of `eplb_maps` (arguments as there), without building `log2phy`."""
+    weight = _check_weight(weight)
+    hierarchical = check_eplb_arguments(weight.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
+    groups, nodes = (num_groups, num_nodes) if hierarchical else (1, 1)
+    return _rebalance_hierarchical(weight, num_replicas, groups, nodes, num_gpus, stable_descending_order)[0]
 
 
 def check_eplb_arguments(num_experts: int, num_replicas: int, num_groups: int, num_nodes: int,

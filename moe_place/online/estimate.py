@@ -136,13 +136,16 @@ class LoadEstimate:
         gap = 0 if first else max(elapsed_steps - steps, 0)                         # steps the engine did not record
         num, den = np.empty_like(self._num), np.empty_like(self._den)
         errors = np.empty_like(self._score)
-        for restart, taken in ((True, len(loads)), (False, steps)):   # each group of layers over its own steps
-            idx = np.flatnonzero(fresh_layers == restart)
-            if idx.size:
-                part = loads[-taken:] if idx.size == layers else loads[-taken:, idx]
+        # each group of layers over its own steps: one fold where both groups take the whole window
+        groups = [(fresh_layers, len(loads))] if steps == len(loads) else \
+            [(fresh_layers, len(loads)), (~fresh_layers, steps)]
+        for members, taken in groups:
+            idx = np.flatnonzero(members) if len(groups) > 1 else slice(None)
+            if len(groups) == 1 or idx.size:
+                part = loads[-taken:] if len(groups) == 1 else loads[-taken:, idx]
                 num[:, idx], den[:, idx], errors[:, idx] = self._fold_steps(
                     part, decay[:, None, None] ** gap * self._num[:, idx], decay[:, None] ** gap * self._den[:, idx],
-                    decay, restart, self._flat[idx])
+                    decay, fresh_layers[idx], self._flat[idx])
         self._score = SCORE_DISCOUNT * self._score + errors
         n = int(steps_of.max())
         ages = np.arange(n - 1, -1, -1, dtype=np.float64)
@@ -182,12 +185,12 @@ class LoadEstimate:
         better = self._score[best, np.arange(self.shape[0])] < self._score[-1]
         return np.where(scored & better, best, -1)
 
-    def _fold_steps(self, fresh: np.ndarray, num: np.ndarray, den: np.ndarray, decay: np.ndarray, restart: bool,
+    def _fold_steps(self, fresh: np.ndarray, num: np.ndarray, den: np.ndarray, decay: np.ndarray, restart: np.ndarray,
                     last_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Fold every step of `fresh` (float32 `[n, l, E]`, some layers' counts) into every candidate's memory
         (`num [C, l, E]`, `den [C, l]`, as they stand before its first step), block by block, scoring each
         candidate's prediction of each block's mean before it sees the block. The flat window predicts the
-        last window's mean (`last_flat [l, E]`); for layers that start again (`restart`), the running mean of
+        last window's mean (`last_flat [l, E]`); for layers that start again (`restart`, bool `[l]`), the running mean of
         the steps before the block, and their first block, which nothing predicts, is not scored. Returns
         (num, den, errors `[candidates + 1, l]`).
 
@@ -232,11 +235,12 @@ class LoadEstimate:
         den = dens[:, -1]
         targets = block_sums / size
         use = np.broadcast_to(dens_before.max(axis=0) > 0, (blocks, shape[0]))             # some memory before it
-        if restart:   # the running mean of the steps before each block
+        if restart.any():   # the running mean of the steps before each block, for the layers that start again
             seen = lead + size * np.arange(blocks)
             sums_before = np.concatenate([lead_sum[None], lead_sum + np.cumsum(block_sums, axis=0)[:-1]])
-            flat = sums_before / np.maximum(seen, 1)[:, None, None]
-            use = use & (seen > 0)[:, None]
+            running = sums_before / np.maximum(seen, 1)[:, None, None]
+            flat = running if restart.all() else np.where(restart[None, :, None], running, last_flat[None])
+            use = use & ((seen > 0)[:, None] | ~restart[None, :])
         else:
             flat = last_flat[None]
         return num, den, self._point_errors(predictions, flat, targets, use)
