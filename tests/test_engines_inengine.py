@@ -350,6 +350,45 @@ def test_default_policy_rows_on_the_standins():
     assert linear > 1.2  # the workload is skewed enough that the start map is far off
 
 
+def test_clock_repeats_a_call_from_the_state_it_started_in_and_keeps_the_real_runs_outcome():
+    # a stateful policy: each call returns its call count and advances it; the repeats must each start from
+    # the count the real call saw, and leave the count the real call reached
+    holder = {"state": {"calls": 0}}   # the policy's state object, which `load` replaces (as the hook's sessions)
+    seen = []
+
+    def policy(_):
+        state = holder["state"]
+        seen.append(state["calls"])
+        state["calls"] += 1
+        return np.array([state["calls"]])
+
+    clock = harness.Clock(repeats=3, state=(lambda: holder["state"], lambda saved: holder.update(state=saved)))
+    timed = clock.timed(policy, lambda args, kwargs: np.array([0]), lambda out: out)
+    assert timed(None)[0] == 1 and timed(None)[0] == 2
+    assert holder["state"] == {"calls": 2}
+    assert seen == [0, 0, 0, 0, 1, 1, 1, 1]            # each call once for real, then three times from its start
+    assert [c.after[0] for c in clock.calls] == [1, 2]
+    assert all(c.cpu_s <= c.cpu_first_s for c in clock.calls)
+    plain = harness.Clock()
+    plain.timed(policy, lambda args, kwargs: np.array([0]), lambda out: out)(None)
+    assert plain.calls[0].cpu_first_s is None and seen[-1] == 2   # no state given: no repeats
+
+
+def test_repeating_sglangs_calls_changes_no_map_of_the_rule(monkeypatch):
+    # the rule keeps state between calls (its estimate, pattern ages): its repeats run on copies of it
+    workload = harness.skewed_workload(SMALL, "standin-sglang", 1000, 2, 2, seed=0)
+    runs = []
+    for repeats in (0, 2):
+        monkeypatch.setattr(harness, "SGLANG_CPU_REPEATS", repeats)
+        runs.append(harness.run_engine("standin-sglang", "moe-place", SMALL, workload.counts))
+    plain, repeated = runs
+    np.testing.assert_array_equal(plain.map_of_step, repeated.map_of_step)
+    assert len(plain.maps) == len(repeated.maps) > 1
+    for a, b in zip(plain.maps, repeated.maps):
+        np.testing.assert_array_equal(a, b)
+    assert all(c.cpu_first_s is not None and c.cpu_s <= c.cpu_first_s for c in repeated.calls)
+
+
 # ---------------------------------------------------------------------- the targets, for moe-place's policy
 def _workload_targets(engine: str, size: Size, use_async: bool = True, stationary: int = 3, changed: int = 2):
     cadence = harness.default_cadence(engine)
