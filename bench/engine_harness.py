@@ -806,7 +806,8 @@ def rebalance_rows(run: EngineRun, workload: Workload, size: Size) -> list[dict]
 def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
     """Total time of a run on the cost model (module note): expert-layer time per step of the map in use, what
     serving pays for each map change under the run's migration model, and the policy's own CPU time where
-    the engine waits for it (not in vLLM's async worker thread, which runs beside serving: `policy_cpu_s`).
+    the engine waits for it (not in vLLM's async worker thread, which runs beside serving: `policy_cpu_s`; the
+    calls as the engine made them, not the least of their repeats).
     `model_s` is the first two (deterministic), `total_s` all three (`policy_wall_s`: its wall time)."""
     cost = size.cost(run.migration)
     placements = [_placement(m, size) for m in run.maps]
@@ -818,7 +819,7 @@ def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
         copies = cost.copies(old, new)
         migration_s += float(cost.charge(copies, old, counts[t]).charged_s)
         moved += int(sum(c.num_bytes for c in copies if not c.local))
-    policy_cpu_s = float(sum(c.cpu_s for c in run.calls))
+    policy_cpu_s = float(sum(c.cpu_s if c.cpu_first_s is None else c.cpu_first_s for c in run.calls))   # as called
     policy_s = 0.0 if run.migration == "async" else policy_cpu_s   # vLLM's async worker: beside serving
     model_s = float(expert_s.sum()) + migration_s
     return {"expert_s": float(expert_s.sum()), "migration_s": migration_s, "policy_s": policy_s,
