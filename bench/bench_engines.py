@@ -241,15 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     ran = {"moe_place_commit": _commit(), "rule_files_committed": _rule_files_committed(),
            "rule_sources": harness.rule_sources()}
     workloads, drifts, targets = [], [], []
-    for engine, use_async in _runs(args.engine, args.vllm_modes):
-        for name in args.sizes:
-            record, judged = workload_section(engine, use_async, harness.SIZES[name], args)
-            workloads.append(record)
-            targets += judged
-        if args.drift:
-            records, judged = drift_section(engine, use_async, args, scenarios)
-            drifts += records
-            targets += judged
+    try:
+        for engine, use_async in _runs(args.engine, args.vllm_modes):
+            for name in args.sizes:
+                record, judged = workload_section(engine, use_async, harness.SIZES[name], args)
+                workloads.append(record)
+                targets += judged
+            if args.drift:
+                records, judged = drift_section(engine, use_async, args, scenarios)
+                drifts += records
+                targets += judged
+    except KeyboardInterrupt:
+        print("bench_engines: interrupted; nothing written", file=sys.stderr)
+        return 130
     failed = [t for t in targets if not t.passed]
     print(f"summary: {len(targets) - len(failed)}/{len(targets)} targets met "
           f"({time.perf_counter() - start:.0f} s)")

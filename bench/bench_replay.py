@@ -31,7 +31,8 @@ Targets (the issue "beat the engine's default at its best cadence"), on every tr
 - at every cadence of the sweep, moe-place at most `TARGET_SAME_CADENCE` x the default at the same cadence;
 - a stationary load: no slot moved after the first call (sampling noise alone moves nothing).
 Each verdict prints MET / NOT MET with the hindsight reference beside it (the best any policy at these
-cadences could do with EPLB's plans); a missed target exits 1 and is said on stderr.
+cadences could do with EPLB's plans); a missed target exits 1 and is said on stderr. A line on stderr says
+when each trace is done (a full sweep takes minutes); Ctrl-C stops it with one line, writing nothing.
 
     python bench/bench_replay.py [--steps 6000] [--seeds 0,1,2] [--scenarios all] [--protocols all] [--held-out]
         [--jobs 2] [--out FILE.json] [--plot FILE.png] [--force]
@@ -216,6 +217,33 @@ def _run_job(job: tuple) -> dict:
     return run_trace(*job)
 
 
+def _run_jobs(jobs: list[tuple], processes: int, started: float) -> list[dict]:
+    """Every trace's record, in the order of `jobs`, `processes` at a time; a line on stderr as each ends."""
+    records: list[dict | None] = [None] * len(jobs)
+
+    def done(k: int, record: dict) -> None:
+        records[k] = record
+        finished = sum(r is not None for r in records)
+        print(f"bench_replay: {finished}/{len(jobs)} traces done ({record['name']}, "
+              f"{time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    if processes > 1:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=processes) as pool:
+            futures = {pool.submit(_run_job, job): k for k, job in enumerate(jobs)}
+            try:
+                for future in as_completed(futures):
+                    done(futures[future], future.result())
+            except KeyboardInterrupt:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    else:
+        for k, job in enumerate(jobs):
+            done(k, _run_job(job))
+    return records
+
+
 def _comma(choices: tuple[str, ...]):
     def parse(text: str) -> tuple[str, ...]:
         items = tuple(x for x in text.split(",") if x)
@@ -282,13 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(trace, args.steps, args.protocols, args.default_policy)
             for trace in traces(args.scenarios, args.seeds, args.held_out)]
     started = time.perf_counter()
-    if args.jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            records = list(pool.map(_run_job, jobs))
-    else:
-        records = [_run_job(job) for job in jobs]
+    try:
+        records = _run_jobs(jobs, args.jobs, started)
+    except KeyboardInterrupt:
+        print("bench_replay: interrupted; nothing written", file=sys.stderr)
+        return 130
     for record in records:
         for protocol in record["protocols"]:
             print(table(record, protocol) + "\n", flush=True)

@@ -4,6 +4,7 @@ from the repository root), so a broken import shows here and not only when someo
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,34 @@ def test_force_overwrites_and_a_missed_target_says_which(tmp_path):
     missed = done.stderr.splitlines()[-1]
     assert missed.startswith("bench_replay: ") and " missed: sglang: " in missed, done.stderr
     assert '"traces"' in record.read_text()
+    # its progress: a line on stderr as each trace ends (the tuned one and the stationary one)
+    progress = [line for line in done.stderr.splitlines() if " traces done (" in line]
+    assert [line.split(" traces done")[0] for line in progress] == ["bench_replay: 1/2", "bench_replay: 2/2"]
+
+
+def _bench_module(name: str):
+    """A bench/ script as a module (bench/ is not a package; the scripts find their neighbours themselves)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script, inner", [("bench_replay", "_run_job"), ("bench_engines", "workload_section")])
+def test_ctrl_c_says_one_line_writes_nothing_and_exits_130(tmp_path, capsys, monkeypatch, script, inner):
+    module = _bench_module(script)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, inner, interrupted)
+    record = tmp_path / "record.json"
+    argv = ["--steps", "300", "--scenarios", "1x8-qwen3-30b", "--seeds", "0", "--protocols", "sglang"] \
+        if script == "bench_replay" else ["--engine", "standin-sglang", "--sizes", "1x8-e64", "--drift", "none"]
+    assert module.main(argv + ["--out", str(record)]) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"{script}: interrupted; nothing written"]
+    assert not record.exists()
 
 
 def test_moe_place_bench_keeps_an_existing_record(tmp_path):
