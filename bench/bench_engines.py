@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import missed_targets
+from moe_place.cli.output import interrupted, missed_targets
 from moe_place.io import write_json_atomic
 from moe_place.progress import ProgressBar
 
@@ -252,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 drifts += records
                 targets += judged
     except KeyboardInterrupt:
-        print("bench_engines: interrupted; nothing written", file=sys.stderr)
-        return 130
+        return interrupted("bench_engines")
     failed = [t for t in targets if not t.passed]
     print(f"summary: {len(targets) - len(failed)}/{len(targets)} targets met "
           f"({time.perf_counter() - start:.0f} s)")

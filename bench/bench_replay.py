@@ -62,7 +62,7 @@ import numpy as np
 
 from moe_place.analysis.persistence import run_lengths
 from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import missed_targets
+from moe_place.cli.output import interrupted, missed_targets
 from moe_place.cost.models import ExpertShape
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.online.cadence import sweep
@@ -313,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records = _run_jobs(jobs, args.jobs, started)
     except KeyboardInterrupt:
-        print("bench_replay: interrupted; nothing written", file=sys.stderr)
-        return 130
+        return interrupted("bench_replay")
     for record in records:
         for protocol in record["protocols"]:
             print(table(record, protocol) + "\n", flush=True)

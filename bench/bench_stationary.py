@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay import PROTOCOLS, SCENARIOS, STATIONARY  # noqa: E402 - bench/ is not a package
 
 from moe_place.cli.options import add_record_options, refuse_overwrite  # noqa: E402
+from moe_place.cli.output import interrupted  # noqa: E402
 from moe_place.io import write_json_atomic  # noqa: E402
 from moe_place.online.cadence import DEFAULT_INTERVALS, cadences  # noqa: E402
 from moe_place.online.controller import initial_map, make_controller  # noqa: E402
@@ -104,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         record = measure(args.protocol, args.steps, intervals)
     except KeyboardInterrupt:
-        print("bench_stationary: interrupted; nothing written", file=sys.stderr)
-        return 130
+        return interrupted("bench_stationary")
     print(table(record))
     if args.output_json:
         write_json_atomic(args.output_json, {"command": ["bench_stationary.py", *(argv or sys.argv[1:])], **record})

@@ -40,6 +40,13 @@ def missed_targets(prog: str, missed: list[str]) -> int:
     return 1
 
 
+def interrupted(prog: str) -> int:
+    """A benchmark's exit code after Ctrl-C stopped it before it wrote anything: 130, after one line on
+    stderr saying so."""
+    print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+    return 130
+
+
 def plural(count: int, word: str) -> str:
     """`1 step`, `3 steps`."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
