@@ -137,12 +137,11 @@ class LoadEstimate:
         num, den = np.empty_like(self._num), np.empty_like(self._den)
         errors = np.empty_like(self._score)
         # each group of layers over its own steps: one fold where both groups take the whole window
-        groups = [(fresh_layers, len(loads))] if steps == len(loads) else \
-            [(fresh_layers, len(loads)), (~fresh_layers, steps)]
-        for members, taken in groups:
-            idx = np.flatnonzero(members) if len(groups) > 1 else slice(None)
-            if len(groups) == 1 or idx.size:
-                part = loads[-taken:] if len(groups) == 1 else loads[-taken:, idx]
+        folds = [(np.arange(layers), len(loads))] if steps == len(loads) else \
+            [(np.flatnonzero(fresh_layers), len(loads)), (np.flatnonzero(~fresh_layers), steps)]
+        for idx, taken in folds:
+            if idx.size:
+                part = loads[-taken:] if idx.size == layers else loads[-taken:, idx]
                 num[:, idx], den[:, idx], errors[:, idx] = self._fold_steps(
                     part, decay[:, None, None] ** gap * self._num[:, idx], decay[:, None] ** gap * self._den[:, idx],
                     decay, fresh_layers[idx], self._flat[idx])
@@ -190,9 +189,9 @@ class LoadEstimate:
         """Fold every step of `fresh` (float32 `[n, l, E]`, some layers' counts) into every candidate's memory
         (`num [C, l, E]`, `den [C, l]`, as they stand before its first step), block by block, scoring each
         candidate's prediction of each block's mean before it sees the block. The flat window predicts the
-        last window's mean (`last_flat [l, E]`); for layers that start again (`restart`, bool `[l]`), the running mean of
-        the steps before the block, and their first block, which nothing predicts, is not scored. Returns
-        (num, den, errors `[candidates + 1, l]`).
+        last window's mean (`last_flat [l, E]`); for layers that start again (`restart`, bool `[l]`), the
+        running mean of the steps before the block, and their first block, which nothing predicts, is not
+        scored. Returns (num, den, errors `[candidates + 1, l]`).
 
         The matrix products run in float32 (counts are exact in it up to 2**24, and a weighted sum keeps 24
         bits, far below the sampling noise of any estimate); the memory carried between calls is float64."""
