@@ -84,6 +84,42 @@ def test_first_call_balances_at_once_and_noise_alone_moves_nothing():
                 assert 0 < verdict.deficit <= rule.noise_margin * verdict.noise_floor + rule.min_gain
 
 
+def test_only_the_moves_noise_cannot_explain_are_matched_to_the_map_and_priced(monkeypatch):
+    """Step 3 before step 4: a layer whose gap is within its noise floor is held without matching its plan to
+    the map in use or pricing its copies (the CPU time of a short cadence); every other open layer is priced."""
+    import moe_place.online.policy as policy
+    aligned, priced = [], []
+    align, copy_plan = policy.align_slots, type(_cost().moves).copy_plan
+
+    def counting_align(new_rows, old_rows, *args):
+        aligned.append(len(new_rows))
+        return align(new_rows, old_rows, *args)
+
+    def counting_copy_plan(self, old, new, layers=None):
+        priced.append(sorted(np.asarray(layers).tolist()))
+        return copy_plan(self, old, new, layers)
+
+    monkeypatch.setattr(policy, "align_slots", counting_align)
+    monkeypatch.setattr(type(_cost().moves), "copy_plan", counting_copy_plan)
+    popularity = _popularity(3)
+    counts = _stationary(400, popularity, tokens=256, seed=3)   # 8-step windows of few tokens: noisy
+    rule = RebalanceRule(_cost(migration="async"), LAYERS, EXPERTS)
+    current = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
+    reasons = []
+    for start in range(0, 400, 8):
+        aligned.clear(), priced.clear()
+        decision = rule.decide(counts[start:start + 8], current, interval_steps=8)
+        verdicts = rule.last_verdicts
+        reasons += [v.reason for v in verdicts]
+        weighed = sorted(v.layer for v in verdicts if v.reason not in ("balanced", "noise"))
+        assert priced == ([weighed] if weighed else []) and aligned == ([len(weighed)] if weighed else [])
+        assert all(v.moved_slots == 0 for v in verdicts if v.reason in ("balanced", "noise"))
+        if decision is not None:
+            assert set(decision.layers) <= set(weighed)
+            current = decision.placement
+    assert {"noise", "moves"} <= set(reasons) and len(set(reasons) - {"balanced", "noise"}) >= 2, set(reasons)
+
+
 def test_a_new_workload_is_followed_at_the_next_call_and_the_move_is_aligned():
     cost = _cost(migration="async")
     rule = RebalanceRule(cost, LAYERS, EXPERTS)

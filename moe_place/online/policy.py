@@ -98,7 +98,8 @@ class LayerVerdict:
     deficit: how far the map in use is behind the fresh plan (share of the mean GPU load).
     noise_floor: what a plan fitted to a resampled window is behind it (same unit; 0 if not measured).
     saving_s / charge_s: predicted expert time saved per step and what serving pays for the copies.
-    horizon_steps: the steps the saving is believed to last. moved_slots: slots the move changes.
+    horizon_steps: the steps the saving is believed to last. moved_slots: slots the move changes (0 where
+        the layer is balanced or noise explains its gap: such a move is not matched to the map or priced).
     moved: whether the layer moves. reason: one word, "moves", "balanced", "noise", "no-time",
         "no-payback", "cap".
     """
@@ -206,13 +207,7 @@ class RebalanceRule:
         self._last_rows, self._last_gap = current.phy2log, deficit          # the Placement's own read-only copy
         floor = np.zeros(self.num_layers)
         open_layers = np.flatnonzero(deficit > self.min_gain)
-        fresh = current
         if open_layers.size:
-            rows = np.array(current.phy2log)
-            keep_nodes = self.cost.topology.num_servers if self._hierarchical else 1
-            rows[open_layers] = align_slots(planned[open_layers], current.phy2log[open_layers], gpus, keep_nodes)
-            fresh = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
-                              allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
             # step 3: noise can only explain a gap where the load has not changed beyond noise since the
             # last call (a changed load is a real gap), and not a gap this large; its floor: the plans of
             # resampled estimates and of the last call's, judged on this estimate
@@ -239,15 +234,27 @@ class RebalanceRule:
         moves = self.cost.moves
         cur_s = new_s = np.zeros(self.num_layers)   # priced only where a layer could move: the others are balanced
         moved, copy_s = np.zeros(self.num_layers, dtype=np.int64), np.zeros(self.num_layers)
+        # the moves noise cannot explain are matched to the map in use and their copies priced (step 4);
+        # the others are held whatever they would copy
+        priced = open_layers[deficit[open_layers] > self.noise_margin * floor[open_layers] + self.min_gain]
+        fresh = current
+        if priced.size:
+            rows = np.array(current.phy2log)
+            keep_nodes = self.cost.topology.num_servers if self._hierarchical else 1
+            rows[priced] = align_slots(planned[priced], current.phy2log[priced], gpus, keep_nodes)
+            fresh = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
+                              allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
+            plan = moves.copy_plan(current, fresh, priced)
+            moved = np.bincount(plan.layer, minlength=self.num_layers)
+            copy_s = moves.copy_times_by_layer(plan, self.num_layers)
         if open_layers.size:
-            # the busiest GPU's time of every layer on the map in use, and of the open layers on the fresh one
-            times = self.cost.rows_times_s(np.concatenate([current.phy2log, fresh.phy2log[open_layers]]),
+            # the busiest GPU's time of every layer on the map in use, and of the open layers on their plan
+            # (GPU loads do not depend on how its GPUs are numbered)
+            new_rows = np.where(np.isin(open_layers, priced)[:, None], fresh.phy2log[open_layers], planned[open_layers])
+            times = self.cost.rows_times_s(np.concatenate([current.phy2log, new_rows]),
                                            np.concatenate([lam, lam[open_layers]]), gpus)
             cur_s, new_s = times[:self.num_layers], times[:self.num_layers].copy()
             new_s[open_layers] = times[self.num_layers:]
-            plan = moves.copy_plan(current, fresh, open_layers)
-            moved = np.bincount(plan.layer, minlength=self.num_layers)
-            copy_s = moves.copy_times_by_layer(plan, self.num_layers)
 
         @cache
         def step() -> tuple[float, float]:
@@ -265,7 +272,7 @@ class RebalanceRule:
         if not chosen:
             return None
         layers = sorted(v.layer for v in chosen)
-        if layers == open_layers.tolist():
+        if layers == priced.tolist():
             new = fresh                          # every layer that could move does
         else:
             rows = np.array(current.phy2log)
@@ -332,10 +339,12 @@ class RebalanceRule:
         def verdict(ok: bool, reason: str, charge: float = 0.0) -> LayerVerdict:
             return LayerVerdict(layer, deficit, floor, saving_s, charge, horizon, moved, ok, reason)
 
-        if deficit <= self.min_gain or moved == 0:
+        if deficit <= self.min_gain:
             return verdict(False, "balanced")
         if deficit <= self.noise_margin * floor + self.min_gain:
             return verdict(False, "noise")
+        if moved == 0:
+            return verdict(False, "balanced")
         if saving_s <= 0:
             return verdict(False, "no-time")
         if self.max_moved_slots is not None and moved > self.max_moved_slots:
