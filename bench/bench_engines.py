@@ -48,6 +48,7 @@ from moe_place.progress import ProgressBar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_harness as harness  # noqa: E402  (bench/ is not a package)
+from engine_policies import machine  # noqa: E402
 
 REPLAY_RECORDS = {"vllm": "bench/results/replay_vllm.json", "sglang": "bench/results/replay_sglang.json"}
 VLLM_MODES = ("async", "sync")
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(args.output_json, {
             "command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv)),
             **ran, "seconds": round(time.perf_counter() - start, 1),
-            "versions": harness.engine_versions(args.engine),
+            "versions": harness.engine_versions(args.engine), "machine": machine(),
             "settings": {k: v for k, v in vars(args).items() if k not in ("output_json", "force", "quiet")},
             "workloads": workloads, "drift": drifts, "targets": [t.__dict__ for t in targets],
             "summary": {"met": len(targets) - len(failed), "targets": len(targets)}})

@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                                              "targets": {"best": TARGET_BEST, "same_cadence": TARGET_SAME_CADENCE},
                                              "policy_time": "CPU seconds of the policy's calls (time.thread_time); "
                                                             "paid by serving except in vLLM's async worker",
-                                             "wall_s": time.perf_counter() - started, "traces": records,
+                                             "wall_s": time.perf_counter() - started,
+                                             "machine": engine_policies.machine(), "traces": records,
                                              "verdicts": lines})
     if args.plot:
         write_atomic(args.plot, render_cadence_png(records))

@@ -21,6 +21,9 @@ Only the policy function is the engine's; the window, cadence and map switch are
 from __future__ import annotations
 
 import importlib.util
+import os
+import platform
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -65,3 +68,18 @@ def default_plan(engine: str, num_groups: int | None = None) -> Callable[[np.nda
             return phy2log.numpy()
         return plan
     raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+
+
+def machine() -> dict:
+    """The CPU a record's times were measured on (policies' CPU times per call, and their ratio, differ
+    between machines): its model as /proc/cpuinfo names it (else `platform`'s), its cores, and whether it
+    has AVX-512."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "avx512": "avx512f" in fields.get("flags", "").split()}

@@ -334,6 +334,18 @@ def _drift_rows(data: dict) -> list[list]:
     return rows
 
 
+def _machines(*records: dict) -> str:
+    """" Measured on ...": the CPU each record names (records made before they named it say nothing)."""
+    seen = []
+    for data in records:
+        m = data.get("machine")
+        if m:
+            line = f"{m['cpu']}, {m['cores']} cores, {'with' if m['avx512'] else 'no'} AVX-512"
+            if line not in seen:
+                seen.append(line)
+    return f" Measured on {' and '.join(seen)}." if seen else ""
+
+
 def engines() -> str:
     vllm, sglang = record("engines_vllm.json"), record("engines_sglang.json")
     ties = record("eplb_ties.json")
@@ -389,7 +401,7 @@ def engines() -> str:
                 "(`bench/engine_harness.py` `Clock`): there a call's figure is the least CPU time of its five runs "
                 "(what the call costs with the machine's interruptions left out; the medians of single calls "
                 "moved 20-30% between runs of this machine), and \"as called\" is the call the engine made, "
-                "run once, after the harness's engine steps since the last call.",
+                "run once, after the harness's engine steps since the last call." + _machines(vllm, sglang),
                 table(["engine (mode)", "size", "calls", "default ms", "moe-place ms", "moe-place / default",
                        "default ms, as called", "moe-place ms, as called", "moe-place / default, as called"],
                       cpu_rows),
