@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 
 import numpy as np
 import torch
 
+from engine_policies import machine  # the CPU a record names (bench/engine_policies.py)
 from microbench import Timer  # the one timing helper (bench/microbench.py); here one call per timing
 
 from moe_place.cost.models import get_model
@@ -138,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     params = 3 * hidden * inter
     timer = Timer(torch.device("cpu"), 1)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                          "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+    result = {"machine": {**machine(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                           "load_average_1min": load},
               "model": model.name, "hidden": hidden, "intermediate": inter, "params_per_expert": params,
               "bank_mib": args.bank_mib, "reps": args.reps, "dtypes": {}}

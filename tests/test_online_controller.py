@@ -88,8 +88,9 @@ def test_only_the_moves_noise_cannot_explain_are_matched_to_the_map_and_priced(m
     """Step 3 before step 4: a layer whose gap is within its noise floor is held without matching its plan to
     the map in use or pricing its copies (the CPU time of a short cadence); every other open layer is priced."""
     import moe_place.online.policy as policy
+    from moe_place.cost.migration import Migration
     aligned, priced = [], []
-    align, copy_plan = policy.align_slots, type(_cost().moves).copy_plan
+    align, copy_plan = policy.align_slots, Migration.copy_plan
 
     def counting_align(new_rows, old_rows, *args):
         aligned.append(len(new_rows))
@@ -100,14 +101,15 @@ def test_only_the_moves_noise_cannot_explain_are_matched_to_the_map_and_priced(m
         return copy_plan(self, old, new, layers)
 
     monkeypatch.setattr(policy, "align_slots", counting_align)
-    monkeypatch.setattr(type(_cost().moves), "copy_plan", counting_copy_plan)
+    monkeypatch.setattr(Migration, "copy_plan", counting_copy_plan)
     popularity = _popularity(3)
     counts = _stationary(400, popularity, tokens=256, seed=3)   # 8-step windows of few tokens: noisy
     rule = RebalanceRule(_cost(migration="async"), LAYERS, EXPERTS)
     current = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
     reasons = []
     for start in range(0, 400, 8):
-        aligned.clear(), priced.clear()
+        aligned.clear()
+        priced.clear()
         decision = rule.decide(counts[start:start + 8], current, interval_steps=8)
         verdicts = rule.last_verdicts
         reasons += [v.reason for v in verdicts]
