@@ -236,7 +236,8 @@ class RebalanceRule:
         moved, copy_s = np.zeros(self.num_layers, dtype=np.int64), np.zeros(self.num_layers)
         # the moves noise cannot explain are matched to the map in use and their copies priced (step 4);
         # the others are held whatever they would copy
-        priced = open_layers[deficit[open_layers] > self.noise_margin * floor[open_layers] + self.min_gain]
+        explained = deficit <= self.noise_margin * floor + self.min_gain   # noise explains the gap (step 3)
+        priced = open_layers[~explained[open_layers]]
         fresh = current
         if priced.size:
             rows = np.array(current.phy2log)
@@ -264,7 +265,8 @@ class RebalanceRule:
             return float(cur_s.sum()), (moves.comm_time_s(current, lam) if moves.model == "async" else 0.0)
 
         verdicts = [self._judge(layer, int(moved[layer]), float(copy_s[layer]), step, float(deficit[layer]),
-                                float(floor[layer]), float(cur_s[layer] - new_s[layer]), float(horizon[layer]))
+                                float(floor[layer]), bool(explained[layer]), float(cur_s[layer] - new_s[layer]),
+                                float(horizon[layer]))
                     for layer in range(self.num_layers)]
         chosen = self._within_bytes([v for v in verdicts if v.moved], verdicts)
         self.last_verdicts = tuple(verdicts)
@@ -332,16 +334,17 @@ class RebalanceRule:
         return eplb_rebalance(lam, self._num_physical, 1, 1, self.cost.num_gpus)
 
     def _judge(self, layer: int, moved: int, copy_s: float, step: Callable[[], tuple[float, float]], deficit: float,
-               floor: float, saving_s: float, horizon: float) -> LayerVerdict:
+               floor: float, noise: bool, saving_s: float, horizon: float) -> LayerVerdict:
         """Steps 3-4 for one layer: its move changes `moved` slots whose copies take `copy_s`; `step()` gives a
-        step's expert and dispatch/combine seconds on the map in use (what asynchronous copies run beside)."""
+        step's expert and dispatch/combine seconds on the map in use (what asynchronous copies run beside);
+        `noise`: its gap is within `noise_margin` times its floor plus `min_gain` (step 3)."""
 
         def verdict(ok: bool, reason: str, charge: float = 0.0) -> LayerVerdict:
             return LayerVerdict(layer, deficit, floor, saving_s, charge, horizon, moved, ok, reason)
 
         if deficit <= self.min_gain:
             return verdict(False, "balanced")
-        if deficit <= self.noise_margin * floor + self.min_gain:
+        if noise:
             return verdict(False, "noise")
         if moved == 0:
             return verdict(False, "balanced")
