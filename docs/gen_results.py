@@ -335,7 +335,7 @@ def _drift_rows(data: dict) -> list[list]:
 
 
 def _machines(*records: dict) -> str:
-    """" Measured on ...": the CPU each record names (records made before they named it say nothing)."""
+    """The sentence naming the CPU each record was measured on (records made before they named it add none)."""
     seen = []
     for data in records:
         m = data.get("machine")
