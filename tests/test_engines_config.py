@@ -20,6 +20,8 @@ def test_defaults_file_and_environment(tmp_path):
     assert load_engine_config({CONFIG_ENV: str(path), "MOE_PLACE_MAX_MOVED_SLOTS": "none"}).max_moved_slots is None
     capped = load_engine_config({"MOE_PLACE_MAX_MIB": "64", "MOE_PLACE_MIN_GAIN": "0.01"})
     assert capped.rule(8, 1, 2, 64).max_bytes == 64 * 2**20 and capped.rule(8, 1, 2, 64).min_gain == 0.01
+    assert config.rule(8, 1, 2, 64).estimate == "adaptive"
+    assert load_engine_config({"MOE_PLACE_ESTIMATE": "window"}).rule(8, 1, 2, 64).estimate == "window"
     custom = tmp_path / "custom.json"
     custom.write_text('{"model": {"preset": "Qwen3-30B-A3B", "dtype": "fp8"}}')
     assert load_engine_config({CONFIG_ENV: str(custom)}).expert_shape().dtype_bytes == 1
@@ -29,6 +31,7 @@ def test_defaults_file_and_environment(tmp_path):
     ({"MOE_PLACE_MIGRATION": "later"}, "migration"),
     ({"MOE_PLACE_MAX_MOVED_SLOTS": "two"}, "MOE_PLACE_MAX_MOVED_SLOTS"),
     ({"MOE_PLACE_MIN_GAIN": "-1"}, "min_gain"),
+    ({"MOE_PLACE_ESTIMATE": "hindsight"}, "estimate.*adaptive, window"),
     ({"MOE_PLACE_STEP_INTERVAL": "0"}, "step_interval"),
     ({"MOE_PLACE_MODEL": "GPT-9"}, "GPT-9"),
     ({CONFIG_ENV: "/no/such/moe-place.toml"}, "moe-place.toml"),

@@ -10,6 +10,7 @@ import pytest
 
 from moe_place.cli.main import main
 from moe_place.errors import InputError
+from moe_place.engines.config import load_engine_config
 from moe_place.online.cadence import cadences, engine_settings, sweep
 from moe_place.online.controller import EngineCadence, initial_map, make_controller
 from moe_place.online.costing import cluster_cost
@@ -242,6 +243,19 @@ def test_engine_settings_are_lines_a_shell_takes():
     assert "MOE_PLACE_STEP_INTERVAL=20" in words and "MOE_PLACE_MODEL=DeepSeek-V3" in words
     sglang = " ".join(engine_settings("sglang", 50, 50, 8))
     assert "--eplb-rebalance-num-iterations 50" in sglang and "MOE_PLACE_SGLANG=1" in sglang
+    assert "MOE_PLACE_ESTIMATE" not in sglang and "MOE_PLACE_MIN_GAIN" not in sglang   # the rule's defaults
+
+
+def test_engine_settings_carry_the_rule_settings_the_sweep_ran():
+    """What `moe-place cadence` tuned (its rule options) reaches the engine: the printed variables, read as
+    the adapters read them, build the rule the sweep ran."""
+    rule = dict(num_groups=8, min_gain=0.01, noise_margin=1.5, estimate="window", max_moved_slots=16,
+                max_bytes=64 * 2**20)
+    for engine in ("vllm", "sglang"):
+        words = shlex.split(" ".join(line.rstrip("\\") for line in engine_settings(engine, 100, 100, 32, rule=rule)))
+        env = dict(w.split("=", 1) for w in words if w.startswith("MOE_PLACE_"))
+        built = load_engine_config(env).rule(32, 4, 2, 256, num_groups=8)
+        assert {k: getattr(built, k) for k in rule} == rule
 
 
 # ---------------------------------------------------------------------- `moe-place cadence`
@@ -258,6 +272,13 @@ def test_cadence_command_prints_both_bests_and_the_settings(capsys, tmp_path):
     assert {r["step_interval"] for r in doc["runs"]} == {20, 100}    # SGLang's 1000 is longer than the trace
     assert "at the default's own cadence" not in text
     assert doc["settings"] and doc["best"]["default"]["policy"] == "default"
+
+
+def test_cadence_command_settings_name_the_rule_options_it_ran(capsys):
+    assert main(["cadence", "--synthetic", SPEC, "--engine", "sglang", "--gpus", "4", "--intervals", "20",
+                 "--estimate", "window", "--min-gain", "0.01", "--no-hindsight", "--no-progress"]) == 0
+    settings = capsys.readouterr().out.split("settings (moe-place at its best cadence):")[1]
+    assert "MOE_PLACE_ESTIMATE=window" in settings and "MOE_PLACE_MIN_GAIN=0.01" in settings
 
 
 def test_cadence_command_refuses_what_it_cannot_run(capsys):

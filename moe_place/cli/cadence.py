@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     best_default, best_ours = result.best("default"), result.best("moe-place")
     settings = engine_settings(args.engine, best_ours.step_interval, best_ours.window, physical - experts, use_async,
-                               model)
+                               model, rule_settings(args))
     doc = {**result.to_json(), "trace": source, "steps": steps, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "model": model, "settings": settings}
     if args.out:

@@ -13,6 +13,7 @@ nodes, and the cadence (vLLM's `step_interval` / `window_size`, SGLang's
     copy_schedule = "parallel"   # "parallel" (both engines batch a layer's transfers) or "serial" (formula 7)  MOE_PLACE_COPY_SCHEDULE
     min_gain = 0.005             # a layer moves only if its busiest GPU drops by this share of the mean  MOE_PLACE_MIN_GAIN
     noise_margin = 2.0           # ... and by this many times the measured noise floor  MOE_PLACE_NOISE_MARGIN
+    estimate = "adaptive"        # the coming load: "adaptive" or "window" (the window's mean, the engines')  MOE_PLACE_ESTIMATE
     max_moved_slots = 64         # a cap the engine states, slots per layer (default: none)  MOE_PLACE_MAX_MOVED_SLOTS
     max_mib = 1024               # a cap on MiB copied per rebalance (default: none)  MOE_PLACE_MAX_MIB
     # what the engine says, if you want it checked (a value that disagrees with the engine's is an error):
@@ -46,7 +47,7 @@ from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS
 from moe_place.cost.models import ExpertShape, get_model, infer_model_name, model_from_table
 from moe_place.errors import InputError, check_keys
 from moe_place.online.costing import cluster_cost
-from moe_place.online.policy import RebalanceRule
+from moe_place.online.policy import ESTIMATES, RebalanceRule
 
 CONFIG_ENV = "MOE_PLACE_CONFIG"
 MODEL_ENV = "MOE_PLACE_MODEL"
@@ -118,10 +119,13 @@ class EngineConfig:
     window_steps: int | None = None
     min_gain: float = 0.005
     noise_margin: float = 2.0
+    estimate: str = "adaptive"
     max_moved_slots: int | None = None
     max_mib: float | None = None
 
     def __post_init__(self) -> None:
+        if self.estimate not in ESTIMATES:
+            raise InputError("estimate", f"one of {', '.join(ESTIMATES)}", self.estimate)
         if self.migration is not None and self.migration not in MIGRATION_MODELS:
             raise InputError("migration", f"one of {', '.join(MIGRATION_MODELS)}", self.migration)
         if self.copy_schedule not in COPY_SCHEDULES:
@@ -195,7 +199,8 @@ class EngineConfig:
         cost = cluster_cost(num_gpus, num_nodes, self.hardware, self.expert_shape(engine), nic_gbit_per_s=self.nic_gbit,
                             copy_schedule=self.copy_schedule, migration=self.resolved_migration(migration))
         return RebalanceRule(cost, num_layers, num_experts, num_groups=num_groups, min_gain=self.min_gain,
-                             noise_margin=self.noise_margin, max_moved_slots=self.max_moved_slots,
+                             noise_margin=self.noise_margin, estimate=self.estimate,
+                             max_moved_slots=self.max_moved_slots,
                              max_bytes=None if self.max_mib is None else int(self.max_mib * 2 ** 20))
 
 
@@ -232,7 +237,8 @@ def log_first_call(line: str) -> None:
 _ENV = {"hardware": "MOE_PLACE_HARDWARE", "nic_gbit": "MOE_PLACE_NIC_GBIT", "migration": "MOE_PLACE_MIGRATION",
         "copy_schedule": "MOE_PLACE_COPY_SCHEDULE", "step_interval": "MOE_PLACE_STEP_INTERVAL",
         "window_steps": "MOE_PLACE_WINDOW_STEPS", "min_gain": "MOE_PLACE_MIN_GAIN",
-        "noise_margin": "MOE_PLACE_NOISE_MARGIN", "max_moved_slots": "MOE_PLACE_MAX_MOVED_SLOTS",
+        "noise_margin": "MOE_PLACE_NOISE_MARGIN", "estimate": "MOE_PLACE_ESTIMATE",
+        "max_moved_slots": "MOE_PLACE_MAX_MOVED_SLOTS",
         "max_mib": "MOE_PLACE_MAX_MIB", "model": MODEL_ENV}
 _CAPS = ("max_moved_slots", "max_mib")  # optional: "none" clears them
 

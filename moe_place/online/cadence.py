@@ -16,7 +16,7 @@ policy's best interval and total, the ratios, and the settings that give them
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import numpy as np
@@ -170,12 +170,30 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
     return CadenceSweep(engine, use_async, tuple(runs), references, default if plan[-1].step_interval == default else 0)
 
 
+RULE_ENV = {"min_gain": "MOE_PLACE_MIN_GAIN", "noise_margin": "MOE_PLACE_NOISE_MARGIN",
+            "estimate": "MOE_PLACE_ESTIMATE", "max_moved_slots": "MOE_PLACE_MAX_MOVED_SLOTS"}
+
+
+def rule_env(rule: dict) -> list[str]:
+    """The adapters' variables (`moe_place.engines.config`) for the rule settings `rule` (keyword arguments of
+    `RebalanceRule`) that differ from its defaults; `max_bytes` as MOE_PLACE_MAX_MIB, `num_groups` left out
+    (the engine passes its own)."""
+    defaults = {f.name: f.default for f in fields(RebalanceRule)}
+    env = [f"{RULE_ENV[key]}={rule[key]}" for key in RULE_ENV
+           if rule.get(key, defaults[key]) != defaults[key]]
+    if rule.get("max_bytes") is not None:
+        env.append(f"MOE_PLACE_MAX_MIB={rule['max_bytes'] / 2**20:g}")
+    return env
+
+
 def engine_settings(engine: str, step_interval: int, window: int, redundant: int, use_async: bool = True,
-                    model: str | None = None) -> list[str]:
-    """The lines that give a cadence in the engine, with moe-place's rule running it (shell-quoted)."""
+                    model: str | None = None, rule: dict | None = None) -> list[str]:
+    """The lines that give a cadence in the engine, with moe-place's rule running it (shell-quoted), its
+    settings `rule` (keyword arguments of `RebalanceRule`) as the adapters read them (`rule_env`)."""
     env = [f"MOE_PLACE_STEP_INTERVAL={step_interval}", f"MOE_PLACE_WINDOW_STEPS={window}"]
     if model:
         env.append(f"MOE_PLACE_MODEL={shlex.quote(model)}")
+    env += rule_env(rule or {})
     if engine == "vllm":
         config = (f'{{"step_interval": {step_interval}, "window_size": {window}, '
                   f'"num_redundant_experts": {redundant}, "use_async": {"true" if use_async else "false"}}}')
