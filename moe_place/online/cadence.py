@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from moe_place.engines.config import _ENV as ADAPTER_ENV   # the variables the adapters read
 from moe_place.errors import InputError
 from moe_place.online.controller import EngineCadence, make_controller
 from moe_place.online.costing import ReplayCost
@@ -170,19 +171,17 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
     return CadenceSweep(engine, use_async, tuple(runs), references, default if plan[-1].step_interval == default else 0)
 
 
-RULE_ENV = {"min_gain": "MOE_PLACE_MIN_GAIN", "noise_margin": "MOE_PLACE_NOISE_MARGIN",
-            "estimate": "MOE_PLACE_ESTIMATE", "max_moved_slots": "MOE_PLACE_MAX_MOVED_SLOTS"}
+RULE_KEYS = ("min_gain", "noise_margin", "estimate", "max_moved_slots")   # the adapters' keys named as the rule's
 
 
 def rule_env(rule: dict) -> list[str]:
-    """The adapters' variables (`moe_place.engines.config`) for the rule settings `rule` (keyword arguments of
-    `RebalanceRule`) that differ from its defaults; `max_bytes` as MOE_PLACE_MAX_MIB, `num_groups` left out
-    (the engine passes its own)."""
+    """The adapters' variables (`moe_place.engines.config`, the names it reads) for the rule settings `rule`
+    (keyword arguments of `RebalanceRule`) that differ from its defaults; `max_bytes` as `max_mib`,
+    `num_groups` left out (the engine passes its own)."""
     defaults = {f.name: f.default for f in fields(RebalanceRule)}
-    env = [f"{RULE_ENV[key]}={rule[key]}" for key in RULE_ENV
-           if rule.get(key, defaults[key]) != defaults[key]]
+    env = [f"{ADAPTER_ENV[key]}={rule[key]}" for key in RULE_KEYS if rule.get(key, defaults[key]) != defaults[key]]
     if rule.get("max_bytes") is not None:
-        env.append(f"MOE_PLACE_MAX_MIB={rule['max_bytes'] / 2**20:g}")
+        env.append(f"{ADAPTER_ENV['max_mib']}={rule['max_bytes'] / 2**20:g}")
     return env
 
 
