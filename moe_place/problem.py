@@ -20,7 +20,7 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
-SPLIT_POLICIES = ("even", "local", "optimal")
+SPLIT_POLICIES = ("even", "local", "optimal", "per-batch")
 WINDOW_OBJECTIVES = ("max", "mean", "quantile")
 
 

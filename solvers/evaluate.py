@@ -10,9 +10,13 @@ Split policies (how an expert's dispatches are shared by its replicas, see the g
   when no GPU holds two replicas of one expert (`c <= 1`, `h = logcnt`), every holder serves
   exactly `w[e] / logcnt[e]`, the even split; local dispatch only shifts load when sources are
   uneven (not visible in count-level traces) or replicas are co-located (EPLB plans).
-- `optimal`: the per-batch split that minimises the busiest GPU (a linear program per layer and
-  window, solved with OR-Tools GLOP): choose `x[p] >= 0` per slot with
+- `optimal`: the per-batch split that minimises the busiest GPU, exactly (a linear program per layer
+  and batch, solved with OR-Tools GLOP): choose `x[p] >= 0` per slot with
   `sum_{p holds e} x[p] = w[e]`, minimise `max_g sum_{p on g} x[p]`.
+- `per-batch`: the same split by the fast method the engines run (`moe_place.split.split_shares`, in
+  whole rows; within 0.5% of `optimal` on every layer of the bundled trace, tests/test_split.py).
+The per-batch splits (`optimal`, `per-batch`) split each batch (step) on its own counts; a window's GPU
+loads are the sums over its steps (`split_gpu_loads`).
 
 Figures per layer: `max_gpu_load` (busiest GPU; with several windows the windows' maxima
 combined by the objective: max, mean or quantile), `mean_gpu_load`, `balancedness`
@@ -30,6 +34,7 @@ import numpy as np
 
 from moe_place.errors import InputError
 from moe_place.placement import Placement, balance_ratio, even_split_gpu_loads
+from moe_place.split import gpu_rows, split_shares
 from moe_place.problem import SPLIT_POLICIES, PlacementProblem, combine_windows
 from moe_place.solvers.base import require_ortools
 from moe_place.solvers.bounds import windows_lower_bound
@@ -79,17 +84,19 @@ def local_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np
 def optimal_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np.ndarray:
     """float64 `[windows]`: the busiest GPU's load under the optimal split (one LP per window)."""
     loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
-    return np.array([_optimal_max(phy2log, row, num_gpus) for row in loads])
+    return np.array([optimal_split(phy2log, row, num_gpus)[0] for row in loads])
 
 
-def _optimal_max(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> float:
-    """Min over splits of the busiest GPU's load: LP on the slots of one layer and window."""
+def optimal_split(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> tuple[float, np.ndarray]:
+    """(the least busiest-GPU load over all splits, a split that reaches it: float64 `[P]`), exactly: the
+    LP of the module docstring on the slots of one layer and batch (`phy2log [P]`, `load [E]`)."""
     require_ortools("--split optimal")
     from ortools.linear_solver import pywraplp  # OR-Tools is optional: see solvers.base
 
+    load = np.asarray(load, dtype=np.float64)
     total = float(load.sum())
     if total <= 0:
-        return 0.0
+        return 0.0, np.zeros(phy2log.size)
     scale = total  # solve in units of the layer's total load: tolerances stay relative
     slots = phy2log.size // num_gpus
     solver = pywraplp.Solver.CreateSolver("GLOP")
@@ -105,19 +112,45 @@ def _optimal_max(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> float:
     solver.Minimize(busiest)
     status = solver.Solve()
     assert status == pywraplp.Solver.OPTIMAL, status
-    return float(busiest.solution_value()) * scale
+    return float(busiest.solution_value()) * scale, np.array([x.solution_value() * scale for x in share])
+
+
+def split_gpu_loads(phy2log: np.ndarray, step_loads: np.ndarray, num_gpus: int, split: str,
+                    window_of_step: np.ndarray | None = None, windows: int = 1) -> np.ndarray:
+    """float64 `[windows, G]`: GPU loads of one layer's plan when each step is split on its own counts.
+
+    step_loads: `[steps, E]` dispatches per step; split: `per-batch` (`split_shares`, whole rows) or
+    `optimal` (the LP, real numbers); window_of_step: int `[steps]` the window each step belongs to
+    (default: all in window 0)."""
+    step_loads = np.atleast_2d(np.asarray(step_loads))
+    if split == "per-batch":
+        per_step = gpu_rows(split_shares(np.asarray(phy2log, dtype=np.int64), np.rint(step_loads).astype(np.int64),
+                                         num_gpus), num_gpus).astype(np.float64)
+    elif split == "optimal":
+        per_step = np.array([gpu_rows(optimal_split(phy2log, row, num_gpus)[1], num_gpus) for row in step_loads])
+    else:
+        raise InputError("split", "per-batch or optimal (a split of each step)", split)
+    which = np.zeros(len(step_loads), dtype=np.int64) if window_of_step is None else np.asarray(window_of_step)
+    out = np.zeros((windows, num_gpus))
+    np.add.at(out, which, per_step)
+    return out
 
 
 def layer_figures(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int, split: str = "even",
                   objective: str = "max", quantile: float = 0.9, layer: int = 0,
-                  lower_bound: float | None = None) -> LayerReport:
-    """The figures of one layer. phy2log: int `[P]`; loads: `[windows, E]` or `[E]`."""
+                  lower_bound: float | None = None, gpu_loads: np.ndarray | None = None) -> LayerReport:
+    """The figures of one layer. phy2log: int `[P]`; loads: `[windows, E]` or `[E]`.
+
+    gpu_loads: float `[windows, G]` the GPU loads of a per-batch split (`split_gpu_loads`: each step split on
+    its own counts); without it, `optimal` and `per-batch` split each window's summed loads."""
     if split not in SPLIT_POLICIES:
         raise InputError("split", f"one of {', '.join(SPLIT_POLICIES)}", split)
     loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
     mean = loads.sum(axis=1) / num_gpus  # [windows]
-    if split == "optimal":
-        busiest = optimal_gpu_loads(phy2log, loads, num_gpus)
+    if gpu_loads is not None:
+        busiest = np.asarray(gpu_loads, dtype=np.float64).max(axis=1)
+    elif split in ("optimal", "per-batch"):
+        busiest = split_gpu_loads(phy2log, loads, num_gpus, split, np.arange(len(loads)), len(loads)).max(axis=1)
     else:
         per_gpu = (even_gpu_loads if split == "even" else local_gpu_loads)(phy2log, loads, num_gpus)
         busiest = per_gpu.max(axis=1)
@@ -131,8 +164,13 @@ def layer_figures(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int, split: 
 
 
 def evaluate_placement(placement: Placement, loads: np.ndarray, split: str = "even", objective: str = "max",
-                       quantile: float = 0.9, layer_ids: tuple[int, ...] | None = None) -> list[LayerReport]:
-    """Figures of every layer of `placement` on `loads` `[layers, E]` or `[windows, layers, E]`."""
+                       quantile: float = 0.9, layer_ids: tuple[int, ...] | None = None,
+                       step_loads: np.ndarray | None = None, window_of_step: np.ndarray | None = None
+                       ) -> list[LayerReport]:
+    """Figures of every layer of `placement` on `loads` `[layers, E]` or `[windows, layers, E]`.
+
+    step_loads: `[steps, layers, E]` the steps the windows sum, and window_of_step int `[steps]` which window
+    each belongs to: with a per-batch split (`optimal`, `per-batch`) each step is split on its own counts."""
     loads = np.asarray(loads, dtype=np.float64)
     if loads.ndim == 2:
         loads = loads[None]
@@ -140,8 +178,12 @@ def evaluate_placement(placement: Placement, loads: np.ndarray, split: str = "ev
         raise InputError("loads", f"[windows, {placement.num_layers} layers, {placement.num_experts} experts]",
                          f"shape {loads.shape}")
     ids = layer_ids or tuple(range(placement.num_layers))
+    per_batch = step_loads is not None and split in ("optimal", "per-batch")
     return [layer_figures(placement.phy2log[i], loads[:, i, :], placement.num_gpus, split, objective, quantile,
-                          ids[i]) for i in range(placement.num_layers)]
+                          ids[i], gpu_loads=split_gpu_loads(placement.phy2log[i], step_loads[:, i, :],
+                                                            placement.num_gpus, split, window_of_step, len(loads))
+                          if per_batch else None)
+            for i in range(placement.num_layers)]
 
 
 def window_objective(problem: PlacementProblem, layer: int, phy2log: np.ndarray) -> float:

@@ -15,7 +15,7 @@ LAYERS = [
     ("moe_place.__init__", "moe_place.errors", "moe_place.glossary", "moe_place.io", "moe_place.plotting",
      "moe_place.progress", "moe_place.interrupts", "moe_place.cores"),
     ("moe_place.traces",),
-    ("moe_place.placement", "moe_place.planfile"),
+    ("moe_place.placement", "moe_place.planfile", "moe_place.split"),
     ("moe_place.analysis",),
     ("moe_place.cost",),
     ("moe_place.problem",),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import numpy as np
+
 from moe_place.cli.options import (TIME_MODEL_DEFAULTS, add_progress_option, add_steps_option,
                                    add_time_model_arguments, add_trace_options, fraction, non_negative_int, positive_int, trace_load_options)
 from moe_place.cli.output import print_report
@@ -19,8 +21,11 @@ HELP = ("per-layer busiest/mean GPU load, balancedness, bound and gap of a plan 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan file written by `moe-place plan`")
     parser.add_argument("trace", metavar="TRACE", help="routing trace file with the plan's layers and experts")
-    parser.add_argument("--split", choices=("even", "local", "optimal"), default=None,
-                        help="token split among replicas (default: the plan's, else even)")
+    parser.add_argument("--split", choices=("even", "local", "optimal", "per-batch"), default=None,
+                        help="token split among replicas (default: the plan's, else even): per-batch splits each "
+                             "step's dispatches so that the busiest GPU is least (the fast method the engine "
+                             "plugins run), optimal the same exactly (an LP per layer and step); with either, the "
+                             "layer time follows the split")
     parser.add_argument("--windows", type=positive_int, metavar="W",
                         help="judge W windows of consecutive steps, combined by --window-objective "
                              "(default: the steps summed)")
@@ -61,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
                          f"--window-objective {args.window_objective}")
     quantile = 0.9 if args.quantile is None else args.quantile
     loads = trace.window_counts(args.windows)
-    reports = evaluate_placement(placement, loads, args.split, args.window_objective, quantile, plan.layer_ids)
+    steps = trace.step_counts()
+    window_of_step = np.concatenate([np.full(len(part), w) for w, part in
+                                     enumerate(np.array_split(np.arange(len(steps)), len(loads)))]).astype(np.int64)
+    reports = evaluate_placement(placement, loads, args.split, args.window_objective, quantile, plan.layer_ids,
+                                 step_loads=steps, window_of_step=window_of_step)
     sample = sample_of(plan, file_sha256(args.trace), args.steps, file_steps)
     report = {"plan": str(args.plan), "trace": str(args.trace), "steps": args.steps, "sample": sample,
               "split": args.split, "windows": int(loads.shape[0]), "options_from_plan": taken,
@@ -74,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                                f"give --model")
         print(f"evaluate: note: {report['time_note']}", file=sys.stderr)
     else:
-        layers, top = time_figures(placement, trace, model, progress=not args.no_progress)
+        layers, top = time_figures(placement, trace, model, progress=not args.no_progress, split=args.split)
         for row, extra in zip(report["layers"], layers):
             row.update(extra)
         report.update(top)

@@ -19,7 +19,8 @@ from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
-from moe_place.solvers.evaluate import layer_figures
+from moe_place.solvers.evaluate import layer_figures, optimal_split
+from moe_place.split import round_shares, split_shares
 from moe_place.traces.load import load_trace
 
 TIME_KEYS = ("distinct_nodes_per_token", "rdma_bytes", "nvlink_bytes", "dispatch_s", "compute_s", "combine_s",
@@ -169,18 +170,40 @@ def options_from_plan(args: argparse.Namespace, plan) -> dict:
     return taken
 
 
-def time_figures(placement, trace, model, progress: bool = False) -> tuple[list[dict], dict]:
+def split_rule(phy2log: np.ndarray, num_gpus: int, split: str):
+    """The per-batch split of one layer's map as the time model takes it (counts `[E]` or `[steps, E]` in,
+    rows per slot out): `per-batch` the fast method, `optimal` the LP's split in whole rows; None for the
+    splits the replica choice models (`even`, `local`)."""
+    if split == "per-batch":
+        return lambda counts: split_shares(phy2log, counts, num_gpus)
+
+    if split == "optimal":
+        def optimal(counts):
+            rows = np.atleast_2d(counts)
+            exact = np.array([optimal_split(phy2log, c, num_gpus)[1] for c in rows])
+            shares = round_shares(phy2log, rows, exact, num_gpus)
+            return shares if np.ndim(counts) == 2 else shares[0]
+        return optimal
+    return None
+
+
+def time_figures(placement, trace, model, progress: bool = False, split: str = "even") -> tuple[list[dict], dict]:
     """(per-layer dicts with TIME_KEYS and the NIC/node bytes, top-level sums and notes) of a plan on a
     trace whose layers are the plan's. Count-level traces get the compute time only. The random replica
     choices are seeded by each layer's id in the model (as `plan --objective time` does). progress: a
-    bar on stderr (when a terminal) over the layers of a token-level trace, the part that takes long."""
+    bar on stderr (when a terminal) over the layers of a token-level trace, the part that takes long.
+    split: `per-batch` or `optimal` send each step's tokens as that split of the step says (`split_rule`)
+    instead of the model's replica choice."""
     layers, top = [], {"time_model": model.describe()}
+    if split_rule(placement.phy2log[0], placement.num_gpus, split) is not None:
+        top["time_model"]["replica_choice"] = f"the {split} split of each step"
     if trace.is_token_level:
         bar = ProgressBar(placement.num_layers, "evaluate time", "layers", enabled=None if progress else False)
         for i in range(placement.num_layers):
             table = SlotTable(placement.phy2log[i], placement.num_gpus, placement.num_nodes,
                               placement.num_experts)
-            cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, trace.meta.layer_ids[i])
+            cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, trace.meta.layer_ids[i],
+                              split=split_rule(placement.phy2log[i], placement.num_gpus, split))
             layers.append(cost.to_dict())
             bar.advance()
         bar.close()
@@ -191,10 +214,12 @@ def time_figures(placement, trace, model, progress: bool = False) -> tuple[list[
         steps = trace.step_counts()
         for i in range(placement.num_layers):
             compute = compute_only_s(model, steps[:, i, :].astype(np.float64), placement.phy2log[i],
-                                     placement.num_gpus)
+                                     placement.num_gpus, split=split_rule(placement.phy2log[i], placement.num_gpus,
+                                                                          split))
             layers.append({**{key: None for key in TIME_KEYS}, "compute_s": compute})
         top.update({"layer_time_s": None, "rdma_bytes": None, "nvlink_bytes": None,
                     "compute_s": float(sum(x["compute_s"] for x in layers)),
-                    "note": "count-level trace: only the compute time (replicas split each expert's rows evenly); "
+                    "note": f"count-level trace: only the compute time (replicas split each expert's rows "
+                            f"{'evenly' if split_rule(placement.phy2log[0], placement.num_gpus, split) is None else 'as the ' + split + ' split of each step says'}); "
                             "dispatch, combine and traffic need token-level expert ids"})
     return layers, top

@@ -43,6 +43,7 @@ Figures of a trace are sums over its steps (the time to run them one after anoth
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -54,6 +55,7 @@ from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.traffic import phase_time_s
 from moe_place.cost.units import gb_per_s, gbit_per_s
 from moe_place.errors import InputError
+from moe_place.split import map_tokens
 
 DISPATCH_STYLES = ("deepep", "all-to-all")
 REPLICA_CHOICES = ("vllm", "sglang-static", "sglang-dynamic", "node-aware")
@@ -472,25 +474,38 @@ class StepCost:
     combine_s: float
 
 
-def step_cost(model: CommModel, topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, seed: int = 0) -> StepCost:
+# A per-batch split (`moe_place.split`): the batch's global counts per logical expert `[E]` in, rows per
+# slot `[P]` out; the tokens then go to the replicas by `moe_place.split.map_tokens` (step 1's rule).
+SplitRule = Callable[[np.ndarray], np.ndarray]
+
+
+def step_cost(model: CommModel, topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, seed: int = 0,
+              split: SplitRule | None = None) -> StepCost:
     """Replica choice, traffic and times of one step (module docstring, steps 1-3).
 
     topk_ids: int `[tokens, k]`; home: int `[tokens]` home GPUs (any, e.g. only some GPUs hold tokens).
+    split: a per-batch split; the pairs then go where `map_tokens` sends them instead of `model.replica_choice`.
     """
     model.check_placement(table.num_gpus, table.num_nodes)
-    slots = choose_replicas(topk_ids, home, table, model.replica_choice, seed)
+    if split is None:
+        slots = choose_replicas(topk_ids, home, table, model.replica_choice, seed)
+    else:
+        counts = np.bincount(np.asarray(topk_ids, dtype=np.int64).ravel(), minlength=table.num_experts)
+        slots = map_tokens(topk_ids, home, table.phy2log, np.asarray(split(counts)), table.num_gpus)
     traffic = step_traffic(slots, home, table, model.dispatch)
     return StepCost(traffic, phase_time_s(model.topology, traffic.rows * model.dispatch_row_bytes),
                     float(model.compute_times_s(traffic.rows_per_slot, table.num_gpus).max()),
                     phase_time_s(model.topology, traffic.rows.T * model.combine_row_bytes))
 
 
-def layer_cost(model: CommModel, steps: list[np.ndarray], table: SlotTable, layer: int = 0) -> LayerCost:
+def layer_cost(model: CommModel, steps: list[np.ndarray], table: SlotTable, layer: int = 0,
+               split: SplitRule | None = None) -> LayerCost:
     """The figures of one layer of a plan on token-level ids (module docstring).
 
     steps: one int `[tokens, k]` array of this layer's expert ids per step; each step's tokens live
     on the GPUs as `model.token_home` says. table: the layer's plan. layer: mixed into the seed of
-    the random replica choices (each layer and step draws its own).
+    the random replica choices (each layer and step draws its own). split: a per-batch split of
+    each step (`step_cost`), in place of the model's replica choice.
     """
     num_gpus, num_nodes = table.num_gpus, table.num_nodes
     model.check_placement(num_gpus, num_nodes)
@@ -503,7 +518,7 @@ def layer_cost(model: CommModel, steps: list[np.ndarray], table: SlotTable, laye
         home = token_homes(ids.shape[0], num_gpus, model.token_home)
         # SGLang builds its static table once; the dynamic choice draws anew every batch
         draw = index if model.replica_choice == "sglang-dynamic" else 0
-        step = step_cost(model, ids, home, table, seed=_seed(model.seed, layer, draw))
+        step = step_cost(model, ids, home, table, seed=_seed(model.seed, layer, draw), split=split)
         traffic = step.traffic
         tokens += traffic.tokens
         visited += traffic.visited_nodes
@@ -523,13 +538,18 @@ def layer_cost(model: CommModel, steps: list[np.ndarray], table: SlotTable, laye
                      busiest, mean, dispatch, compute, combine)
 
 
-def compute_only_s(model: CommModel, step_loads: np.ndarray, phy2log: np.ndarray, num_gpus: int) -> float:
+def compute_only_s(model: CommModel, step_loads: np.ndarray, phy2log: np.ndarray, num_gpus: int,
+                   split: SplitRule | None = None) -> float:
     """Seconds of busiest-GPU compute summed over steps, for count-level loads (no token ids).
 
-    step_loads: `[steps, E]` dispatches per logical expert of one layer; replicas split them evenly.
+    step_loads: `[steps, E]` dispatches per logical expert of one layer; replicas split them evenly, or
+    as `split` says (it takes `[steps, E]` and returns rows per slot `[steps, P]`).
     """
     loads = np.atleast_2d(np.asarray(step_loads, dtype=np.float64))
     row = np.asarray(phy2log, dtype=np.int64)
+    if split is not None:
+        per_slot = np.atleast_2d(np.asarray(split(np.rint(loads).astype(np.int64)), dtype=np.float64))
+        return float(model.compute_times_s(per_slot, num_gpus).max(axis=-1).sum())
     logcnt = np.bincount(row, minlength=loads.shape[1])
     per_slot = (loads / np.maximum(logcnt, 1))[:, row]                  # [steps, P]
     return float(model.compute_times_s(per_slot, num_gpus).max(axis=-1).sum())
