@@ -475,8 +475,8 @@ def replay() -> str:
 
 
 def _bench(name: str):
-    """bench/NAME.py as a module (bench/ is not a package): its table renderers, which the task pages
-    (docs/multinode.md, docs/offload.md) show verbatim too."""
+    """bench/NAME.py as a module (bench/ is not a package): its table renderers, which docs/multinode.md
+    shows verbatim too."""
     spec = importlib.util.spec_from_file_location(f"{name}_for_docs", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -523,6 +523,12 @@ def _offload_rows(data: dict) -> list[list]:
     return rows
 
 
+def _offload_sweep(data: dict) -> str:
+    """The sweep's tables and its target lines (an item each): what `bench_offload_sweep.py --table-from` prints."""
+    sweep = _bench("bench_offload_sweep")
+    return sweep.render_tables(data).rstrip("\n") + "\n\n" + "\n".join(f"- {line}" for line in sweep.targets(data)[0])
+
+
 def offload() -> str:
     names = sorted(records("offload_heldout_*.json"), key=lambda n: float(re.search(r"[\d.]+(?=GiB)", n)[0]))
     held = [record(n) for n in names]
@@ -556,7 +562,7 @@ def offload() -> str:
                 "experts, each recorded step judged with the plan made on the other two; then each set's mean "
                 "held-out step time (ms). [Offloaded serving](../offload.md) explains the plan. "
                 + source("offload_sweep.json", "offload_sweep.png"),
-                _bench("bench_offload_sweep").render_tables(record("offload_sweep.json")).rstrip("\n"),
+                _offload_sweep(record("offload_sweep.json")),
                 "![step time over GPU memory](../records/offload_sweep.png)",
                 "## The published KTransformers table\n\nThe model configured for kt-kernel's published setup "
                 "(Qwen3-Next-80B-A3B-FP8, 4 x RTX 4090, Xeon 6454S; the non-expert time per token from the table's "
