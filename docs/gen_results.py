@@ -469,14 +469,15 @@ def replay() -> str:
                 "policy's least total over the intervals, moe-place's over the default's. Hindsight: plans made on "
                 "the next interval's load, moved for free, at its best interval, over the default's best (no policy "
                 "reaches it). Total = expert-layer time + migration + the policy's CPU time where the engine waits "
-                f"for it ({data['policy_time']}). [Online rebalancing](../online.md) explains the protocols.",
+                f"for it ({data['policy_time']}). [Online rebalancing](../online.md) explains the protocols, its "
+                "[design notes](../design/online.md) where the gains and losses come from.",
                 source("replay_vllm.json", "replay_sglang.json", "replay_vllm.png", "replay_sglang.png",
                        "stationary.json"), *parts)
 
 
 def _bench(name: str):
-    """bench/NAME.py as a module (bench/ is not a package): its table renderers, which the task pages
-    (docs/multinode.md, docs/offload.md) show verbatim too."""
+    """bench/NAME.py as a module (bench/ is not a package): its table renderers, which docs/multinode.md
+    shows verbatim too."""
     spec = importlib.util.spec_from_file_location(f"{name}_for_docs", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -495,7 +496,8 @@ def multinode() -> str:
                 "The real Qwen3-30B-A3B trace (three recorded prefill batches), all 48 layers, planned with "
                 "`--objective time` on two batches and judged on the third (each fold), layer time predicted by the "
                 "default model of the time objective, over the balance-only plan `fast`; then the synthetic test bed "
-                "of known co-activation. [Multi-node EP](../multinode.md) explains the decision.",
+                "of known co-activation. [Multi-node EP](../multinode.md) explains the decision, its [design notes]"
+                "(../design/multinode.md) what these tables say.",
                 source("comm.json", "comm_plan_time.json", "comm.png"),
                 _bench("bench_comm").results_table(data),
                 "## Plan time\n\n" + table(["command", "wall s", "CPU s", "cores", "exit"], times),
@@ -521,6 +523,12 @@ def _offload_rows(data: dict) -> list[list]:
             cells = [f"**{cells[0]}**", cells[1], f"**{cells[2]}**"]
         rows.append([share, label] + [f"{totals[m] * 1e3:.1f}" for m in OFFLOAD_METHODS] + cells)
     return rows
+
+
+def _offload_sweep(data: dict) -> str:
+    """The sweep's tables and its target lines (an item each): what `bench_offload_sweep.py --table-from` prints."""
+    sweep = _bench("bench_offload_sweep")
+    return sweep.render_tables(data).rstrip("\n") + "\n\n" + "\n".join(f"- {line}" for line in sweep.targets(data)[0])
 
 
 def offload() -> str:
@@ -554,9 +562,10 @@ def offload() -> str:
                 "## Every budget, held out\n\nThe plan against sglang-kt's rules (the best of `uniform`, "
                 "`frequency`, `front-loading`), llama.cpp and all-GPU at budgets from one expert per layer to all "
                 "experts, each recorded step judged with the plan made on the other two; then each set's mean "
-                "held-out step time (ms). [Offloaded serving](../offload.md) explains the plan. "
+                "held-out step time (ms). [Offloaded serving](../offload.md) explains the plan, its [design notes]"
+                "(../design/offload.md) what the sweep says. "
                 + source("offload_sweep.json", "offload_sweep.png"),
-                _bench("bench_offload_sweep").render_tables(record("offload_sweep.json")).rstrip("\n"),
+                _offload_sweep(record("offload_sweep.json")),
                 "![step time over GPU memory](../records/offload_sweep.png)",
                 "## The published KTransformers table\n\nThe model configured for kt-kernel's published setup "
                 "(Qwen3-Next-80B-A3B-FP8, 4 x RTX 4090, Xeon 6454S; the non-expert time per token from the table's "

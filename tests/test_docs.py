@@ -5,7 +5,9 @@
 - every block marked runnable runs on the bundled data and prints what its page shows (docs/runblocks.py);
 - the generated pages (docs/reference/, docs/results/) are what their scripts render now;
 - README is a front page: at most 15 KB, its four kinds of user in its first screen, its two commands,
-  its headline figures on the pages it links.
+  its headline figures on the pages it links;
+- the task pages (README's "Tasks", the site's "Tasks" section) are how-tos of at most 1,500 words: history
+  and measurement notes live in docs/design/, tables on docs/results/.
 """
 
 from __future__ import annotations
@@ -206,6 +208,49 @@ def test_readme_headline_figures_are_on_the_pages_it_links():
         assert not missing, f"{link[1]} does not show {missing} ({result.strip()})"
         checked += 1
     assert checked >= 6
+
+
+# ------------------------------------------------------------------------------------ task pages are how-tos
+TASK_PAGE_WORDS = 1500
+
+
+def words(text: str) -> int:
+    """The words a reader reads on a page: every run of non-space characters that holds a letter or a digit, in
+    prose, headings, table cells, commands and the blocks that show what a command prints (a reader reads those
+    to recognise their own screen, so they count). Not counted: HTML comments (the runnable and figures markers,
+    which the site does not show), code fences, link targets (the reader sees a link's text) and marks with no
+    letter or digit (`|`, `---`, `...`, `$`, `#`)."""
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    text = re.sub(r"^```.*$", " ", text, flags=re.M)
+    text = re.sub(r"\]\([^)\s]*\)", "]", text)
+    return sum(1 for token in text.split() if re.search(r"\w", token))
+
+
+def _task_pages() -> list[Path]:
+    """The pages README's "Documentation" section lists as tasks."""
+    line = README.read_text().split("\n- Tasks:", 1)[1].split("\n- ", 1)[0]
+    return [ROOT / link for link in re.findall(r"\]\((docs/[\w-]+\.md)\)", line)]
+
+
+def test_the_word_count_reads_as_a_reader_does():
+    page = ("# Plan\n\n<!-- runnable -->\n```console\n$ moe-place plan x.npz --out p.json\nwrote plan p.json\n"
+            "...\n```\n| a | b |\n| --- | --- |\n| 0.97 | x |\n\nSee [the results](results/multinode.md#plan-time).\n")
+    # Plan | moe-place plan x.npz --out p.json | wrote plan p.json | a b 0.97 x | See the results
+    assert words(page) == 16
+
+
+def test_readme_lists_every_task_page_of_the_site():
+    nav = (ROOT / "mkdocs.yml").read_text().split("\n  - Tasks:\n", 1)[1].split("\n  - ", 1)[0]
+    assert sorted(DOCS / name for name in re.findall(r": (\S+\.md)$", nav, flags=re.M)) == sorted(_task_pages())
+
+
+@pytest.mark.parametrize("page", _task_pages(), ids=lambda page: page.name)
+def test_task_pages_are_how_tos_of_at_most_1500_words(page):
+    """A task page says what a thing is, the commands, what they print, the options that matter and its numbers
+    in one table linked to its results page; history and long measurement notes go to docs/design/."""
+    count = words(page.read_text())
+    assert count <= TASK_PAGE_WORDS, (f"{page.relative_to(ROOT)} has {count} words (at most {TASK_PAGE_WORDS}): move "
+                                      f"history and measurement notes to docs/design/, tables to docs/results/")
 
 
 # --------------------------------------------------------------------------------- facts on every page
