@@ -18,7 +18,7 @@ that fold, at most 1.00x all-GPU where every expert fits; the two runs give the 
 A missed target exits 1 naming it (on stderr).
 
     python bench/bench_offload_sweep.py [--batches 512] [--out FILE.json] [--plot FILE.png] [--force]
-    python bench/bench_offload_sweep.py --table-from bench/results/offload_sweep.json   # docs/offload.md's tables
+    python bench/bench_offload_sweep.py --table-from bench/results/offload_sweep.json   # docs/results/offload.md's tables
 
 The committed record: `python bench/bench_offload_sweep.py --out bench/results/offload_sweep.json
 --plot bench/results/offload_sweep.png --force`.
