@@ -75,15 +75,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import engine_policies  # noqa: E402  (bench/ is not a package)
 
 DEEPSEEK_V3_BF16 = ExpertShape("DeepSeek-V3-BF16", 7168, 2048, 256, 8, 58, dtype_bytes=2.0)
+# groups: DeepSeek-V3's 8 expert groups, which the engines read off the model and pass to the policy (hierarchical
+# planning on 4 nodes); the replay gives the same
 SCENARIOS = {
     "1x8-qwen3-30b": dict(spec="drift:steps={steps},layers=8,experts=64,tokens=4096,seed={seed}", gpus=8, nodes=1,
                           model="Qwen3-30B-A3B", label="1 node x 8 H100, 64 experts x 8 layers, 72 slots, 9 MiB experts"),
     "4x8-deepseek-v3": dict(spec="drift:steps={steps},layers=8,experts=256,tokens=16384,domains=8,seed={seed}",
-                            gpus=32, nodes=4, model="DeepSeek-V3",
+                            gpus=32, nodes=4, model="DeepSeek-V3", groups=8,
                             label="4 nodes x 8 H100 (EP32), 256 experts x 8 layers, 288 slots, 42 MiB experts"),
     # the same trace and cluster with DeepSeek-V3 experts in BF16 (3*7168*2048*2 = 88 MB each)
     "4x8-deepseek-v3-bf16": dict(spec="drift:steps={steps},layers=8,experts=256,tokens=16384,domains=8,seed={seed}",
-                                 gpus=32, nodes=4, model=DEEPSEEK_V3_BF16,
+                                 gpus=32, nodes=4, model=DEEPSEEK_V3_BF16, groups=8,
                                  label="4 nodes x 8 H100 (EP32), 256 experts x 8 layers, 288 slots, 84 MiB (88 MB) "
                                        "BF16 experts"),
 }
@@ -153,7 +155,7 @@ def run_trace(trace: dict, steps: int, protocols: tuple[str, ...], default_polic
                                                copy_schedule=cadence.copy_schedule)
         plan = engine_policies.default_plan(engine) if default_policy == "engine" else None
         out["protocols"][protocol] = {**sweep(counts, cost_of, start, engine, use_async=use_async,
-                                              default_plan=plan).to_json(),
+                                              num_groups=cfg.get("groups"), default_plan=plan).to_json(),
                                       "default_policy": (f"{engine} {engine_policies.version(engine)}'s own"
                                                          if plan else "moe-place's numpy port")}
     cost = cluster_cost(gpus, nodes, "H100", cfg["model"])

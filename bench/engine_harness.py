@@ -237,12 +237,12 @@ def skewed_workload(size: Size, engine: str, step_interval: int, stationary_call
 
 
 def drift_size(scenario: str, scenarios: dict) -> Size:
-    """The Size of a bench_replay scenario: its cluster and model, one redundant slot per GPU, DeepSeek-V3's
-    8 expert groups on the multi-node DeepSeek scenarios (what the engines read off that model)."""
+    """The Size of a bench_replay scenario: its cluster and model, one redundant slot per GPU, and its expert
+    groups (DeepSeek-V3's 8 on the multi-node DeepSeek scenarios: what the engines read off that model)."""
     cfg = scenarios[scenario]
     experts = int(cfg["spec"].split("experts=")[1].split(",")[0])
     layers = int(cfg["spec"].split("layers=")[1].split(",")[0])
-    groups = 8 if "deepseek" in scenario else None
+    groups = cfg.get("groups")
     return Size(scenario, experts, cfg["gpus"], cfg["gpus"], cfg["nodes"], layers, groups, 0, 8, cfg["model"])
 
 

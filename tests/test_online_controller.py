@@ -1,13 +1,15 @@
 """The rebalance rule and the engine-driven controllers: the engines' cadence, no moves on noise,
 whole moves that pay back, caps, hierarchical groups, and valid maps under any load sequence."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moe_place.cost.payback import n_min
-from moe_place.online.controller import EngineCadence, initial_map, make_controller
+from moe_place.online.controller import EngineCadence, initial_map, logical_counts, make_controller
 from moe_place.online.costing import cluster_cost
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import replay
@@ -40,6 +42,23 @@ def _popularity(seed, layers=LAYERS, experts=EXPERTS, alpha=1.0):
     return np.random.default_rng(seed).dirichlet(np.full(experts, alpha), size=layers)
 
 
+def sglang_rebalances(iterations: int, passes: int) -> list[int]:
+    """The 0-based passes after which SGLang 0.5.23's `EPLBManager` rebalances: `on_forward_pass_end` advances
+    a generator that yields `iterations` times, then rebalances (without yielding, layers_per_chunk unset)."""
+    done = []
+
+    def entrypoint():
+        while True:
+            for _ in range(iterations):
+                yield
+            done.append(current)
+
+    generator = entrypoint()
+    for current in range(passes):
+        next(generator)
+    return done
+
+
 def test_engine_cadence_is_vllm_and_sglang_own():
     vllm = EngineCadence.of("vllm", 200, 100)
     calls = [s for s in range(700) if vllm.calls_at(s)]
@@ -47,7 +66,7 @@ def test_engine_cadence_is_vllm_and_sglang_own():
     assert vllm.window_steps(49) == 50 and vllm.window_steps(249) == 100
     assert (vllm.migration, vllm.layer_per_step, vllm.per_step_window) == ("async", True, False)
     sglang = EngineCadence.of("sglang")
-    assert [s for s in range(3500) if sglang.calls_at(s)] == [999, 1999, 2999]
+    assert [s for s in range(3500) if sglang.calls_at(s)] == [1000, 2000, 3000] == sglang_rebalances(1000, 3500)
     assert (sglang.window_size, sglang.migration, sglang.per_step_window) == (1000, "stall", True)
     with pytest.raises(Exception, match="--engine"):
         EngineCadence.of("trt-llm")
@@ -300,3 +319,20 @@ def test_retention_is_measured_what_a_plan_keeps_on_the_next_window():
             assert min(v.horizon_steps for v in rule.last_verdicts) >= 100 / (1 - 0.8)
         else:
             assert rule.last_retention < 0.3
+
+
+def test_the_window_is_read_with_the_map_in_use_at_the_call():
+    # one layer, experts 0 and 1 on 3 slots; a step served by old = [0, 1, 0] records rows per slot 3, 4, 3
+    # (expert 0's 6 rows split over its two replicas); read with new = [0, 1, 1] at the call, as vLLM's
+    # EplbState.rearrange and SGLang's recorder dump do, slot 2's rows count for expert 1: 3 and 7, not 6 and 4
+    old = Placement(np.array([[0, 1, 0]]), 2, 3, allow_colocated=True)
+    new = Placement(np.array([[0, 1, 1]]), 2, 3, allow_colocated=True)
+    for engine in ("vllm", "sglang"):
+        controller = make_controller("engine-default", EngineCadence.of(engine, 4, 4), 1, 2)
+        controller.observe(0, np.array([[6.0, 4.0]]), old)
+        window, steps = controller._engine_window(0, new)
+        assert steps == 1 and window.reshape(-1).tolist() == [3.0, 7.0]
+    assert logical_counts(np.array([[[3, 4, 3]], [[6, 2, 2]]]), new.phy2log, 2).tolist() == [[[3, 7]], [[6, 4]]]
+    truthful = make_controller("engine-default", replace(EngineCadence.of("vllm", 4, 4), records_physical=False), 1, 2)
+    truthful.observe(0, np.array([[6.0, 4.0]]), old)
+    assert truthful._engine_window(0, new)[0].tolist() == [[6.0, 4.0]]

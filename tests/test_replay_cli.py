@@ -41,8 +41,8 @@ def test_json_contract_and_totals(capsys, controller, engine):
     if controller == "static":
         assert doc["rebalances"] == 0 and doc["bytes_moved"] == 0 and doc["total_policy_time_s"] == 0
     if controller == "engine-default":
-        # vLLM: a quarter interval, then every 120 steps; SGLang: every 120 passes (both from slot p = p % E)
-        assert doc["rebalance_steps"] == {"vllm": [29, 149, 269], "sglang": [119, 239]}[engine]
+        # vLLM: a quarter interval, then every 120 steps; SGLang: after 121 passes, then every 120 (both from slot p = p % E)
+        assert doc["rebalance_steps"] == {"vllm": [29, 149, 269], "sglang": [120, 240]}[engine]
         assert doc["total_policy_cpu_s"] > 0
         # vLLM runs its policy in the async worker thread, beside serving; SGLang's scheduler waits for it
         assert (doc["total_policy_time_s"] > 0) == (engine == "sglang")

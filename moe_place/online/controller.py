@@ -4,12 +4,22 @@ Every controller sees the per-step counts `[layers, E]` as the engine records th
 and, after each step, may return a `Decision` (a new map) for the map the engine will run
 (`decide`). The replay pays for the copies and switches maps through `MapSwitch`.
 
+What the engines record is rows per physical slot, under the map each step ran on; at the call they
+turn the window into logical counts with the map in use *then* (vLLM 0.33 `EplbState.rearrange`:
+`scatter_add_` over `physical_to_logical_map`; SGLang 0.5.23 `_convert_global_physical_count_to_
+logical_count` at the recorder's dump). Steps recorded under an older map are read with the new one:
+after vLLM's asynchronous walk commits layer by layer, the next short window is partly mislabelled,
+and both policies plan on it. The controllers keep the window as the engines do (`records_physical`):
+each step's rows per slot (the replicas' even split, the first `count % replicas` replicas one more,
+`moe_place.split.even_shares`) and the conversion at the call.
+
 An engine asks its policy on a fixed cadence (`EngineCadence`): vLLM 0.33 first after
 `step_interval // 4` steps, then every `step_interval` (3000) steps, with the load of the last
 `window_size` (1000) steps recorded before the call (`vllm/distributed/eplb/eplb_state.py`:
 `add_model` sets the progress to 3/4 of the interval; `_should_record_current_step`); SGLang
-0.5.23 every `--eplb-rebalance-num-iterations` (1000) passes with the recorder's circular
-buffer of as many passes (`sglang/srt/eplb/eplb_manager.py`). Both start from the same map:
+0.5.23 first after `--eplb-rebalance-num-iterations` + 1 passes (its generator yields that many
+times, and the next pass's end rebalances), then every as many passes, with the recorder's circular
+buffer of as many passes (`sglang/srt/eplb/eplb_manager.py` `_entrypoint`). Both start from the same map:
 slot `p` holds expert `p % E` (vLLM's linear `build_initial_global_physical_to_logical_map`,
 SGLang's `trivial`; `initial_map`).
 
@@ -34,6 +44,7 @@ from moe_place.errors import InputError
 from moe_place.online.policy import Decision, RebalanceRule
 from moe_place.online.window import SlidingWindow
 from moe_place.placement import Placement, keep_unchanged_slots
+from moe_place.split import even_shares
 from moe_place.solvers.deepseek import eplb_rebalance
 
 ENGINES = ("vllm", "sglang")
@@ -46,8 +57,8 @@ __all__ = ["CONTROLLERS", "ENGINES", "Controller", "Decision", "EngineCadence", 
 class Controller(Protocol):
     name: str
 
-    def observe(self, step: int, counts: np.ndarray) -> None:
-        """Record the counts `[layers, E]` of batch `step`."""
+    def observe(self, step: int, counts: np.ndarray, in_use: Placement | None = None) -> None:
+        """Record the counts `[layers, E]` of batch `step`, which the map `in_use` served."""
 
     def decide(self, step: int, current: Placement) -> Decision | None:
         """After batch `step`: a new map to switch to from `current`, or None."""
@@ -73,6 +84,8 @@ class EngineCadence:
     copy_schedule: how a rebalance's copies run: "parallel" for both engines, which issue a layer's
         transfers as one batch (`torch.distributed.batch_isend_irecv`: vLLM's `eplb_communicator.py`,
         SGLang's `expert_location_updater.py`), so the links, not the sum of the copies, set the time.
+    records_physical: the window holds rows per slot under each step's map, read at the call with the map
+        in use then (module note), as both engines record it; False: the true logical counts.
     """
 
     engine: str = "vllm"
@@ -84,6 +97,7 @@ class EngineCadence:
     per_step_window: bool = False
     copy_schedule: str = "parallel"
     policy_in_worker: bool = True
+    records_physical: bool = True
 
     def __post_init__(self) -> None:
         for name in ("step_interval", "window_size", "first_call"):
@@ -104,8 +118,8 @@ class EngineCadence:
         if engine == "sglang":
             interval = 1000 if step_interval is None else step_interval
             # SGLang's recorder buffer defaults to the rebalance interval
-            return cls("sglang", interval, interval if window_size is None else window_size, interval, "stall", False,
-                       True, policy_in_worker=False)
+            return cls("sglang", interval, interval if window_size is None else window_size, interval + 1, "stall",
+                       False, True, policy_in_worker=False)
         raise InputError("--engine", f"one of {', '.join(ENGINES)}", engine)
 
     def calls_at(self, step: int) -> bool:
@@ -131,7 +145,7 @@ class StaticController:
     last_policy_s: float = 0.0
     called: bool = False
 
-    def observe(self, step: int, counts: np.ndarray) -> None:
+    def observe(self, step: int, counts: np.ndarray, in_use: Placement | None = None) -> None:
         return None
 
     def decide(self, step: int, current: Placement) -> Decision | None:
@@ -146,15 +160,32 @@ class _OnCadence:
     num_layers: int
     num_experts: int
     called: bool = field(default=False, init=False)   # whether the last `decide` called the policy
-    _window: SlidingWindow = field(init=False, repr=False)
+    _window: SlidingWindow | None = field(init=False, repr=False)
     _due: int = field(init=False, repr=False)          # the first step after which the next call falls due
 
     def __post_init__(self) -> None:
-        self._window = SlidingWindow(self.cadence.window_size, self.num_layers, self.num_experts)
+        self._window = None
         self._due = self.cadence.first_call - 1
 
-    def observe(self, step: int, counts: np.ndarray) -> None:
-        self._window.push(counts)
+    def observe(self, step: int, counts: np.ndarray, in_use: Placement | None = None) -> None:
+        """Record batch `step`'s counts `[layers, E]`, served by the map `in_use` (needed when the engine
+        records rows per slot, `EngineCadence.records_physical`)."""
+        physical = self.cadence.records_physical
+        if physical and in_use is None:
+            raise InputError("in_use", "the map the step ran on (the engine records rows per slot)", "nothing")
+        if self._window is None:
+            width = in_use.num_physical if physical else self.num_experts
+            self._window = SlidingWindow(self.cadence.window_size, self.num_layers, width)
+        self._window.push(even_shares(in_use.phy2log, np.asarray(counts, dtype=np.int64)) if physical else counts)
+
+    def _engine_window(self, step: int, current: Placement) -> tuple[np.ndarray, int]:
+        """(the window the engine hands its policy after batch `step`: `[layers, E]` summed or `[steps, layers,
+        E]` per step, read with the map `current`; its steps)."""
+        steps = self.cadence.window_steps(step)
+        held = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
+        if not self.cadence.records_physical:
+            return held, steps
+        return logical_counts(held, current.phy2log, current.num_experts), steps
 
     def _calls(self, step: int) -> bool:
         """The engine's counter: a call after batch `step` when it is due; the next one falls due an
@@ -185,8 +216,7 @@ class EngineDefaultController(_OnCadence):
         self.last_policy_s = 0.0
         if not self._calls(step):
             return None
-        steps = self.cadence.window_steps(step)
-        window = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
+        window, steps = self._engine_window(step, current)
         plan = self.plan or (lambda w, c: numpy_default_plan(w, c, self.cadence.engine, self.num_groups))
         started = time.thread_time()
         rows = plan(window, current)
@@ -217,9 +247,21 @@ class RuleController(_OnCadence):
         if not self._calls(step):
             self.rule.last_policy_s = 0.0
             return None
-        steps = self.cadence.window_steps(step)
-        window = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
+        window, steps = self._engine_window(step, current)
         return self.rule.decide(window, current, self.cadence.step_interval, steps)
+
+
+def logical_counts(physical: np.ndarray, phy2log: np.ndarray, num_experts: int) -> np.ndarray:
+    """float64 `[..., layers, E]`: rows per slot `[..., layers, P]` summed per logical expert of `phy2log
+    [layers, P]` (what the engines do at the call, module note)."""
+    physical = np.asarray(physical, dtype=np.float64)
+    layers, slots = phy2log.shape
+    lead = physical.shape[:-2]
+    flat = physical.reshape(-1, layers, slots)
+    keys = (np.arange(layers)[:, None] * num_experts + phy2log)[None] + \
+        (np.arange(len(flat)) * layers * num_experts)[:, None, None]
+    out = np.bincount(keys.ravel(), weights=flat.ravel(), minlength=len(flat) * layers * num_experts)
+    return out.reshape(*lead, layers, num_experts)
 
 
 def numpy_default_plan(window: np.ndarray, current: Placement, engine: str,

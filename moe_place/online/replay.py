@@ -216,7 +216,7 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
         in_use = switch.map_for_step(step)
         expert_s[step] = cost.step_time_s(in_use, counts[step])
         balance[step] = balancedness_of(in_use, counts[step])
-        controller.observe(step, counts[step])
+        controller.observe(step, counts[step], in_use)
         decision, called = None, False
         if not switch.busy_at(step):
             decision = controller.decide(step, switch.latest)
