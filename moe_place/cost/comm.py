@@ -171,11 +171,11 @@ def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, ru
         draw = np.random.default_rng(seed).integers(0, 65536, size=ids.shape)
         return table.candidates[ids, draw % count]
     if rule == "sglang-static":
-        return _static_rank_table(table, seed)[home[:, None], ids]
+        return static_rank_table(table, seed)[home[:, None], ids]
     return _node_aware(ids, home, table)
 
 
-def _static_rank_table(table: SlotTable, seed: int) -> np.ndarray:
+def static_rank_table(table: SlotTable, seed: int) -> np.ndarray:
     """int64 `[G, E]`: the slot each rank uses for each expert under SGLang's static dispatch (cached
     per seed on the table: the engine builds it once, not per batch)."""
     if seed in table.static_tables:

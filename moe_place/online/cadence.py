@@ -27,6 +27,7 @@ from moe_place.online.controller import EngineCadence, make_controller
 from moe_place.online.costing import ReplayCost
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import ReplayResult, check_counts_3d, hindsight_next_reference, replay
+from moe_place.online.splitting import SplitChoice
 from moe_place.placement import Placement
 
 DEFAULT_INTERVALS = (10, 20, 50, 100, 200, 500, 1000)   # besides the engine's own default
@@ -133,14 +134,15 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
           intervals: tuple[int, ...] = DEFAULT_INTERVALS, use_async: bool = True, num_groups: int | None = None,
           rule_of: Callable[[ReplayCost], RebalanceRule] | None = None, hindsight: bool = True,
           default_plan: Callable | None = None, on_run: Callable[[str], None] | None = None,
-          on_step: Callable[[int], None] | None = None) -> CadenceSweep:
+          on_step: Callable[[int], None] | None = None, split: bool = False) -> CadenceSweep:
     """Both policies and the hindsight reference at each cadence (module note).
 
     counts: `[steps, layers, E]`. cost_of: the cost model for a cadence (its migration model).
     start: the engine's start map. rule_of: moe-place's rule for a cost (default: `RebalanceRule`'s
     defaults). default_plan: the default policy itself (`EngineDefaultController.plan`; None: the numpy
     port, which costs less CPU time than the engines' own code). on_run: called with a label before each
-    replay; on_step: with each replayed step.
+    replay; on_step: with each replayed step. split: moe-place's rule runs with the per-batch split where it
+    pays (`SplitChoice` on the cadence's cost, whose `replica_choice` is what the default runs with).
     """
     counts = check_counts_3d(counts)
     steps, layers, experts = counts.shape
@@ -157,7 +159,8 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
                 on_run(f"{policy} every {cadence.step_interval}")
             kind = "engine-default" if policy == "default" else "ours"
             controller = make_controller(kind, cadence, layers, experts, rule=rule_of(cost), num_groups=num_groups,
-                                         default_plan=default_plan)
+                                         default_plan=default_plan,
+                                         splitter=SplitChoice(cost) if split and policy != "default" else None)
             result = replay(counts, controller, cost, start, on_step=on_step, layer_per_step=cadence.layer_per_step,
                             policy_in_worker=cadence.policy_in_worker)
             runs.append(CadenceRun.of(policy, cadence, result))

@@ -42,6 +42,7 @@ import numpy as np
 
 from moe_place.errors import InputError
 from moe_place.online.policy import Decision, RebalanceRule
+from moe_place.online.splitting import SplitChoice
 from moe_place.online.window import SlidingWindow
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.split import even_shares
@@ -229,10 +230,16 @@ class EngineDefaultController(_OnCadence):
 
 @dataclass
 class RuleController(_OnCadence):
-    """`RebalanceRule` at the engine's cadence: the decision the engine adapters make."""
+    """`RebalanceRule` at the engine's cadence: the decision the engine adapters make.
+
+    splitter: the per-batch split's per-layer choice (`moe_place.online.splitting.SplitChoice`), made at each
+        call on the map the engine will run; its result is `split_layers` (None without a splitter).
+    """
 
     rule: RebalanceRule | None = None
     name: str = "ours"
+    splitter: SplitChoice | None = None
+    split_layers: np.ndarray | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -248,7 +255,11 @@ class RuleController(_OnCadence):
             self.rule.last_policy_s = 0.0
             return None
         window, steps = self._engine_window(step, current)
-        return self.rule.decide(window, current, self.cadence.step_interval, steps)
+        decision = self.rule.decide(window, current, self.cadence.step_interval, steps)
+        if self.splitter is not None:
+            self.split_layers = self.splitter.decide(window, steps, current if decision is None else
+                                                     decision.placement)
+        return decision
 
 
 def logical_counts(physical: np.ndarray, phy2log: np.ndarray, num_experts: int) -> np.ndarray:
@@ -278,14 +289,15 @@ def numpy_default_plan(window: np.ndarray, current: Placement, engine: str,
 
 def make_controller(kind: str, cadence: EngineCadence, num_layers: int, num_experts: int,
                     rule: RebalanceRule | None = None, num_groups: int | None = None,
-                    default_plan: Callable | None = None) -> Controller:
-    """A controller by name (`CONTROLLERS`) at `cadence`; "ours" runs `rule`; "engine-default" runs
-    `default_plan` (`EngineDefaultController.plan`; None: the numpy port)."""
+                    default_plan: Callable | None = None, splitter: SplitChoice | None = None) -> Controller:
+    """A controller by name (`CONTROLLERS`) at `cadence`; "ours" runs `rule` (and the per-batch split where
+    `splitter` says); "engine-default" runs `default_plan` (`EngineDefaultController.plan`; None: the numpy
+    port)."""
     if kind == "static":
         return StaticController()
     if kind == "engine-default":
         return EngineDefaultController(cadence, num_layers, num_experts, num_groups=num_groups,
                                        name=f"{cadence.engine}-default", plan=default_plan)
     if kind == "ours":
-        return RuleController(cadence, num_layers, num_experts, rule=rule)
+        return RuleController(cadence, num_layers, num_experts, rule=rule, splitter=splitter)
     raise InputError("--controller", f"one of {', '.join(CONTROLLERS)}", kind)

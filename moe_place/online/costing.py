@@ -22,6 +22,7 @@ from moe_place.cost.gemm import expert_times_s
 from moe_place.cost.hardware import GpuSpec, builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS, Copy, Migration, MigrationCharge
 from moe_place.cost.models import ExpertShape, get_model
+from moe_place.cost.replicas import DEFAULT_SOLVE_S, REPLICA_CHOICES, slot_rows, split_overhead_s
 from moe_place.cost.topology import Topology, build_cluster
 from moe_place.cost.units import gbit_per_s
 from moe_place.errors import InputError
@@ -41,6 +42,10 @@ class ReplayCost:
     model: the expert shape (`W_e`, FLOPs per row). topology: the cluster (G GPUs).
     block_m / block_n: GEMM tile sizes (formulas 4 and 5). alpha_s: fixed cost per copy.
     copy_schedule: "serial" or "parallel"; migration: "stall" or "async" (`moe_place.cost.migration`).
+    replica_choice: how serving sends an expert's rows to its replicas (`moe_place.cost.replicas`: `even`,
+    the engines' own `vllm`, `sglang-static`, `sglang-dynamic`); `rows_times_s`, what the rule prices its
+    plans with, is always the even split. split_solve_s: the per-batch split's solve per layer (its
+    all-reduce comes from the topology).
     """
 
     model: ExpertShape
@@ -50,11 +55,17 @@ class ReplayCost:
     alpha_s: float = DEFAULT_ALPHA_S
     copy_schedule: str = "serial"
     migration: str = "stall"
+    replica_choice: str = "even"
+    split_solve_s: float = DEFAULT_SOLVE_S
 
     def __post_init__(self) -> None:
         if self.block_m < 1 or self.block_n < 1:
             raise InputError("block sizes", "integers >= 1", (self.block_m, self.block_n))
+        if self.replica_choice not in REPLICA_CHOICES or self.replica_choice == "per-batch":
+            raise InputError("replica choice", f"one of {', '.join(c for c in REPLICA_CHOICES if c != 'per-batch')}",
+                             self.replica_choice)
         self.moves  # validates the schedule, the migration model and alpha
+        self.split_overhead_s  # validates the solve time
 
     @cached_property
     def moves(self) -> Migration:
@@ -86,10 +97,38 @@ class ReplayCost:
                               self.gpu.memory_bytes_per_s, weights="tiles", block_m=self.block_m,
                               block_n=self.block_n, matrices=m.matrices)
 
+    @property
+    def split_overhead_s(self) -> float:
+        """Seconds the per-batch split adds to a layer where it is on (`moe_place.cost.replicas`)."""
+        return split_overhead_s(self.num_gpus, self.topology.num_servers, self.split_solve_s)
+
+    def slot_rows(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False) -> np.ndarray:
+        """float64 `[rows, P]`: rows per slot of map rows `phy2log [rows, P]` under loads `[rows, E]`: the
+        replica choice's (`replica_choice`), or the per-batch split's where `split`."""
+        return slot_rows(phy2log, expert_load, self.num_gpus, "per-batch" if split else self.replica_choice,
+                         num_nodes=self.topology.num_servers, top_k=self.model.top_k, static_tables=self._static)
+
+    @cached_property
+    def _static(self) -> dict:
+        return {}
+
     def layer_times_s(self, placement: Placement, expert_load: np.ndarray) -> np.ndarray:
-        """float64 `[layers]`: busiest-GPU expert time of each layer for `expert_load [layers, E]`."""
-        slots = placement.slot_loads(expert_load).reshape(placement.num_layers, placement.num_gpus, -1)
-        return self.gpu_times_s(slots).max(axis=-1)
+        """float64 `[layers]`: busiest-GPU expert time of each layer for `expert_load [layers, E]`, its rows
+        reaching the replicas as `replica_choice` says."""
+        slots = self.slot_rows(placement.phy2log, np.asarray(expert_load, dtype=np.float64))
+        return self.gpu_times_s(slots.reshape(placement.num_layers, placement.num_gpus, -1)).max(axis=-1)
+
+    def served_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """(busiest-GPU expert time `[rows]`, the overhead of the split included where `split`; balancedness,
+        mean over max GPU rows `[rows]`) of map rows `phy2log [rows, P]` serving batches `expert_load [rows, E]`:
+        what the replay charges each layer of each step."""
+        slots = self.slot_rows(phy2log, expert_load, split).reshape(len(phy2log), self.num_gpus, -1)
+        times = self.gpu_times_s(slots).max(axis=-1) + (self.split_overhead_s if split else 0.0)
+        per_gpu = slots.sum(axis=-1)
+        busiest = per_gpu.max(axis=-1)
+        balance = np.divide(per_gpu.mean(axis=-1), busiest, out=np.ones(len(busiest)), where=busiest > 0)
+        return times, balance
 
     def rows_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
         """float64 `[rows]`: `layer_times_s` of map rows `phy2log [rows, P]` under loads `expert_load
@@ -121,7 +160,8 @@ class ReplayCost:
 
 def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str = "H100", model: str | ExpertShape = "Qwen3-30B-A3B",
                  nic_gbit_per_s: float = 400.0, copy_schedule: str = "serial", alpha_s: float = DEFAULT_ALPHA_S,
-                 block_m: int = DEFAULT_BLOCK_M, migration: str = "stall") -> ReplayCost:
+                 block_m: int = DEFAULT_BLOCK_M, migration: str = "stall", replica_choice: str = "even",
+                 split_solve_s: float = DEFAULT_SOLVE_S) -> ReplayCost:
     """A `ReplayCost` for `num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware`."""
     if num_nodes < 1 or num_gpus % num_nodes:
         raise InputError("--nodes", f"a divisor of --gpus {num_gpus}", num_nodes)
@@ -130,4 +170,4 @@ def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str = "H100", mode
                              nic_bytes_per_s=gbit_per_s(nic_gbit_per_s) if num_nodes > 1 else 0.0)
     shape = get_model(model) if isinstance(model, str) else model
     return ReplayCost(shape, topology, block_m=block_m, alpha_s=alpha_s, copy_schedule=copy_schedule,
-                      migration=migration)
+                      migration=migration, replica_choice=replica_choice, split_solve_s=split_solve_s)

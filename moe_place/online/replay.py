@@ -193,6 +193,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
         switching as it is committed, and no call is made before the walk ends.
     policy_in_worker: the policy runs beside serving (`EngineCadence.policy_in_worker`): its CPU
         time is measured (`policy_cpu_s`) but serving does not pay it.
+    A controller with a per-batch split (`split_layers`, bool `[layers]`, set at each call) has those layers'
+    batches split (`ReplayCost.served_times_s`) from the next step on, each paying the split's overhead.
     """
     counts = check_counts_3d(counts)
     steps, layers, experts = counts.shape
@@ -202,8 +204,9 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     if initial.num_gpus != cost.num_gpus:
         raise InputError("initial placement", f"{cost.num_gpus} GPUs (the cluster)", initial.num_gpus)
     switch = MapSwitch(initial, drain_steps=drain_steps)
-    expert_s = np.zeros(steps)
-    balance = np.zeros(steps)
+    served: list[Placement] = []                                  # the map of each step (shared objects)
+    split = np.zeros((steps, layers), dtype=bool)
+    split_now = np.zeros(layers, dtype=bool)
     moved_bytes = np.zeros(steps, dtype=np.int64)
     copy_s = np.zeros(steps)
     policy_s = np.zeros(steps)
@@ -214,8 +217,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     slots_moved = peak_staging = 0
     for step in range(steps):
         in_use = switch.map_for_step(step)
-        expert_s[step] = cost.step_time_s(in_use, counts[step])
-        balance[step] = balancedness_of(in_use, counts[step])
+        served.append(in_use)
+        split[step] = split_now
         controller.observe(step, counts[step], in_use)
         decision, called = None, False
         if not switch.busy_at(step):
@@ -223,6 +226,9 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
             called = called_at[step] = bool(getattr(controller, "called", decision is not None))
             policy_cpu[step] = getattr(controller, "last_policy_s", 0.0)
             policy_s[step] = 0.0 if policy_in_worker else policy_cpu[step]
+            chosen = getattr(controller, "split_layers", None)
+            if called and chosen is not None:
+                split_now = np.asarray(chosen, dtype=bool).copy()
         copies = cost.copies(switch.latest, decision.placement) if decision is not None else []
         if layer_per_step and called:
             new = switch.latest if decision is None else decision.placement
@@ -243,8 +249,31 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
             peak_staging = max(peak_staging, staging)
         if on_step is not None:
             on_step(step)
+    expert_s, balance = served_steps(cost, served, counts, split)
     return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
                         slots_moved, peak_staging, policy_s, policy_cpu, slots_at, called_at)
+
+
+def served_steps(cost: ReplayCost, served: list[Placement], counts: np.ndarray, split: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(expert-layer time `[steps]`, balancedness `[steps]`) of each step on its map `served[step]`, the layers
+    `split [steps, layers]` per-batch split: one batched `ReplayCost.served_times_s` per layer, map row and
+    split (maps change rarely, so a row serves many steps)."""
+    steps, layers, _ = counts.shape
+    times, balance = np.zeros((steps, layers)), np.zeros((steps, layers))
+    for layer in range(layers):
+        groups: dict[tuple[bytes, bool], list[int]] = {}
+        rows: dict[bytes, np.ndarray] = {}
+        for step, placement in enumerate(served):
+            row = placement.phy2log[layer]
+            key = row.tobytes()
+            rows.setdefault(key, row)
+            groups.setdefault((key, bool(split[step, layer])), []).append(step)
+        for (key, on), members in groups.items():
+            at = np.asarray(members)
+            t, b = cost.served_times_s(np.broadcast_to(rows[key], (at.size, rows[key].size)), counts[at, layer], on)
+            times[at, layer], balance[at, layer] = t, b
+    return times.sum(axis=1), balance.mean(axis=1)
 
 
 def _walk_charge(cost: ReplayCost, copies: list, in_use: Placement, step_counts: np.ndarray,

@@ -1,0 +1,132 @@
+"""How one batch's rows reach an expert's replicas, on count-level loads, and what a per-batch split costs.
+
+Replica choices (`REPLICA_CHOICES`): the expected rows per slot of one batch, given its dispatches per logical
+expert. The engines' own rules key on each token's index or rank, which a count-level trace does not carry;
+what counts allow is their expectation over where a rank's dispatches of an expert sit in its batch, with the
+batch's tokens spread evenly over the `G` ranks:
+- `even`: every replica takes `counts[e] / logcnt[e]` (what EPLB plans for).
+- `vllm`: vLLM 0.33's router (`fused_moe/router/base_router.py`, `_eplb_map_and_record_i32_kernel`): a token
+  with index `t` in its rank's batch sends each of its experts to replica `((t * 2654435769) mod 2^32) mod
+  logcnt[e]`, the Knuth hash of its index. Replica `i` takes the share of the indices `t < n` (`n` tokens per
+  rank: the batch's dispatches / top-k / G) with that residue: about `1/logcnt` on long batches; on short
+  ones index 0 (every rank's first token) always lands on replica 0.
+- `sglang-static`: SGLang 0.5.23's `static` dispatch, its default with EPLB and an all-to-all backend
+  (`arg_groups/parallel_hook.py`): each rank sends all its dispatches of an expert to one replica, on its own
+  GPU, else its node, else a fair draw (`moe_place.cost.comm.static_rank_table`); ranks send equally.
+- `sglang-dynamic`: SGLang's `dynamic` dispatch: a random replica per dispatch; in expectation the even split.
+- `per-batch`: moe-place's per-batch split of the batch's global counts (`moe_place.split.split_shares`).
+
+What the split costs a layer (`split_overhead_s`): it needs the batch's global counts, an all-reduce of `E`
+int32 counts over the EP group before the dispatch, then the solve; both sit on the layer's critical path.
+The all-reduce is priced by NCCL's own latency model for small messages (the LL protocol, the least of tree and
+ring: `baseLat + 2 ((G/N - 1) intraLat + log2(N) interLat)` for the tree, `baseLat + (2(G-1) - 2(N-1))
+intraLat + 2(N-1) interLat` for the ring, with NCCL's constants in microseconds, `intraLat` x 1.8 across
+nodes: NVIDIA/nccl `src/graph/tuning.cc`, `baseLat`, `hwLat`, `ncclTopoTuneModel`, at commit 01afd20): 10.2 us
+on one node of 8 GPUs, 37.5 us on 4 nodes of 8. The solve is a figure you give (`solve_s`): its kernel's
+time on your GPU (`bench/gpu_check.sh` times it); the default is the kernel's goal, 10 us, not a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from moe_place.cost.comm import SlotTable, static_rank_table
+from moe_place.errors import InputError
+from moe_place.placement import even_split_slot_loads
+from moe_place.split import split_shares
+
+REPLICA_CHOICES = ("even", "vllm", "sglang-static", "sglang-dynamic", "per-batch")
+ENGINE_REPLICA_CHOICE = {"vllm": "vllm", "sglang": "sglang-static"}   # what each engine does by default
+KNUTH_MULTIPLIER = 2654435769       # vLLM 0.33's replica hash: floor(2^32 / golden ratio)
+DEFAULT_SOLVE_S = 10e-6             # the split kernel's goal per layer (not measured: give yours)
+# NCCL's latency model (us), LL protocol: baseLat[tree, ring], hwLat[NVLink | network][tree, ring]
+NCCL_BASE_LAT_US = {"tree": 4.4, "ring": 3.6}
+NCCL_NVLINK_LAT_US = {"tree": 0.52, "ring": 0.47}
+NCCL_NET_LAT_US = {"tree": 5.0, "ring": 2.7}
+NCCL_MULTI_NODE_INTRA_FACTOR = 1.8
+COUNT_BYTES = 4                      # one int32 count per logical expert
+
+
+def allreduce_latency_s(num_gpus: int, num_nodes: int) -> float:
+    """Seconds of a small all-reduce over `num_gpus` GPUs on `num_nodes` nodes by NCCL's model (module note)."""
+    if num_gpus < 1 or num_nodes < 1 or num_gpus % num_nodes:
+        raise InputError("all-reduce group", "GPUs divisible by nodes, both >= 1", f"{num_gpus} on {num_nodes}")
+    if num_gpus == 1:
+        return 0.0
+    per_node = num_gpus // num_nodes
+    factor = NCCL_MULTI_NODE_INTRA_FACTOR if num_nodes > 1 else 1.0
+    tree = NCCL_BASE_LAT_US["tree"] + 2 * ((per_node - 1) * NCCL_NVLINK_LAT_US["tree"] * factor
+                                           + math.log2(num_nodes) * NCCL_NET_LAT_US["tree"])
+    steps, inter = 2 * (num_gpus - 1), 2 * (num_nodes - 1)
+    ring = NCCL_BASE_LAT_US["ring"] + (steps - inter) * NCCL_NVLINK_LAT_US["ring"] * factor \
+        + inter * NCCL_NET_LAT_US["ring"]
+    return min(tree, ring) * 1e-6
+
+
+def split_overhead_s(num_gpus: int, num_nodes: int, solve_s: float = DEFAULT_SOLVE_S) -> float:
+    """Seconds the per-batch split adds to a layer: the counts' all-reduce and the solve (module note)."""
+    if not solve_s >= 0 or solve_s == float("inf"):
+        raise InputError("split solve time", "seconds >= 0", solve_s)
+    return allreduce_latency_s(num_gpus, num_nodes) + solve_s
+
+
+def vllm_hash_fractions(tokens_per_rank: int, replicas: int) -> np.ndarray:
+    """float64 `[replicas]`: the share of token indices `t < tokens_per_rank` whose hash picks each replica."""
+    n = max(int(tokens_per_rank), 1)
+    residue = ((np.arange(n, dtype=np.int64) * KNUTH_MULTIPLIER) & 0xFFFFFFFF) % max(int(replicas), 1)
+    return np.bincount(residue, minlength=replicas) / n
+
+
+def slot_rows(phy2log: np.ndarray, counts: np.ndarray, num_gpus: int, choice: str, *, num_nodes: int = 1,
+              top_k: int = 8, static_tables: dict | None = None) -> np.ndarray:
+    """float64 `[B, P]`: the rows each slot of `phy2log` int `[B, P]` receives from `counts [B, E]` under the
+    replica choice `choice` (module note). top_k: dispatches per token (vLLM's tokens per rank).
+    static_tables: a cache for `sglang-static` (one table per distinct map row)."""
+    if choice not in REPLICA_CHOICES:
+        raise InputError("replica choice", f"one of {', '.join(REPLICA_CHOICES)}", choice)
+    rows = np.asarray(phy2log, dtype=np.int64)
+    load = np.asarray(counts, dtype=np.float64)
+    if choice in ("even", "sglang-dynamic"):
+        return even_split_slot_loads(rows, load)
+    if choice == "per-batch":
+        return split_shares(rows, np.rint(load).astype(np.int64), num_gpus).astype(np.float64)
+    if choice == "vllm":
+        return _vllm_rows(rows, load, num_gpus, top_k)
+    return _static_rows(rows, load, num_gpus, num_nodes, {} if static_tables is None else static_tables)
+
+
+def _vllm_rows(rows: np.ndarray, load: np.ndarray, num_gpus: int, top_k: int) -> np.ndarray:
+    batch, physical = rows.shape
+    experts = load.shape[1]
+    out = np.empty((batch, physical))
+    tokens = load.sum(axis=1) / max(top_k, 1) / num_gpus
+    for b in range(batch):
+        logcnt = np.bincount(rows[b], minlength=experts)
+        occurrence = np.zeros(physical, dtype=np.int64)
+        order = np.argsort(rows[b], kind="stable")
+        starts = np.cumsum(logcnt) - logcnt
+        occurrence[order] = np.arange(physical) - starts[rows[b][order]]
+        n = int(round(tokens[b]))
+        fractions = {c: vllm_hash_fractions(n, c) for c in np.unique(logcnt[rows[b]]).tolist()}
+        share = np.array([fractions[c][i] for c, i in zip(logcnt[rows[b]].tolist(), occurrence.tolist())])
+        out[b] = load[b, rows[b]] * share
+    return out
+
+
+def _static_rows(rows: np.ndarray, load: np.ndarray, num_gpus: int, num_nodes: int, cache: dict) -> np.ndarray:
+    """Rows per slot when each rank sends an expert's dispatches to its static replica (one weight matrix
+    `[P, E]` per distinct map row, cached)."""
+    batch, physical = rows.shape
+    experts = load.shape[1]
+    out = np.empty((batch, physical))
+    for b in range(batch):
+        key = rows[b].tobytes()
+        if key not in cache:
+            table = static_rank_table(SlotTable(rows[b], num_gpus, num_nodes, experts), 0)   # [G, E] slot per rank
+            weight = np.zeros((physical, experts))
+            np.add.at(weight, (table.ravel(), np.tile(np.arange(experts), num_gpus)), 1.0 / num_gpus)
+            cache[key] = weight
+        out[b] = cache[key] @ load[b]
+    return out
