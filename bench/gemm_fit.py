@@ -115,12 +115,14 @@ def main(argv: list[str] | None = None) -> int:
             doc["groups"][name][formula] = {"ratios": ratios, "ratios_512_4096": middle}
         print(line)
     if args.points:
-        print(f"{'where':<52} {'BLOCK_M':>7} {'rows/expert':>11} {'measured ms':>11} {'formula 11 ms':>13} {'ratio':>6}")
+        print(f"{'group':<8} {'where (sections.)':<34} {'BLOCK_M':>7} {'rows/expert':>11} {'measured ms':>11} "
+              f"{'formula 11 ms':>13} {'ratio':>6}")
         for name, points in groups.items():
             for p in points:
                 predicted = p.predicted_s(profile)
                 rows_text = f"{p.rows[0]}" if len(set(p.rows)) == 1 else f"{np.mean(p.rows):.0f} mean"
-                print(f"{p.where[-52:]:<52} {p.block_m:>7} {rows_text:>11} {p.measured_s * 1e3:>11.4f} "
+                where = p.where.split(": sections.", 1)[-1]
+                print(f"{name:<8} {where:<34} {p.block_m:>7} {rows_text:>11} {p.measured_s * 1e3:>11.4f} "
                       f"{predicted * 1e3:>13.4f} {predicted / p.measured_s:>6.2f}")
     if args.output_json:
         write_json_atomic(args.output_json, doc)
