@@ -197,3 +197,37 @@ def test_the_record_keeps_its_fit_set_apart_from_its_checks():
     changed["sections"]["skew"]["cases"][0]["slot_rows"] = [[512] * 16] * 8
     skew = record_points(changed, "r")["skew"]
     assert len(skew) == 8 and skew[0].rows == (512,) * 16 and skew[0].block_m == 64
+
+
+def test_evaluate_judges_with_formula_11_and_takes_a_record(tmp_path, capsys):
+    from moe_place.traces.bundled import bundled_path
+
+    trace = bundled_path("qwen3-30b-a3b_prefill_topk.npz")
+    plan = tmp_path / "p.json"
+    assert main(["plan", str(trace), "--gpus", "8", "--out", str(plan), "--layers", "0-1"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(plan), str(trace), "--format", "json"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["time_model"]["weights"] == "calibrated" and "H100" in default["time_model"]["topology"]
+    assert main(["evaluate", str(plan), str(trace), "--format", "json", "--hardware-from", str(RECORD)]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert measured["time_model"]["gemm_profile"] == f"fit of {RECORD}" and "H200" in measured["time_model"]["topology"]
+    assert main(["evaluate", str(plan), str(trace), "--weights", "once", "--format", "json"]) == 0
+    once = json.loads(capsys.readouterr().out)
+    compute = [sum(row["compute_s"] for row in doc["layers"]) for doc in (default, measured, once)]
+    assert compute[0] == pytest.approx(compute[1], rel=0.05)  # H100 and H200: one die's terms (docs/MODEL.md)
+    assert compute[2] != compute[0]  # --weights once: formula 1
+    assert main(["evaluate", str(plan), str(trace), "--topology", "1 node x 8 H100", "--hardware-from",
+                 str(RECORD)]) == 2
+    assert "a gpu_check record of the H100-SXM" in capsys.readouterr().err
+
+
+def test_cadence_takes_a_record(capsys):
+    args = ["cadence", "--synthetic", "drift:steps=300,layers=2,experts=16,seed=0", "--gpus", "4", "--engine",
+            "sglang", "--intervals", "100", "--no-hindsight", "--no-progress", "--format", "json"]
+    assert main(args + ["--hardware-from", str(RECORD)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hardware"] == "H200" and doc["expert_time"]["source"] == f"fit of {RECORD}"
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hardware"] == "H100-SXM" and "scaled to H100-SXM" in doc["expert_time"]["source"]

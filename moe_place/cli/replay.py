@@ -47,8 +47,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--groups", type=positive_int, default=None,
                          help="expert groups (hierarchical planning when a multiple of --nodes; default: none)")
     cluster.add_argument("--hardware", default=None,
-                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])}, or an alias such as H100 "
-                              "(default: --hardware-from's part, else H100-SXM)")
+                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])}, or an alias such as H100; with "
+                              "--hardware-from, the record's part (default H100-SXM)")
     add_hardware_from_option(cluster)
     cluster.add_argument("--model", default=None,
                          help=f"expert shape preset for time and copy size: one of {', '.join(PRESETS)} "
