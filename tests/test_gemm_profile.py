@@ -15,7 +15,8 @@ import pytest
 from moe_place.cli.main import main
 from moe_place.cost.gemm import calibrated_terms_s, expert_time_s, expert_work_arrays, gpu_expert_work
 from moe_place.cost.gemm_profile import (FIT_MIN_ROWS, H200_EFFECTIVE_FLOPS, H200_EFFECTIVE_HBM, H200_FIT, H200_RECORD,
-                                         GemmProfile, fit_profile, profile_from_record, read_record, record_points)
+                                         GemmPoint, GemmProfile, fit_profile, profile_from_record, read_record,
+                                         record_points)
 from moe_place.cost.hardware import builtin_catalog, gpu_from_record
 from moe_place.errors import InputError
 from moe_place.online.costing import cluster_cost
@@ -70,8 +71,8 @@ def test_the_fit_by_hand_recovers_the_terms_it_was_made_from():
     """Points made by formula 11 itself are fitted back to the terms that made them, the compulsory
     side included (the decode-sized points)."""
     made = GemmProfile(fixed_s=20e-6, flops_per_s=8e14, tile_bytes_per_s=1.2e13, hbm_bytes_per_s=4e12, source="x")
-    from moe_place.cost.gemm_profile import GemmPoint
-    points = [GemmPoint("p", 2048, 768, (r,) * 8, bm, 128, 2.0, 1.0) for bm in (16, 64, 128) for r in (1, 64, 300, 2048)]
+    points = [GemmPoint("p", 2048, 768, (r,) * 8, bm, 128, 2.0, 1.0)
+              for bm in (16, 64, 128) for r in (1, 64, 300, 2048)]
     points = [GemmPoint(p.where, p.hidden, p.intermediate, p.rows, p.block_m, p.block_n, p.dtype_bytes,
                         p.predicted_s(made)) for p in points]
     got = fit_profile(points, 4e12, "made")

@@ -90,7 +90,8 @@ def reference_profile(name: str, flops_per_s: float, memory_bytes_per_s: float) 
     if flops_factor == 1 and memory_factor == 1:
         return H200_FIT
     return H200_FIT.scaled(flops_factor, memory_factor,
-                           f"{H200_FIT.source}, scaled to {name} (FLOP/s x{flops_factor:.3g}, HBM x{memory_factor:.3g})")
+                           f"{H200_FIT.source}, scaled to {name} (FLOP/s x{flops_factor:.3g}, "
+                           f"HBM x{memory_factor:.3g})")
 
 
 # ------------------------------------------------------------------------------ the record's points
@@ -223,7 +224,8 @@ def record_points(data: dict, path: str | Path = "record") -> dict[str, list[Gem
     return groups
 
 
-def skew_points(skew: dict, block_n: int, path: str | Path = "record", slot_rows: list | None = None) -> list[GemmPoint]:
+def skew_points(skew: dict, block_n: int, path: str | Path = "record",
+                slot_rows: list | None = None) -> list[GemmPoint]:
     """A point per rank and case of the skew section: `slot_rows[case][rank]` (default: each case's own
     `slot_rows`; a case without them gives no points), timed in `measured_per_gpu_s`."""
     here = f"{path}: sections.skew"

@@ -2,8 +2,8 @@
 
 Expert time of one layer is the busiest GPU's calibrated grouped-GEMM time (formula 11, with the
 padding of formula 4 and the tile traffic of formula 5; the GPU's `gemm_profile()`):
-`moe_place.cost.gemm.expert_times_s` over every GPU and layer at once. Rows of a slot are its expert's dispatches split evenly over the
-replicas, rounded up to whole rows.
+`moe_place.cost.gemm.expert_times_s` over every GPU and layer at once. Rows of a slot are its
+expert's dispatches split evenly over the replicas, rounded up to whole rows.
 
 A rebalance is priced by the migration model `moe_place.cost.migration`: one copy per slot whose
 expert changes, from the cheapest holder in the map in use; copy time `serial` (formula 7) or
