@@ -89,7 +89,8 @@ RULE_FILES = (
     "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/sglang.py",
     "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py",
     "moe_place/online/policy.py", "moe_place/online/costing.py", "moe_place/online/estimate.py",
-    "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/hardware.py", "moe_place/cost/migration.py",
+    "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/gemm_profile.py", "moe_place/cost/hardware.py",
+    "moe_place/cost/migration.py",
     "moe_place/cost/models.py", "moe_place/cost/payback.py", "moe_place/cost/topology.py", "moe_place/cost/units.py",
     "moe_place/eplb.py", "moe_place/placement.py", "moe_place/errors.py", "solvers/deepseek.py",
 )

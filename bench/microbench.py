@@ -463,6 +463,7 @@ def section_skew(ctx: Context) -> dict:
                            2 * ctx.copy_bytes_per_s, weights=mode, block_m=block_m, block_n=s.block_n).times_s
                 for mode in ("tiles", "l2"))
             cases.append({"load": name, "placement": pname, "rows_per_gpu": slots.sum(axis=1).tolist(),
+                          "slot_rows": slots.tolist(),  # each rank's rows per local expert (formula 11's checks)
                           "measured_per_gpu_s": measured, "predicted_per_gpu_s": predicted.tolist(),
                           "busiest_measured_s": max(measured), "busiest_predicted_s": float(predicted.max()),
                           "predicted_l2_per_gpu_s": predicted_l2.tolist(),

@@ -125,7 +125,7 @@ def test_replay_layer_times_and_the_copies_of_a_move():
 
     model = get_model("Qwen3-235B-A22B")
     gpu = builtin_catalog().gpu("H100")
-    cost = ReplayCost(model, build_cluster(gpu, 1, 16), block_m=64, block_n=128)
+    cost = ReplayCost(model, build_cluster(gpu, 1, 16), block_m=64, block_n=128, weights="tiles")  # C9: formula 5
     load = np.zeros((1, 128))
     load[0, :8] = 128  # the 8 hot experts of C9, all on GPU 0 under the contiguous layout
     base = Placement.contiguous(1, 128, 16)

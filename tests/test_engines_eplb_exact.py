@@ -1,9 +1,9 @@
 """The drop-in with solver="eplb" equals DeepSeek EPLB's `eplb.py` exactly, in all three tensors.
 
 Expected outputs: `tests/data/eplb_expected.npz`, made by `tests/data/make_eplb_expected.py` from
-github.com/deepseek-ai/EPLB `eplb.py` at commit 57919718be1fbe2baca80a42a7df4de7119aaa95 (the
-file's sha256 and the torch version are stored beside the outputs) on torch 2.13.0. The tests
-fetch nothing. The original orders equal loads by torch's default (unstable) sort, and so does
+github.com/deepseek-ai/EPLB `eplb.py` at commit d52c72d5b2f2fb4c41afbf8eb21366820239913d (main,
+2025-03-24; the commit, the file's sha256 and the torch version are stored beside the outputs) on
+torch 2.13.0. The tests fetch nothing. The original orders equal loads by torch's default (unstable) sort, and so does
 the drop-in, so the tie cases hold for the torch the file was made with.
 """
 
@@ -21,10 +21,31 @@ from moe_place.solvers.deepseek import eplb_maps  # noqa: E402
 DATA = np.load(Path(__file__).parent / "data" / "eplb_expected.npz")
 CASES = [str(name) for name in DATA["meta/cases"]]
 
+# sha256 of `eplb.py` at every commit of github.com/deepseek-ai/EPLB (main and the pull-request refs), read
+# from a clone on 2026-12-04 with `git show COMMIT:eplb.py | sha256sum`; main's head then was d52c72d.
+EPLB_PY_SHA256 = {
+    "f9bc62e84182eee311ec97c3ec3ce38f5073a646": "f64ac531dc4021f075199604fe73fb1875be2a5197827ec9480106dcf39e6dec",
+    "636fdc0a3e0918b24d9379bb80cbf10e734b94ad": "f64ac531dc4021f075199604fe73fb1875be2a5197827ec9480106dcf39e6dec",
+    "fc36b96136e1ce3d9a298017929f2eacf474091b": "71503cc72f073c4e8d34a9b61a92ec0abde4ec719d5cf229baa91f8178f419cb",
+    "48c86cb16b6c1789553dc03a92805906073e0eec": "b712dfa7f7a7b23e2fbed46470bdd2998ba6d81aab20cc667c444172c62e46ad",
+    "cf221658a7f129d4b006954b04711f2394a4d520": "b712dfa7f7a7b23e2fbed46470bdd2998ba6d81aab20cc667c444172c62e46ad",
+    "9d303fafea12a096dc446076c51e1a27760e0923": "a952549162b5b26b8d12d767fe23a0c0e4b173b7d2941492ae68dfe2dd7d0caa",
+    "3079d71e1f7d2075a70c93fbfecf7f7002c0e87e": "a952549162b5b26b8d12d767fe23a0c0e4b173b7d2941492ae68dfe2dd7d0caa",
+    "79724bd9744f9d8d08cc9ab4c7319265fc54cc9a": "cbc03334dfd70578ab3c8c08f491e5d716b0d8294aa35602e40b4529bf593bf1",
+    "16341859c672681a261e9b691abb3d6eb757da29": "cbebf43827fbae30cc0df69c45928bb3f6fe0f7c007035af3fcc41241c5d83e8",
+    "e1100fefe7a54540f5009421c3d18867f62b5f47": "cbebf43827fbae30cc0df69c45928bb3f6fe0f7c007035af3fcc41241c5d83e8",
+    "ff2cba52e9950e7913ce5dad856ca61ebb7558ba": "0e6c2d6a6de88fd835b2b1a8261431b26aa6cef7e0ff08038e21b5b6ce916a00",
+    "d52c72d5b2f2fb4c41afbf8eb21366820239913d": "25b37ccd83aef2369c68f2b4bb596608a4f289956d97d9a3504bfd3159459e29",
+    # refs/pull/13/merge: PR 13 (a rebalance_with_migration_cost function) merged into d52c72d, never on main
+    "57919718be1fbe2baca80a42a7df4de7119aaa95": "1213f1264b9d0b253a5b18f7847ee197b8ab518369471186a1a22c0a719f034f",
+}
+
 
 def test_the_expected_outputs_say_where_they_came_from():
-    assert str(DATA["meta/eplb_commit"]) == "57919718be1fbe2baca80a42a7df4de7119aaa95"
-    assert len(str(DATA["meta/eplb_sha256"])) == 64
+    commit, sha256 = str(DATA["meta/eplb_commit"]), str(DATA["meta/eplb_sha256"])
+    assert commit in EPLB_PY_SHA256, f"eplb.py commit {commit} is not one of EPLB's known commits"
+    assert EPLB_PY_SHA256[commit] == sha256, f"the stored sha256 is not that of eplb.py at {commit}"
+    assert commit == "d52c72d5b2f2fb4c41afbf8eb21366820239913d"  # the commit the docs and this module name
     assert {"readme", "colocated"} <= set(CASES) and sum(c.startswith("random") for c in CASES) == 32
     policies = {bool(DATA[f"{c}/args"][1] % DATA[f"{c}/args"][2] == 0) for c in CASES if c.startswith("random")}
     assert policies == {True, False}  # hierarchical and global

@@ -19,7 +19,8 @@ def test_gpu_times_match_expert_time_s_per_gpu(seed):
     m, gpu = cost.model, cost.gpu
     for g in range(4):
         want = expert_time_s(rows[g], m.hidden, m.intermediate, m.dtype_bytes, gpu.flops_per_s,
-                             gpu.memory_bytes_per_s, weights="tiles", block_m=cost.block_m, block_n=cost.block_n)
+                             gpu.memory_bytes_per_s, weights="calibrated", block_m=cost.block_m, block_n=cost.block_n,
+                             profile=gpu.gemm_profile())
         assert got[g] == pytest.approx(want, rel=1e-12)
 
 

@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moe_place.cli.shared import gpu_with_record
     from moe_place.online.cadence import DEFAULT_INTERVALS, cadences, engine_settings, sweep
     from moe_place.online.controller import initial_map
     from moe_place.online.costing import cluster_cost
@@ -70,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("trace", f"enough steps for one {args.engine} policy call at the shortest interval (a trace "
                                   "of many steps, such as --synthetic drift:steps=6000)", f"{steps} steps")
     model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"
+    gpu = gpu_with_record(args.hardware_from, args.hardware)
 
     def cost_of(cadence):
-        return cluster_cost(args.gpus, args.nodes, args.hardware, model, nic_gbit_per_s=args.nic_gbit,
+        return cluster_cost(args.gpus, args.nodes, gpu, model, nic_gbit_per_s=args.nic_gbit,
                             copy_schedule=cadence.copy_schedule, migration=cadence.migration)
 
     start = initial_map(layers, experts, physical, args.gpus, args.nodes)
@@ -96,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     settings = engine_settings(args.engine, best_ours.step_interval, best_ours.window, physical - experts, use_async,
                                model, rule_settings(args))
     doc = {**result.to_json(), "trace": source, "steps": steps, "layers": layers, "experts": experts,
-           "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "model": model, "settings": settings}
+           "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "model": model, "hardware": gpu.name,
+           "expert_time": gpu.gemm_profile().describe(), "settings": settings}
     if args.out:
         write_json_atomic(args.out, doc)
         wrote("json", args.out)

@@ -7,12 +7,13 @@ import sys
 
 import numpy as np
 
-from moe_place.cli.options import (TIME_MODEL_DEFAULTS, add_progress_option, add_steps_option,
-                                   add_time_model_arguments, add_trace_options, fraction, non_negative_int, positive_int, trace_load_options)
+from moe_place.cli.options import (EVALUATE_TIME_MODEL_DEFAULTS, add_hardware_from_option, add_progress_option,
+                                   add_steps_option, add_time_model_arguments, add_trace_options, fraction,
+                                   non_negative_int, positive_int, trace_load_options)
 from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
-DEFAULTS = {**TIME_MODEL_DEFAULTS, "split": "even", "seed": 0}  # what evaluate uses when neither says
+DEFAULTS = {**EVALUATE_TIME_MODEL_DEFAULTS, "split": "even", "seed": 0}  # what evaluate uses when neither says
 HELP = ("per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace, and the predicted "
         "layer time (dispatch + compute + combine, RDMA/NVLink bytes, nodes per token)")
 
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the quantile for --window-objective quantile, in [0, 1] (default 0.9)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     add_time_model_arguments(parser, from_plan=True)
+    add_hardware_from_option(parser)
     parser.add_argument("--seed", type=non_negative_int, default=None,
                         help="seed of the random replica choices (default: the plan's, else 0)")
     add_steps_option(parser, "judge on")
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
               "split": args.split, "windows": int(loads.shape[0]), "options_from_plan": taken,
               "layers": [r.to_dict() for r in reports]}
     model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
-                                 seed=args.seed)
+                                 seed=args.seed, defaults=EVALUATE_TIME_MODEL_DEFAULTS)
     print(f"evaluate: note: {sample}", file=sys.stderr)  # after the last option check: an error is one line
     if model is None:
         report["time_note"] = (f"no layer time: the trace's model {trace.meta.model!r} names no expert-shape preset; "

@@ -273,12 +273,15 @@ def trace_load_options(args: argparse.Namespace) -> dict:
 DISPATCH_CHOICES = ("deepep", "all-to-all")            # moe_place.cost.comm.DISPATCH_STYLES
 REPLICA_CHOICE_NAMES = ("sglang-static", "vllm", "sglang-dynamic", "node-aware")  # ... REPLICA_CHOICES
 TOKEN_HOME_CHOICES = ("blocks", "round-robin")          # ... TOKEN_HOMES
-WEIGHT_CHOICES = ("once", "tiles", "l2", "none")        # moe_place.cost.gemm.WEIGHT_MODES
+WEIGHT_CHOICES = ("calibrated", "once", "tiles", "l2", "none")  # moe_place.cost.gemm.WEIGHT_MODES
 
 
-# the time model's defaults when neither the command line nor a plan names them (`time_model_defaults`)
+# the time model's defaults when neither the command line nor a plan names them (`time_model_defaults`):
+# `plan --objective time` optimises formula 1 (weights read once: what bench/bench_comm.py measured it on);
+# `evaluate` judges with formula 11, the expert time calibrated on a GPU (docs/MODEL.md)
 TIME_MODEL_DEFAULTS = {"dispatch": "deepep", "replica_choice": "sglang-static", "token_home": "blocks",
                        "weights": "once"}
+EVALUATE_TIME_MODEL_DEFAULTS = {**TIME_MODEL_DEFAULTS, "weights": "calibrated"}
 
 
 def add_time_model_arguments(parser: argparse.ArgumentParser, from_plan: bool = False) -> None:
@@ -305,16 +308,19 @@ def add_time_model_arguments(parser: argparse.ArgumentParser, from_plan: bool = 
     parser.add_argument("--model", metavar="PRESET",
                         help=f"expert shape for row bytes and FLOPs (default: {plan}from the trace's model name), e.g. "
                              "Qwen3-30B-A3B, DeepSeek-V3, Qwen3-235B-A22B, Mixtral-8x7B, OLMoE-1B-7B")
+    defaults = EVALUATE_TIME_MODEL_DEFAULTS if from_plan else TIME_MODEL_DEFAULTS
     parser.add_argument("--weights", choices=WEIGHT_CHOICES, default=None,
-                        help="expert weight reads in the compute time: once (formula 1), tiles (formula 5, "
-                             f"needs --block-m), l2, none (default: {plan}once)")
+                        help="the expert time: calibrated (formula 11, fitted on a GPU's measured grouped GEMM; "
+                             "see --hardware-from), once (formula 1: weights read once), tiles (formula 5, needs "
+                             f"--block-m), l2, none (default: {plan}{defaults['weights']})")
     parser.add_argument("--block-m", type=positive_int, metavar="M",
-                        help=f"GEMM tile height, with --weights tiles (default: {plan}none)")
+                        help=f"GEMM tile height, with --weights tiles or calibrated (default: {plan}none; 64 for "
+                             "calibrated)")
 
 
-def time_model_defaults(args: argparse.Namespace) -> None:
-    """Fill the time-model options still None with `TIME_MODEL_DEFAULTS` (in place)."""
-    for key, value in TIME_MODEL_DEFAULTS.items():
+def time_model_defaults(args: argparse.Namespace, defaults: dict = TIME_MODEL_DEFAULTS) -> None:
+    """Fill the time-model options still None with `defaults` (in place)."""
+    for key, value in defaults.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
 
@@ -334,3 +340,14 @@ def add_sizing_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--plot", type=png_file, metavar="FILE.png",
                        help="with --redundant auto: also write a PNG of held-out busiest/mean and KV tokens lost "
                             "against R (default: none)")
+
+
+# ---------------------------------------------------------------------- the expert time measured on a GPU
+def add_hardware_from_option(parser) -> None:
+    """`--hardware-from RESULT.json` (dest `hardware_from`): formula 11's terms fitted on a GPU's
+    `bench/gpu_check.sh` result (`moe_place.cli.shared.gpu_with_record`)."""
+    parser.add_argument("--hardware-from", metavar="RESULT.json",
+                        help="price expert time with formula 11's terms fitted on this bench/gpu_check.sh result "
+                             "(bench/results/*.json); the GPU is the record's part (default: the part's terms "
+                             "scaled from the committed H200 record, docs/MODEL.md)")
+

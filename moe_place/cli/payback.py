@@ -12,8 +12,8 @@ import json
 import re
 
 from moe_place.cli.output import emit, report_format, wrote
-from moe_place.cli.options import (add_out_argument, format_option, int_list, png_file, positive_float, positive_int,
-                                   report_file)
+from moe_place.cli.options import (add_hardware_from_option, add_out_argument, format_option, int_list, png_file,
+                                   positive_float, positive_int, report_file)
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS
 from moe_place.errors import InputError
@@ -73,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also draw net gain vs batches per copy plan (PNG; default: none)")
     add_out_argument(parser, report_file, "FILE", "write the table/JSON to FILE", aliases=("--output",),
                      default_text="stdout")
+    add_hardware_from_option(parser)
 
 
 def _command_line_scenario(args: argparse.Namespace) -> dict | None:
@@ -98,18 +99,23 @@ def _command_line_scenario(args: argparse.Namespace) -> dict | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moe_place.cost.files import read_table_file
     from moe_place.cost.plot import render_payback_png
     from moe_place.cost.report import format_report
-    from moe_place.cost.scenario import load_scenario, payback_report, scenario_from_table
+    from moe_place.cost.scenario import load_scenario, payback_report, scenario_from_table, with_gemm_record
 
     fmt, label = report_format(args.format, args.out)
     table = _command_line_scenario(args)
+    given = table["payback"] if table is not None else read_table_file(args.scenario).get("payback", {})
+    if args.hardware_from is not None and isinstance(given, dict) and "saving_per_batch_ms" in given:
+        raise InputError("--hardware-from", "a move the cost model prices (rows_after with a [workload]), not a given "
+                         "saving (--saving-ms, saving_per_batch_ms)", args.hardware_from)
     if table is None:
-        scenario = load_scenario(args.scenario)
+        scenario = load_scenario(args.scenario, args.hardware_from)
         if "payback" not in scenario.data:
             raise InputError(f"{args.scenario}: [payback]", "a payback section", "nothing")
     else:
-        scenario = scenario_from_table(table, "command line")
+        scenario = with_gemm_record(scenario_from_table(table, "command line"), args.hardware_from)
     result = payback_report(scenario)
     batches = list(range(result["max_batches"] + 1))
     curves = {case["name"]: [n * result["saving_per_batch_s"] - case["copy_time_s"] for n in batches]

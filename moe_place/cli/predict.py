@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from moe_place.cli.options import add_out_argument, format_option, report_file
+from moe_place.cli.options import add_hardware_from_option, add_out_argument, format_option, report_file
 from moe_place.cli.output import emit, report_format
 from moe_place.errors import InputError
 
@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, report_file, "FILE", "write the table/JSON to FILE", aliases=("--output",),
                      default_text="stdout")
     parser.add_argument("--schema", action="store_true", help="print the scenario schema and exit")
+    add_hardware_from_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scenario is None:
         raise InputError("SCENARIO", "a scenario file (or --schema)", "nothing")
     fmt, label = report_format(args.format, args.out)
-    report = predict(load_scenario(args.scenario))
+    report = predict(load_scenario(args.scenario, args.hardware_from))
     if report.get("workload_from_plan"):
         taken = ", ".join(f"{key} = {value!r}" for key, value in report["workload_from_plan"].items())
         print(f"moe-place predict: note: as the workload's plan was made: {taken} (keys in [workload] win)",

@@ -8,7 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
-from moe_place.cli.options import (add_out_argument, add_progress_option, add_trace_options, json_file,
+from moe_place.cli.options import (add_hardware_from_option, add_out_argument, add_progress_option,
+                                   add_trace_options, json_file,
                                    layer_selection, non_negative_float, non_negative_int, png_file, positive_float,
                                    positive_int, share_below_one, trace_load_options)
 from moe_place.cli.output import plural, wrote
@@ -45,9 +46,10 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                          help="redundant slots per layer (default: one per GPU)")
     cluster.add_argument("--groups", type=positive_int, default=None,
                          help="expert groups (hierarchical planning when a multiple of --nodes; default: none)")
-    cluster.add_argument("--hardware", default="H100-SXM",
-                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])}, or an alias such as H100 "
-                              "(default H100-SXM)")
+    cluster.add_argument("--hardware", default=None,
+                         help=f"GPU part: one of {', '.join(BUILTIN_PARTS['gpu'])}, or an alias such as H100; with "
+                              "--hardware-from, the record's part (default H100-SXM)")
+    add_hardware_from_option(cluster)
     cluster.add_argument("--model", default=None,
                          help=f"expert shape preset for time and copy size: one of {', '.join(PRESETS)} "
                               "(default: from the trace, else Qwen3-30B-A3B)")
@@ -149,6 +151,7 @@ def rule_settings(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from moe_place.cli.shared import gpu_with_record
     from moe_place.online.controller import EngineCadence, initial_map, make_controller
     from moe_place.online.costing import cluster_cost
     from moe_place.online.plot import render_replay_png
@@ -175,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     migration = args.migration or cadence.migration
     schedule = args.copy_schedule or cadence.copy_schedule
     model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"  # the default: the bundled traces' model
-    cost = cluster_cost(args.gpus, args.nodes, args.hardware, model,
+    cost = cluster_cost(args.gpus, args.nodes, gpu_with_record(args.hardware_from, args.hardware), model,
                         nic_gbit_per_s=args.nic_gbit, copy_schedule=schedule, migration=migration)
     kind = CONTROLLER_ALIASES.get(args.controller, args.controller)
     rule = RebalanceRule(cost, layers, experts, **rule_settings(args))
@@ -200,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     doc = {**result.to_json(per_step=not args.no_per_step), "trace": source, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "hardware": cost.gpu.name,
+           "expert_time": cost.gpu.gemm_profile().describe(),
            "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": schedule,
            "migration": migration, "engine": args.engine, "step_interval": cadence.step_interval,
            "window": cadence.window_size, "start": args.start}

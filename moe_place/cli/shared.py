@@ -8,11 +8,13 @@ the subcommands import it inside `run()`, keeping `--help` fast.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import numpy as np
 
-from moe_place.cli.options import time_model_defaults, trace_load_options
+from moe_place.cli.options import TIME_MODEL_DEFAULTS, time_model_defaults, trace_load_options
 from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, default_topology, layer_cost
+from moe_place.cost.hardware import GpuSpec, builtin_catalog, gpu_from_record
 from moe_place.cost.models import PRESETS, get_model, infer_model_name
 from moe_place.cost.topology import parse_topology_spec
 from moe_place.errors import InputError
@@ -121,13 +123,16 @@ def current_for(plan, layer_ids, path: str):
 
 
 def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int, trace_model: str,
-                         required: bool, seed: int = 0):
-    """The `CommModel` the options describe for a plan of `num_gpus` GPUs on `num_nodes` nodes.
+                         required: bool, seed: int = 0, defaults: dict = TIME_MODEL_DEFAULTS):
+    """The `CommModel` the options describe for a plan of `num_gpus` GPUs on `num_nodes` nodes; options
+    still None take `defaults`; `--hardware-from` (when the command has it) gives the GPU its measured
+    formula-11 terms.
 
     Returns None when no expert shape is known (no --model and a trace model name that names no
     preset) and `required` is False; InputError naming --model when it is True.
     """
-    time_model_defaults(args)
+    time_model_defaults(args, defaults)
+    record = getattr(args, "hardware_from", None)
     name = args.model or infer_model_name(trace_model)
     if name is None:
         if required:
@@ -141,8 +146,10 @@ def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int
             raise InputError("--topology", f"{num_nodes} node(s) x {num_gpus // num_nodes} GPUs (the plan's "
                              f"{num_gpus} GPUs on {num_nodes} node(s))",
                              f"{topology.num_servers} x {topology.gpus_per_server}")
+        if record is not None:
+            topology = replace(topology, gpu=gpu_from_record(record, topology.gpu))
     else:
-        topology = default_topology(num_gpus, num_nodes)
+        topology = default_topology(num_gpus, num_nodes, None if record is None else gpu_from_record(record))
     if args.weights == "tiles" and args.block_m is None:
         raise InputError("--block-m", "a tile height with --weights tiles", "nothing")
     return CommModel(topology, model, dispatch=args.dispatch, replica_choice=args.replica_choice,
@@ -223,3 +230,12 @@ def time_figures(placement, trace, model, progress: bool = False, split: str = "
                             f"{'evenly' if split_rule(placement.phy2log[0], placement.num_gpus, split) is None else 'as the ' + split + ' split of each step says'}); "
                             "dispatch, combine and traffic need token-level expert ids"})
     return layers, top
+
+
+def gpu_with_record(record: str | None, part: str | None, default: str = "H100-SXM") -> GpuSpec:
+    """The GPU `replay` and `cadence` run on: the catalog `part` (None: the record's part, else
+    `default`), with formula 11's terms fitted on `record` (`--hardware-from`) when one is given."""
+    gpu = None if part is None else builtin_catalog().gpu(part)
+    if record is None:
+        return gpu or builtin_catalog().gpu(default)
+    return gpu_from_record(record, gpu)

@@ -33,9 +33,10 @@ dispatch style, replica choice). Per step:
    Combine mirrors dispatch: the same rows in the opposite direction (`rows.T`).
 3. Times: dispatch and combine from formula 3 on the topology's graph
    (`traffic.phase_time_s`, equal to `phase_lower_bound`), with `dispatch_bytes_per_row` and
-   `combine_bytes_per_row`; compute is the busiest GPU's `max(F/C, W/B)` (formula 1; formula 5
-   with `weights="tiles"`) over the rows each slot received. `layer_time_s = dispatch + compute +
-   combine`, barriers between the phases as in row C6.
+   `combine_bytes_per_row`; compute is the busiest GPU's expert time over the rows each slot
+   received: `max(F/C, W/B)` (formula 1, `weights="once"` by default; formula 5 with
+   `weights="tiles"`), or formula 11 (`weights="calibrated"`, what `evaluate` uses by default).
+   `layer_time_s = dispatch + compute + combine`, barriers between the phases as in row C6.
 Figures of a trace are sums over its steps (the time to run them one after another), except
 `distinct_nodes_per_token`, a mean over all tokens.
 """
@@ -51,7 +52,7 @@ from moe_place.analysis.dispatch import token_sources
 from moe_place.cost.gemm import WEIGHT_MODES, gpu_times_s
 from moe_place.cost.models import ExpertShape
 from moe_place.cost.topology import Topology, build_cluster
-from moe_place.cost.hardware import builtin_catalog
+from moe_place.cost.hardware import GpuSpec, builtin_catalog
 from moe_place.cost.traffic import phase_time_s
 from moe_place.cost.units import gb_per_s, gbit_per_s
 from moe_place.errors import InputError
@@ -68,11 +69,12 @@ DEFAULT_NVLINK_GB_PER_S = 450.0
 DEFAULT_NIC_GBIT_PER_S = 400.0
 
 
-def default_topology(num_gpus: int, num_nodes: int) -> Topology:
-    """`num_nodes` H100 nodes of `num_gpus / num_nodes` GPUs, NVLink 450 GB/s, one 400 Gbit/s NIC per GPU."""
+def default_topology(num_gpus: int, num_nodes: int, gpu: GpuSpec | None = None) -> Topology:
+    """`num_nodes` nodes of `num_gpus / num_nodes` GPUs (`gpu`, default the H100), NVLink 450 GB/s, one
+    400 Gbit/s NIC per GPU."""
     if num_nodes < 1 or num_gpus % num_nodes:
         raise InputError("num_nodes", f"a divisor of the {num_gpus} GPUs", num_nodes)
-    return build_cluster(builtin_catalog().gpu(DEFAULT_GPU), num_nodes, num_gpus // num_nodes,
+    return build_cluster(gpu or builtin_catalog().gpu(DEFAULT_GPU), num_nodes, num_gpus // num_nodes,
                          nvlink_bytes_per_s=gb_per_s(DEFAULT_NVLINK_GB_PER_S),
                          nic_bytes_per_s=gbit_per_s(DEFAULT_NIC_GBIT_PER_S) if num_nodes > 1 else 0.0)
 
@@ -360,8 +362,10 @@ class CommModel:
     topology: the cluster; its GPUs and nodes must match the plan's. model: the expert shape
     (FLOPs and weight bytes per expert, activation row bytes). dispatch: one of DISPATCH_STYLES.
     replica_choice: one of REPLICA_CHOICES. token_home: one of TOKEN_HOMES.
-    weights: how expert weights are read (`moe_place.cost.gemm`: once = formula 1, tiles = formula 5
-    with `block_m`). dispatch_bytes_per_row / combine_bytes_per_row: None = the model's row bytes.
+    weights: the expert time (`moe_place.cost.gemm`): once = formula 1 (the default, which `plan
+    --objective time` optimises), tiles = formula 5 with `block_m`, calibrated = formula 11 with the
+    GPU's `gemm_profile()` and `block_m` (default 64).
+    dispatch_bytes_per_row / combine_bytes_per_row: None = the model's row bytes.
     seed: for the random replica choices.
     """
 
@@ -412,12 +416,14 @@ class CommModel:
         gpu, m = self.topology.gpu, self.model
         return gpu_times_s(rows.reshape(*rows.shape[:-1], num_gpus, -1), m.hidden, m.intermediate, m.dtype_bytes,
                            gpu.flops_per_s, gpu.memory_bytes_per_s, weights=self.weights, block_m=self.block_m,
-                           block_n=self.block_n, matrices=m.matrices, flops_per_row=float(m.flops_per_row()))
+                           block_n=self.block_n, matrices=m.matrices, flops_per_row=float(m.flops_per_row()),
+                           profile=gpu.gemm_profile())
 
     def describe(self) -> dict:
         """JSON-ready: what the figures assume."""
         return {"topology": self.topology.describe(), "model": self.model.name, "dispatch": self.dispatch,
                 "replica_choice": self.replica_choice, "token_home": self.token_home, "weights": self.weights,
+                **({"gemm_profile": self.topology.gpu.gemm_profile().source} if self.weights == "calibrated" else {}),
                 "dispatch_bytes_per_row": self.dispatch_row_bytes, "combine_bytes_per_row": self.combine_row_bytes}
 
 

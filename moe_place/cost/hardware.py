@@ -36,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from moe_place.cost.files import get_number, read_table_file
+from moe_place.cost.gemm_profile import GemmProfile, profile_from_record, reference_profile
 from moe_place.cost.units import GB_BYTES, TFLOPS, gb_per_s, gbit_per_s
 from moe_place.errors import InputError, check_keys
 
@@ -55,6 +56,7 @@ class GpuSpec:
     fp8_flops_per_s: float = 0.0
     efficiency: float = DEFAULT_EFFICIENCY
     notes: str = ""
+    gemm: GemmProfile | None = None  # formula 11's terms measured on this part (`gpu_from_record`), else None
 
     def __post_init__(self) -> None:
         for key in ("bf16_flops_per_s", "hbm_bytes_per_s", "memory_bytes", "pcie_bytes_per_s"):
@@ -79,6 +81,13 @@ class GpuSpec:
 
     def with_efficiency(self, efficiency: float) -> "GpuSpec":
         return GpuSpec(**{**self.__dict__, "efficiency": efficiency})
+
+    def gemm_profile(self) -> GemmProfile:
+        """The terms of formula 11 (the calibrated expert time): this part's own, measured, when it has
+        them (`gemm`), else the H200 record's fit scaled by this part's effective rates (`reference_profile`)."""
+        if self.gemm is not None:
+            return self.gemm
+        return reference_profile(self.name, self.flops_per_s, self.memory_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -305,6 +314,23 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
     if path is None:
         return catalog
     return catalog.merged(parse_parts(read_table_file(path), str(path)))
+
+
+def gpu_from_record(path: str | Path, gpu: GpuSpec | None = None, catalog: Catalog | None = None,
+                    where: str = "--hardware-from") -> GpuSpec:
+    """`gpu` (default: the catalog part a `bench/gpu_check.sh` result names) with formula 11's terms
+    fitted on that result (`moe_place.cost.gemm_profile.profile_from_record`). The result must be of
+    `gpu`'s part: a profile measured on one GPU says nothing about another."""
+    catalog = catalog or builtin_catalog()
+    recorded, profile = profile_from_record(path)
+    try:
+        part = catalog.gpu(recorded)
+    except InputError as exc:
+        raise InputError(f"{path}: env.gpu_part", f"a GPU of the catalog ({exc.expected})", repr(recorded)) from None
+    if gpu is not None and gpu.name != part.name:
+        raise InputError(where, f"a gpu_check record of the {gpu.name} (the GPU the command prices)",
+                         f"{path}, a record of the {part.name}")
+    return GpuSpec(**{**(gpu or part).__dict__, "gemm": profile})
 
 
 def _require(condition: bool, where: str, expected: str, got: object | None = None) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 from moe_place.analysis.dispatch import dispatch_matrix, expert_to_gpu_share, token_sources
 from moe_place.cost import comm, gemm, offload, pipeline, traffic
 from moe_place.cost.files import get_int, get_number, read_table_file
-from moe_place.cost.hardware import Catalog, load_catalog
+from moe_place.cost.hardware import Catalog, gpu_from_record, load_catalog
 from moe_place.cost.models import ExpertShape, model_from_table
 from moe_place.cost.migration import Copy
 from moe_place.cost.payback import payback
@@ -39,7 +39,8 @@ name = "..."                      # optional label
                   | "deepep" | "all-to-all" (token-level traces: moe_place.cost.comm's dispatch rules),
                 replica_choice = "sglang-static" | "vllm" | "sglang-dynamic" | "node-aware" (with those))
             tokens = n (optional: dispatches must sum to n * top_k)
-            weights = "none" | "once" | "tiles" | "l2" (default "once"); block_m, block_n = 128, pad_empty = false
+            weights = "calibrated" | "none" | "once" | "tiles" | "l2" (default "calibrated": formula 11, block_m
+              default 64); block_m, block_n = 128, pad_empty = false
             dispatch_dtype / combine_dtype = "bf16" | "fp8" (row = hidden * bytes) or dispatch_bytes / combine_bytes
             flops_per_dispatch (default 2 * P_e)
 [pipeline]  micro_batches = 2, breakeven = [["dispatch", "combine"], ["compute"]]
@@ -107,9 +108,22 @@ PREDICT_SECTIONS = ("workload", "pipeline", "payback", "offload", "capacity", "n
 MAX_PAYBACK_BATCHES = 100_000  # the longest net-gain curve (one point per batch)
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, gemm_record: str | Path | None = None) -> Scenario:
+    """The scenario of a file; `gemm_record`: a `bench/gpu_check.sh` result whose fitted formula-11 terms
+    the topology's GPU takes (`--hardware-from`)."""
     path = Path(path)
-    return scenario_from_table(read_table_file(path), path)
+    return with_gemm_record(scenario_from_table(read_table_file(path), path), gemm_record)
+
+
+def with_gemm_record(sc: Scenario, gemm_record: str | Path | None, where: str = "--hardware-from") -> Scenario:
+    """`sc` with its topology's GPU given the formula-11 terms fitted on `gemm_record` (None: `sc` as it is)."""
+    if gemm_record is None:
+        return sc
+    if sc.topology is None:
+        raise InputError(where, f"a scenario with a [topology] (its GPU takes the record's terms); {sc.path} has "
+                         "none", gemm_record)
+    gpu = gpu_from_record(gemm_record, sc.topology.gpu, sc.catalog, where)
+    return replace(sc, topology=replace(sc.topology, gpu=gpu))
 
 
 def scenario_from_table(data: dict, path: str | Path = "scenario") -> Scenario:
@@ -191,9 +205,9 @@ def build_workload(sc: Scenario, table: dict | None = None, where: str = "worklo
                                      f"dispatches the dispatch matrix sends to GPU {g}", f"{new.sum():g}")
                 rows[g] = new
             groups = gpus if "dispatch" not in table else groups
-        elif table.get("weights", "once") != "none":
+        elif table.get("weights", gemm.DEFAULT_WEIGHTS) != "none":
             raise InputError(f"{here}.weights", "'none' unless rows_per_expert says how rows split over experts",
-                             repr(table.get("weights", "once")))
+                             repr(table.get("weights", gemm.DEFAULT_WEIGHTS)))
         rows_per_gpu = tuple(rows)
     total = sum(float(r.sum()) for r in rows_per_gpu)
     if "tokens" in table:
@@ -333,8 +347,9 @@ def _row_bytes(sc: Scenario, table: dict, phase: str, here: str) -> float:
 def compute_layer(sc: Scenario, workload: Workload, table: dict, here: str) -> gemm.LayerTime:
     gpu = _need_topology(sc).gpu
     m = sc.model
-    options = dict(weights=str(table.get("weights", "once")), block_n=get_int(table, "block_n", here, 128, 1),
-                   pad_empty=bool(table.get("pad_empty", False)), matrices=m.matrices)
+    options = dict(weights=str(table.get("weights", gemm.DEFAULT_WEIGHTS)),
+                   block_n=get_int(table, "block_n", here, 128, 1), pad_empty=bool(table.get("pad_empty", False)),
+                   matrices=m.matrices, profile=gpu.gemm_profile())
     if "block_m" in table:
         options["block_m"] = get_int(table, "block_m", here, 0, 1)
     flops_per_row = get_number(table, "flops_per_dispatch", here, default=float(m.flops_per_row()))
@@ -382,6 +397,8 @@ def predict(sc: Scenario) -> dict:
             "time_s": layer.time_s, "busiest_gpu": layer.busiest_gpu, "bound": busiest.bound,
             "busiest_flops": busiest.flops, "busiest_memory_bytes": busiest.memory_bytes,
             "busiest_compute_s": busiest.compute_s, "busiest_memory_s": busiest.memory_s,
+            "busiest_tile_bytes": busiest.tile_bytes, "busiest_tile_s": busiest.tile_s,
+            "busiest_fixed_s": busiest.fixed_s, "weights": str(table.get("weights", gemm.DEFAULT_WEIGHTS)),
             "per_gpu_s": layer.times_s.tolist(), "rows_per_gpu": rows.tolist(),
             "valid_rows": float(rows.sum()), "computed_rows": float(sum(w.computed_rows for w in layer.per_gpu)),
             "expert_skew": traffic.expert_skew(group_rows) if group_rows.sum() > 0 else 1.0,

@@ -1,9 +1,9 @@
 """What a step and a rebalance cost on a given cluster: the cost model, vectorised for replay.
 
-Expert time of one layer is the busiest GPU's `max(F/C, W/B)` (formula 1) with the tile
-traffic of formula 5 and padding of formula 4: `moe_place.cost.gemm.expert_times_s` over every
-GPU and layer at once. Rows of a slot are its expert's dispatches split evenly over the
-replicas, rounded up to whole rows.
+Expert time of one layer is the busiest GPU's calibrated grouped-GEMM time (formula 11, with the
+padding of formula 4 and the tile traffic of formula 5; the GPU's `gemm_profile()`):
+`moe_place.cost.gemm.expert_times_s` over every GPU and layer at once. Rows of a slot are its
+expert's dispatches split evenly over the replicas, rounded up to whole rows.
 
 A rebalance is priced by the migration model `moe_place.cost.migration`: one copy per slot whose
 expert changes, from the cheapest holder in the map in use; copy time `serial` (formula 7) or
@@ -18,7 +18,7 @@ from functools import cached_property
 
 import numpy as np
 
-from moe_place.cost.gemm import expert_times_s
+from moe_place.cost.gemm import DEFAULT_WEIGHTS, expert_times_s
 from moe_place.cost.hardware import GpuSpec, builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS, Copy, Migration, MigrationCharge
 from moe_place.cost.models import ExpertShape, get_model
@@ -41,6 +41,7 @@ class ReplayCost:
 
     model: the expert shape (`W_e`, FLOPs per row). topology: the cluster (G GPUs).
     block_m / block_n: GEMM tile sizes (formulas 4 and 5). alpha_s: fixed cost per copy.
+    weights: the expert time, `moe_place.cost.gemm`'s mode (default formula 11; "tiles" is formula 5, row C9's).
     copy_schedule: "serial" or "parallel"; migration: "stall" or "async" (`moe_place.cost.migration`).
     replica_choice: how serving sends an expert's rows to its replicas (`moe_place.cost.replicas`: `even`,
     the engines' own `vllm`, `sglang-static`, `sglang-dynamic`); `rows_times_s`, what the rule prices its
@@ -55,6 +56,7 @@ class ReplayCost:
     alpha_s: float = DEFAULT_ALPHA_S
     copy_schedule: str = "serial"
     migration: str = "stall"
+    weights: str = DEFAULT_WEIGHTS
     replica_choice: str = "even"
     split_solve_s: float = DEFAULT_SOLVE_S
 
@@ -94,8 +96,8 @@ class ReplayCost:
         rows = np.ceil(np.asarray(slot_rows, dtype=np.float64) - 1e-9).clip(min=0)
         m = self.model
         return expert_times_s(rows, m.hidden, m.intermediate, m.dtype_bytes, self.gpu.flops_per_s,
-                              self.gpu.memory_bytes_per_s, weights="tiles", block_m=self.block_m,
-                              block_n=self.block_n, matrices=m.matrices)
+                              self.gpu.memory_bytes_per_s, weights=self.weights, block_m=self.block_m,
+                              block_n=self.block_n, matrices=m.matrices, profile=self.gpu.gemm_profile())
 
     @property
     def split_overhead_s(self) -> float:
@@ -158,14 +160,16 @@ class ReplayCost:
                             moves.comm_time_s(placement, expert_load))
 
 
-def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str = "H100", model: str | ExpertShape = "Qwen3-30B-A3B",
+def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H100",
+                 model: str | ExpertShape = "Qwen3-30B-A3B",
                  nic_gbit_per_s: float = 400.0, copy_schedule: str = "serial", alpha_s: float = DEFAULT_ALPHA_S,
                  block_m: int = DEFAULT_BLOCK_M, migration: str = "stall", replica_choice: str = "even",
                  split_solve_s: float = DEFAULT_SOLVE_S) -> ReplayCost:
-    """A `ReplayCost` for `num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware`."""
+    """A `ReplayCost` for `num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware` (a catalog
+    name, or a `GpuSpec` such as `moe_place.cost.hardware.gpu_from_record`'s)."""
     if num_nodes < 1 or num_gpus % num_nodes:
         raise InputError("--nodes", f"a divisor of --gpus {num_gpus}", num_nodes)
-    gpu = builtin_catalog().gpu(hardware)
+    gpu = hardware if isinstance(hardware, GpuSpec) else builtin_catalog().gpu(hardware)
     topology = build_cluster(gpu, num_nodes, num_gpus // num_nodes,
                              nic_bytes_per_s=gbit_per_s(nic_gbit_per_s) if num_nodes > 1 else 0.0)
     shape = get_model(model) if isinstance(model, str) else model

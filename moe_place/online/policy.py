@@ -31,7 +31,7 @@ states the rule and what it assumes. Per layer:
    gives. Such a layer moves only when the map in use
    falls behind the fresh plan by more than `noise_margin` times the worst of them plus `min_gain`
    (shares of the mean GPU load); a layer whose load changed needs only `min_gain`.
-4. Does it pay back? Its saving `dt` per step (the cost model's busiest-GPU time, formulas 1/5,
+4. Does it pay back? Its saving `dt` per step (the cost model's busiest-GPU time, formula 11,
    on `lam`) accrues until the load pattern changes. The rule believes the saving lasts
    `H = max(interval, age, interval / (1 - retention))` more steps: at least until the next call,
    since the map cannot change before it; as long again as the layer's load has already lasted

@@ -5,7 +5,13 @@ fetch nothing. This script runs the original `eplb.py` from a checkout that you 
 none of its code:
 
     git clone https://github.com/deepseek-ai/EPLB /tmp/EPLB && git -C /tmp/EPLB checkout COMMIT
-    python tests/data/make_eplb_expected.py --eplb /tmp/EPLB/eplb.py --commit COMMIT
+    python tests/data/make_eplb_expected.py --eplb /tmp/EPLB/eplb.py
+
+The commit recorded is the checkout's `HEAD`, read with git, and the file must be that commit's
+`eplb.py` unchanged (so the commit and the sha256 stored beside the outputs name the same file;
+tests/test_engines_eplb_exact.py checks the pair against the commits of EPLB it knows). The
+committed file comes from main's d52c72d5b2f2fb4c41afbf8eb21366820239913d (2025-03-24, "Fix
+missing device for pphy2mlog tensor").
 
 Cases (seeded, so a rerun with the same `eplb.py` and torch writes the same file):
 - DeepSeek's README example (2 layers x 12 experts, 16 replicas, 4 groups, 2 nodes, 8 GPUs);
@@ -22,6 +28,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -80,13 +88,37 @@ def cases(rng: np.random.Generator):
         yield f"ties{k}", weight.astype(np.int64), (experts + gpus * (1 + k % 2), 1, 1, gpus)
 
 
+def fail(message: str) -> None:
+    """One line on stderr, exit 2 (bad input)."""
+    print(f"make_eplb_expected: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def checkout_commit(path: Path) -> str:
+    """The commit of the git checkout holding `path`, which must be that commit's file unchanged."""
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", "-C", str(path.resolve().parent), *argv], capture_output=True, text=True)
+        if done.returncode:
+            fail(f"--eplb {path}: expected a file in a git checkout of deepseek-ai/EPLB, got git {' '.join(argv)}: "
+                 f"{done.stderr.strip()}")
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    if git("hash-object", path.name) != git("rev-parse", f"HEAD:{path.name}"):
+        fail(f"--eplb {path}: expected {path.name} as commit {commit} has it, got a changed file")
+    return commit
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eplb", type=Path, required=True, help="path of DeepSeek's eplb.py")
-    parser.add_argument("--commit", required=True, help="the EPLB commit that file comes from")
+    parser.add_argument("--commit", help="the EPLB commit the file must come from (default: its checkout's HEAD)")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    commit = checkout_commit(args.eplb)
+    if args.commit is not None and args.commit != commit:
+        fail(f"--commit: expected the checkout's HEAD {commit}, got {args.commit}")
     original = load_original(args.eplb)
     arrays: dict[str, np.ndarray] = {}
     names = []
@@ -99,11 +131,11 @@ def main() -> int:
         arrays[f"{name}/logcnt"] = logcnt.numpy()
         names.append(name)
     arrays["meta/cases"] = np.array(names)
-    arrays["meta/eplb_commit"] = np.array(args.commit)
+    arrays["meta/eplb_commit"] = np.array(commit)
     arrays["meta/eplb_sha256"] = np.array(hashlib.sha256(args.eplb.read_bytes()).hexdigest())
     arrays["meta/torch"] = np.array(torch.__version__)
     np.savez_compressed(args.out, **arrays)
-    print(f"wrote {args.out}: {len(names)} cases from eplb.py {args.commit} on torch {torch.__version__}")
+    print(f"wrote {args.out}: {len(names)} cases from eplb.py {commit} on torch {torch.__version__}")
     return 0
 
 
