@@ -46,7 +46,6 @@ NCCL_BASE_LAT_US = {"tree": 4.4, "ring": 3.6}
 NCCL_NVLINK_LAT_US = {"tree": 0.52, "ring": 0.47}
 NCCL_NET_LAT_US = {"tree": 5.0, "ring": 2.7}
 NCCL_MULTI_NODE_INTRA_FACTOR = 1.8
-COUNT_BYTES = 4                      # one int32 count per logical expert
 
 
 def allreduce_latency_s(num_gpus: int, num_nodes: int) -> float:
