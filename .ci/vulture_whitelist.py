@@ -25,9 +25,10 @@ _.interleave_search
 _.search_branching
 _.log_search_progress
 
-# solver classes registered by the `register` decorator (solvers/cpsat.py, solvers/deepseek.py)
+# solver classes registered by the `register` decorator (solvers/cpsat.py, solvers/deepseek.py, solvers/trtllm.py)
 CpSatSolver
 EplbSolver
+TrtllmSolver
 
 # a field of the per-layer figures, written to the plan and evaluate JSON by to_dict() (solvers/evaluate.py)
 mean_gpu_load

@@ -116,7 +116,12 @@ def _reason(exc: OSError) -> str:
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes (the trace digest a plan records; how bundled traces are recognised)."""
+    """Hex sha256 of a file's bytes (the trace digest a plan records; how bundled traces are recognised);
+    of a folder (TensorRT-LLM's statistics), the sha256 of its files' names and digests in name order."""
+    if Path(path).is_dir():
+        files = sorted(p for p in Path(path).iterdir() if p.is_file())
+        listing = "".join(f"{p.name}\0{file_sha256(p)}\n" for p in files)
+        return hashlib.sha256(listing.encode()).hexdigest()
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

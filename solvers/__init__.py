@@ -1,7 +1,8 @@
 """Placement solvers behind one protocol and registry, and `solve` to plan a whole model.
 
 Registered solvers (`solver_names()`): `eplb` (DeepSeek EPLB, the baseline), `fast`
-(construction + target packing + local search), `cpsat` (OR-Tools CP-SAT, starting from `fast`).
+(construction + target packing + local search), `cpsat` (OR-Tools CP-SAT, starting from `fast`),
+`trtllm` (TensorRT-LLM's offline greedy, the baseline of its `generate_eplb_config.py`).
 `solve(problem, solver)` also takes "auto": `fast`, then `cpsat` on the layers whose gap to the
 lower bound is above `AUTO_GAP` when a time limit gives it room; and "quick": step 1 below alone,
 with no time limit (deterministic; about 50 ms for 58 layers x 288 slots on one core), what an
@@ -27,7 +28,8 @@ inputs and `T`, not on the wall clock:
    seconds each get is fixed from `T` and the model sizes alone (`cpsat_schedule`), and CP-SAT
    runs on deterministic time with one worker.
 With `problem.allow_colocated`, EPLB's plan (co-located replicas included) is a candidate on every
-layer at the end, so no solver returns a layer worse than `eplb`'s.
+layer at the end, so no solver returns a layer worse than `eplb`'s. The baselines (`BASELINES`: `eplb`,
+`trtllm`) skip all this: each returns its algorithm's plan of every layer as the original makes it.
 The wall clock is only a safety cap: when `T` runs out (a slow machine, or a limit below what
 steps 2-3 need), the layers not finished keep their plan so far and `Solution.notes` says which
 and that such a run may not repeat exactly. Without a limit every solver runs to completion.
@@ -48,6 +50,7 @@ from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
 from moe_place.solvers import deepseek
 from moe_place.solvers import fast as _fast  # noqa: F401  (registers "fast")
+from moe_place.solvers import trtllm as _trtllm  # noqa: F401  (registers "trtllm")
 from moe_place.solvers.base import (STATUSES, LayerSolution, get_solver, register, register_factory, require_ortools,
                                     solver_names)
 from moe_place.solvers.bounds import model_lower_bounds
@@ -56,6 +59,7 @@ from moe_place.solvers.hierarchical import is_hierarchical, split_by_node
 from moe_place.solvers.quick import quick_plan
 
 SOLVE_NAMES = ("auto", "quick")  # what `solve` takes besides the registered solvers
+BASELINES = ("eplb", "trtllm")   # the engines' own algorithms: `solve` returns their plan as they make it
 AUTO_GAP = 1e-4              # "auto" hands layers with a larger relative gap to cpsat
 FAST_MIN_S_PER_LAYER = 0.01  # a time limit below this many seconds per layer returns the anytime plan
 CPSAT_SHARE = 0.6            # share of the time limit planned for CP-SAT (the rest: steps 1-2, I/O)
@@ -130,16 +134,16 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
     if solver == "quick" and problem.max_moved_slots is not None:
         raise InputError("solver", "fast or cpsat for a cap on moved slots (quick plans afresh)", "quick")
     start = time.monotonic()
-    if is_hierarchical(problem) and solver != "eplb":
+    if is_hierarchical(problem) and solver not in BASELINES:
         return _solve_by_node(problem, solver, time_limit_s, jobs, progress, start)
     layers = list(range(problem.num_layers))
     notes: list[str] = []
     cpsat_summary = None
     # EPLB's plan, computed once for the anytime plan (a candidate there) and the co-located candidate
-    needs_eplb = solver != "eplb" and (solver == "quick" or time_limit_s is not None or problem.allow_colocated)
+    needs_eplb = solver not in BASELINES and (solver == "quick" or time_limit_s is not None or problem.allow_colocated)
     eplb_rows = _eplb_rows(problem) if needs_eplb else None
-    if solver == "eplb":
-        results = _run_layers(problem, "eplb", layers, jobs, progress)
+    if solver in BASELINES:
+        results = _run_layers(problem, solver, layers, jobs, progress)
     elif solver == "quick":
         results = anytime_layers(problem, fresh=True, eplb_rows=eplb_rows)
     elif time_limit_s is None:
@@ -174,7 +178,7 @@ def solve(problem: PlacementProblem, solver: str = "auto", time_limit_s: float |
                 _note_cut(notes, problem, "cpsat", chosen, exact, time_limit_s)
                 if chosen:
                     cpsat_summary = _cpsat_note(before, results, chosen, time.monotonic() - begun)
-    if problem.allow_colocated and solver != "eplb":
+    if problem.allow_colocated and solver not in BASELINES:
         _improve(results, _colocated_eplb(problem, eplb_rows))
     solutions = tuple(results[i] for i in layers)
     phy2log = np.stack([s.phy2log for s in solutions])

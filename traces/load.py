@@ -6,7 +6,9 @@ Formats, chosen by content first and file name second:
 - a vLLM-style load window (`moe_place.traces.vllm`): `.npz` or `.pt` with `expert_load_window`
   and `physical_to_logical_map`;
 - SGLang expert-distribution-recorder dumps (`moe_place.traces.sglang`): `.pt` files;
-- plain counts as `.csv` or `.json` (`moe_place.traces.text`).
+- plain counts as `.csv` or `.json` (`moe_place.traces.text`);
+- a folder: TensorRT-LLM's expert statistics (`moe_place.traces.trtllm`: `meta_info.json` and
+  `rank{r}.safetensors`, with the raw ids where recorded).
 Every problem with the file is one `InputError` naming the file (and field); nothing else escapes.
 """
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from moe_place.errors import InputError
 from moe_place.io import input_problem
-from moe_place.traces import npz, sglang, stream, text, vllm
+from moe_place.traces import npz, sglang, stream, text, trtllm, vllm
 from moe_place.traces.bundled import bundled_info, load_bundled
 from moe_place.traces.content import describe, is_text, is_torch_legacy, is_zip, not_a_zip, read_head, zip_problem
 from moe_place.traces.count import resolve_workers
@@ -28,7 +30,8 @@ from moe_place.traces.npz import READ_ERRORS, error_reason
 # while streaming (bounded memory) instead of being loaded whole: a 1M tokens x 61 layers x
 # top-8 int16 dump (976 MB) is streamed. Both give the same analysis (`moe-place analyze`).
 DEFAULT_MAX_TOKEN_BYTES = 256 << 20
-SUPPORTED = ".npz (moe-place, vLLM window), .pt (SGLang dump, vLLM window), .csv, .json"
+SUPPORTED = (".npz (moe-place, vLLM window), .pt (SGLang dump, vLLM window), .csv, .json, or a folder of TensorRT-LLM "
+             "expert statistics")
 
 
 def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers: bool = False,
@@ -38,7 +41,7 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
     top_k: the router's top-k for formats that do not record it (count-only dumps); ignored
         when the file records it (a file that records a different value is not overridden).
     keep_dense_layers: SGLang dumps list every decoder layer; dense layers are all-zero rows and
-        are dropped unless this is True.
+        are dropped unless this is True (TensorRT-LLM's statistics hold MoE layers only).
     max_token_bytes: token-level npz traces larger than this are streamed into a count-level
         trace (memory bounded by the chunk size, plus a token sample) instead of being loaded
         whole; default `DEFAULT_MAX_TOKEN_BYTES`, read at each call.
@@ -48,7 +51,7 @@ def load_trace(path: str | Path, *, top_k: int | None = None, keep_dense_layers:
     if max_token_bytes is None:
         max_token_bytes = DEFAULT_MAX_TOKEN_BYTES
     path = Path(path)
-    kind = detect_format(path)
+    kind = "trtllm" if path.is_dir() else detect_format(path)
     try:
         with located(path):
             trace = _read(path, kind, top_k, keep_dense_layers, max_token_bytes, progress)
@@ -114,6 +117,8 @@ def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max
           progress: bool) -> Trace:
     if kind == "bundled":
         return load_bundled(path, bundled_info(path))
+    if kind == "trtllm":
+        return trtllm.read_statistics(path, top_k=top_k)
     if kind == "npz":
         if vllm.is_vllm_npz(path):
             return vllm.read_vllm_window(path, top_k=top_k)

@@ -1,4 +1,10 @@
-"""`moe-place analyze TRACE`: per-layer expert skew and what it does to GPUs at each EP size."""
+"""`moe-place analyze TRACE`: per-layer expert skew and what it does to GPUs at each EP size.
+
+Beside the balancedness figures the EP sweep gives TensorRT-LLM's imbalance ratio by rank
+(`moe_place.analysis.imbalance`: (max - mean) / mean per step, averaged over steps and layers, as its
+`report_load_statistics.py` prints it), and a line gives it by slot (expert); the JSON has them as
+`trtllm_imbalance_by_rank` in each `ep` entry and `trtllm_imbalance_by_slot` at the top.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.analysis.ep_sweep import check_ep_sizes
+    from moe_place.analysis.imbalance import contiguous_imbalance
     from moe_place.analysis.plot import render_png
     from moe_place.analysis.report import analysis_to_json, analyze_trace
     from moe_place.traces.load import load_trace
@@ -50,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     fmt, label = report_format(args.format, args.out)
     analysis = analyze_trace(trace, ep_sizes, args.top_n, args.window)
     report = analysis_to_json(analysis)
+    steps = trace.step_counts()
+    for point in report["ep"]:
+        point["trtllm_imbalance_by_rank"] = contiguous_imbalance(steps, point["ep_size"]).to_dict()["by_rank"]
+    report["trtllm_imbalance_by_slot"] = contiguous_imbalance(steps, 1).to_dict()["by_slot"]  # one slot per expert
     text = json.dumps(report, indent=1, allow_nan=False) + "\n" if fmt == "json" else format_table(report)
     if args.plot:
         write_atomic(args.plot, render_png(analysis))
@@ -95,9 +106,11 @@ def format_table(report: dict) -> str:
               "  summed loads, contiguous placement | per window, mean over layers and transitions:",
               "  contiguous, and +1 replica/GPU of the hottest experts planned on the same or the previous window"]
     head = (f"{'EP':>5} {'experts/GPU':>11} {'mean':>6} {'worst':>6} {'(layer)':>7} {'vLLM bal':>8} "
-            f"{'SGLang bal':>10} | {'contig':>6} {'same':>6} {'previous':>8}")
+            f"{'SGLang bal':>10} {'TRT imb':>7} | {'contig':>6} {'same':>6} {'previous':>8}")
     lines += ["  vLLM bal: the balancedness vLLM logs: mean GPU load summed over layers / busiest GPU load summed",
-              "  SGLang bal: SGLang's mean / busiest GPU load of each layer, averaged over layers (1 = even)"]
+              "  SGLang bal: SGLang's mean / busiest GPU load of each layer, averaged over layers (1 = even)",
+              "  TRT imb: TensorRT-LLM's imbalance, (max - mean) / mean GPU load per step, averaged over steps and layers",
+              f"    (0 = even); the same per expert (no replicas): {_fmt(report['trtllm_imbalance_by_slot'], '.3f')}"]
     lines += [head, "-" * len(head)]
     for e in eps:
         shift = e["out_of_sample"] or {}
@@ -106,7 +119,8 @@ def format_table(report: dict) -> str:
         lines.append(
             f"{e['ep_size']:>5} {e['experts_per_gpu']:>11} {_fmt(e['mean_gpu_max_over_mean']):>6} "
             f"{_fmt(e['worst_gpu_max_over_mean']):>6} {e['worst_layer']:>7} {_fmt(e['vllm_balancedness'], '.3f'):>8} "
-            f"{_fmt(_mean(e['sglang_balancedness']), '.3f'):>10} | {window[0]:>6} {window[1]:>6} {window[2]:>8}")
+            f"{_fmt(_mean(e['sglang_balancedness']), '.3f'):>10} {_fmt(e['trtllm_imbalance_by_rank'], '.3f'):>7} | "
+            f"{window[0]:>6} {window[1]:>6} {window[2]:>8}")
     return "\n".join(lines) + "\n"
 
 

@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moe_place.analysis.imbalance import placement_imbalance
     from moe_place.cli.shared import options_from_plan, select_args_steps, time_figures, time_model_from_args
     from moe_place.io import file_sha256
     from moe_place.planfile import read_plan
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     sample = sample_of(plan, file_sha256(args.trace), args.steps, file_steps)
     report = {"plan": str(args.plan), "trace": str(args.trace), "steps": args.steps, "sample": sample,
               "split": args.split, "windows": int(loads.shape[0]), "options_from_plan": taken,
-              "layers": [r.to_dict() for r in reports]}
+              "layers": [r.to_dict() for r in reports],
+              "trtllm_imbalance": placement_imbalance(placement, trace.step_counts()).to_dict()}
     model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
                                  seed=args.seed, defaults=EVALUATE_TIME_MODEL_DEFAULTS)
     print(f"evaluate: note: {sample}", file=sys.stderr)  # after the last option check: an error is one line
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         print_report(report, "json")
         return 0
     print_report(report, args.format, header=f"evaluate {args.plan} on {args.trace}: split {args.split}")
+    print(trtllm_line(report["trtllm_imbalance"]))
     if model is not None:
         print_time_table(report)
     return 0
@@ -119,6 +122,13 @@ def sample_of(plan, trace_sha256: str, steps: list[int] | None, num_steps: int) 
         return f"out of sample: the plan was made on {made} of this trace, judged on {said}"
     kind = "in sample" if judged <= made_on else "partly in sample"
     return f"{kind}: the plan was made on {made} of this trace, judged on {said}"
+
+
+def trtllm_line(imbalance: dict) -> str:
+    """TensorRT-LLM's imbalance ratios (`moe_place.analysis.imbalance`) as one line, beside balancedness."""
+    text = {key: "-" if imbalance[key] is None else f"{imbalance[key]:.4f}" for key in ("by_rank", "by_slot")}
+    return (f"TensorRT-LLM imbalance, (max - mean) / mean per step averaged over steps and layers: by rank "
+            f"{text['by_rank']}, by slot {text['by_slot']}")
 
 
 def _steps_text(steps: set[int]) -> str:

@@ -1,4 +1,4 @@
-"""`moe-place export PLAN --engine sglang|vllm|eplb --out FILE`: write a plan in an engine's format.
+"""`moe-place export PLAN --engine sglang|vllm|eplb|trtllm --out FILE`: write a plan in an engine's format.
 
 - sglang: `{"physical_to_logical_map": [num_model_layers, P]}` as `.json` or `.pt`, for
   `--init-expert-location FILE` (rows for every model layer; dense layers get the trivial row).
@@ -7,6 +7,9 @@
 A budget plan's per-layer slot counts cannot run on these engines (one slot count for every
 layer): its evenly slotted placement is written, and a warning says so.
 - eplb: DeepSeek EPLB's three tensors `phy2log`, `log2phy`, `logcnt` (int64) as `.pt` or `.npz`.
+- trtllm: TensorRT-LLM's `moe_config.load_balancer` YAML (`num_slots`, `initial_global_assignments`
+  keyed by its MoE layer index, `layer_updates_per_iter: 0`), checked as TensorRT-LLM checks it
+  (`moe_place.engines.trtllm`); `--dense-layers` maps a plan made on MoE layers only to model layers.
 Every file is written atomically.
 """
 
@@ -21,20 +24,22 @@ from pathlib import Path
 from moe_place.cli.options import add_out_argument, layer_count, layer_selection, output_file
 from moe_place.errors import InputError
 
-HELP = "write a plan as the file an engine loads (SGLang --init-expert-location, vLLM policy, EPLB tensors)"
-ENGINES = ("sglang", "vllm", "eplb")
+HELP = ("write a plan as the file an engine loads (SGLang --init-expert-location, vLLM policy, EPLB tensors, "
+        "TensorRT-LLM load balancer)")
+ENGINES = ("sglang", "vllm", "eplb", "trtllm")
+DENSE_ENGINES = ("sglang", "trtllm")  # those that take --dense-layers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="a plan file written by `moe-place plan --out`")
     parser.add_argument("--engine", required=True, choices=ENGINES, help="target format")
     add_out_argument(parser, output_file, "FILE", "output file (sglang: .json or .pt; vllm: .json; eplb: .pt or .npz; "
-                     ".pt needs torch)", required=True)
+                     "trtllm: .yaml; .pt needs torch)", required=True)
     parser.add_argument("--num-model-layers", type=layer_count, default=None, metavar="N",
                         help="sglang: decoder layers of the model (rows of the map; default: from the plan)")
     parser.add_argument("--dense-layers", type=layer_selection, default=[], metavar="IDS",
-                        help="sglang: model layers without experts, e.g. 0-2 for DeepSeek-V3 (trivial rows; "
-                             "default: none)")
+                        help="sglang, trtllm: model layers without experts, e.g. 0-2 for DeepSeek-V3 (sglang: trivial "
+                             "rows; trtllm: a plan on MoE layers only is keyed by model layer; default: none)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="format of the summary on stdout (default table)")
 
 
@@ -47,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--out {args.out}", f"torch installed for a .pt file (pip install torch), or the {other} "
                          f"form (--out {Path(args.out).with_suffix(other)})", "no torch")
     plan = read_plan(args.plan)
-    if args.engine != "sglang" and (args.num_model_layers or args.dense_layers):
-        raise InputError("--num-model-layers/--dense-layers", "only with --engine sglang", f"--engine {args.engine}")
+    if args.engine != "sglang" and args.num_model_layers:
+        raise InputError("--num-model-layers", "only with --engine sglang", f"--engine {args.engine}")
+    if args.engine not in DENSE_ENGINES and args.dense_layers:
+        raise InputError("--dense-layers", "only with --engine sglang or trtllm", f"--engine {args.engine}")
     ids = tuple(plan.layer_ids)
     positions = ids == tuple(range(len(ids)))  # a trace of MoE layers only (synth, vLLM): ids are positions
     overlap = sorted(set(args.dense_layers) & set(ids))
@@ -67,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"moe-place export: note: the plan's layer ids are 0-{len(ids) - 1}, positions among the MoE layers "
               f"(a trace that kept MoE layers only), and --dense-layers names some of them: plan row i goes to the "
               f"i-th model layer that is not dense", file=sys.stderr)
+    if args.engine == "trtllm" and positions and not args.dense_layers:
+        print(f"moe-place export: note: TensorRT-LLM looks each layer up by its decoder-layer index; the plan's "
+              f"layer ids 0-{len(ids) - 1} are used as they are: right for a model whose every layer is MoE (Qwen3-MoE, "
+              f"Mixtral) or a plan made on TensorRT-LLM's statistics; with dense first layers pass --dense-layers "
+              f"(DeepSeek-V3: 0-2)", file=sys.stderr)
     for warning in summary.pop("warnings", []):
         print(f"moe-place export: warning: {warning}", file=sys.stderr)
     if args.format == "json":

@@ -13,10 +13,10 @@ from moe_place.cli.output import print_report, wrote
 from moe_place.cores import usable_cores
 from moe_place.errors import InputError
 
-HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat) and write a plan file"
+HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat, trtllm) and write a plan file"
 # the registry's names (`moe_place.solvers.solver_names()`, checked by tests) without importing the solvers
 # here: CP-SAT's import alone takes a second, and `--help` should not
-SOLVER_CHOICES = ("auto", "cpsat", "eplb", "fast")
+SOLVER_CHOICES = ("auto", "cpsat", "eplb", "fast", "trtllm")
 
 
 def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool = False) -> None:

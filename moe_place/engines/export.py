@@ -5,6 +5,7 @@ engine "vllm":   the plan file without its report (.json, `moe_place.planfile`),
                  moe-place policy reads (`MOE_PLACE_STATIC_PLAN`).
 engine "eplb":   DeepSeek EPLB's `(phy2log, log2phy, logcnt)`, int64, as `.pt` (torch.save of a
                  dict of tensors) or `.npz` (numpy arrays of the same names).
+engine "trtllm": TensorRT-LLM's `moe_config.load_balancer` YAML (`moe_place.engines.trtllm`), `.yaml`/`.yml`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.engines import sglang
+from moe_place.engines import sglang, trtllm
 from moe_place.engines.vllm import STATIC_PLAN_ENV
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 from moe_place.placement import Placement
 from moe_place.planfile import PlanFile, write_plan
 
-SUFFIXES = {"sglang": (".json", ".pt"), "vllm": (".json",), "eplb": (".pt", ".npz")}
+SUFFIXES = {"sglang": (".json", ".pt"), "vllm": (".json",), "eplb": (".pt", ".npz"), "trtllm": (".yaml", ".yml")}
 
 
 def export_plan(plan: PlanFile, engine: str, out: Path, *, num_model_layers: int | None = None,
@@ -66,6 +67,18 @@ def export_plan(plan: PlanFile, engine: str, out: Path, *, num_model_layers: int
         summary["launch"] = (f"{STATIC_PLAN_ENV}={out} with moe_place.engines.vllm installed; "
                              f"--eplb-config '{{\"num_redundant_experts\": "
                              f"{placement.num_physical - placement.num_experts}}}'")
+    elif engine == "trtllm":
+        keys = trtllm.model_layer_keys(layer_ids, dense_layer_ids)
+        config = trtllm.load_balancer_config(placement, keys)
+        trtllm.write_load_balancer(out, config, f"moe-place plan for TensorRT-LLM's moe_config.load_balancer: "
+                                   f"{placement.num_layers} MoE layers, {placement.num_experts} experts, "
+                                   f"{placement.num_physical} slots on EP {placement.num_gpus}")
+        summary["num_layers"] = placement.num_layers
+        summary["layer_keys"] = f"{keys[0]}-{keys[-1]}" if keys == tuple(range(keys[0], keys[-1] + 1)) else \
+            ",".join(map(str, keys))
+        summary["num_local_slots"] = placement.slots_per_gpu
+        summary["launch"] = (f"--ep_size {placement.num_gpus} and --extra_llm_api_options holding "
+                             f"'moe_config: {{load_balancer: {out}}}'")
     else:
         write_eplb_tensors(out, placement)
         summary["num_layers"] = placement.num_layers
