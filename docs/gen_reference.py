@@ -36,15 +36,10 @@ API_PAGES = {
                           "moe_place.traces.npz", "moe_place.traces.count", "moe_place.traces.stream",
                           "moe_place.traces.sample", "moe_place.traces.sglang", "moe_place.traces.vllm",
                           "moe_place.traces.torchfile", "moe_place.traces.text", "moe_place.traces.physical",
-<<<<<<< HEAD
-                          "moe_place.traces.content", "moe_place.traces.bundled", "moe_place.traces.synthetic"]),
-    "placement": ("Placements and plan files", ["moe_place.placement", "moe_place.planfile", "moe_place.split",
-                                                "moe_place.problem"]),
-=======
                           "moe_place.traces.content", "moe_place.traces.bundled", "moe_place.traces.synthetic",
                           "moe_place.traces.trtllm", "moe_place.traces.safetensors_file"]),
-    "placement": ("Placements and plan files", ["moe_place.placement", "moe_place.planfile", "moe_place.problem"]),
->>>>>>> i47
+    "placement": ("Placements and plan files", ["moe_place.placement", "moe_place.planfile", "moe_place.split",
+                                                "moe_place.problem"]),
     "analysis": ("Analysis", ["moe_place.analysis", "moe_place.analysis.profile", "moe_place.analysis.balance", "moe_place.analysis.active",
                               "moe_place.analysis.persistence", "moe_place.analysis.coactivation",
                               "moe_place.analysis.windows", "moe_place.analysis.ep_sweep",
