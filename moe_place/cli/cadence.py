@@ -16,8 +16,8 @@ import json
 from moe_place.cli.options import (add_out_argument, add_progress_option, int_list, json_file, png_file,
                                    trace_load_options)
 from moe_place.cli.output import wrote
-from moe_place.cli.replay import (add_cluster_arguments, add_input_arguments, add_rule_arguments, cluster_slots,
-                                  rule_settings)
+from moe_place.cli.replay import (add_cluster_arguments, add_input_arguments, add_rule_arguments, add_split_arguments,
+                                  cluster_slots, rule_settings, split_cost_options)
 from moe_place.cost.models import infer_model_name
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "engine's own default is always tried)")
     add_cluster_arguments(parser)
     add_rule_arguments(parser)
+    add_split_arguments(parser)
     parser.add_argument("--no-hindsight", action="store_true", help="leave out the hindsight reference")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     def cost_of(cadence):
         return cluster_cost(args.gpus, args.nodes, gpu, model, nic_gbit_per_s=args.nic_gbit,
-                            copy_schedule=cadence.copy_schedule, migration=cadence.migration)
+                            copy_schedule=cadence.copy_schedule, migration=cadence.migration, **split_cost_options(args))
 
     start = initial_map(layers, experts, physical, args.gpus, args.nodes)
     runs = len(plan) * (2 + (not args.no_hindsight))
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         result = sweep(counts, cost_of, start, args.engine, intervals, use_async, args.groups,
                        rule_of=lambda cost: RebalanceRule(cost, layers, experts, **rule_settings(args)),
                        hindsight=not args.no_hindsight,
-                       on_step=step)
+                       on_step=step, split=args.split == "per-batch")
     finally:
         if bar is not None:
             bar.close()
@@ -114,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
     protocol = f"{args.engine}{' sync' if args.sync else ''}"
     print(f"cadence sweep        {protocol}: {steps} steps of {source}, {layers} layers x {experts} experts on "
           f"{args.gpus} GPUs ({args.nodes} node(s), {physical} slots), {model} experts")
+    if args.split == "per-batch" or split_cost_options(args)["replica_choice"] != "even":
+        options = split_cost_options(args)
+        print(f"replica choice       {options['replica_choice']} for both policies"
+              + (" where the split is off; moe-place splits each batch on the layers where it pays"
+                 if args.split == "per-batch" else ""))
     print(f"{'interval':>8} {'window':>7} {'default s':>11} {'moe-place s':>12} {'ratio':>7} {'default GiB':>12} "
           f"{'moe-place GiB':>14}" + ("" if args.no_hindsight else f" {'hindsight s':>12}"))
     for interval in result.intervals():

@@ -15,6 +15,7 @@ from moe_place.cli.options import (add_hardware_from_option, add_out_argument, a
 from moe_place.cli.output import plural, wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS, infer_model_name
+from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
 from moe_place.io import write_atomic, write_json_atomic
@@ -91,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the time (default: parallel, as both engines batch a layer's transfers)")
     add_cluster_arguments(parser)
     add_rule_arguments(parser)
+    add_split_arguments(parser)
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
@@ -109,6 +111,37 @@ def synthetic_command(args: argparse.Namespace, cadence) -> str:
              ("--window", args.window, None))
     words += [f"{flag} {value}" for flag, value, default in given if value != default]
     return " ".join(words)
+
+
+REPLICA_CHOICE_NAMES = ("engine", "even", "vllm", "sglang-static", "sglang-dynamic")
+
+
+def add_split_arguments(parser: argparse.ArgumentParser) -> None:
+    """The per-batch split and how serving sends rows to replicas (shared with `cadence`)."""
+    split = parser.add_argument_group("per-batch split (moe_place.split; docs/split.md)")
+    split.add_argument("--split", choices=("even", "per-batch"), default="even",
+                       help="per-batch: moe-place's rule also splits each batch's rows among an expert's replicas so "
+                            "that the busiest GPU is least, on the layers where that saves more than it costs "
+                            "(decided at each policy call); even: no split (default)")
+    split.add_argument("--replica-choice", choices=REPLICA_CHOICE_NAMES, default=None,
+                       help="how serving sends an expert's rows to its replicas where the split is off, for both "
+                            "policies: engine (vLLM's token-index hash, SGLang's static dispatch), even (1/replicas "
+                            "each, what EPLB assumes), vllm, sglang-static, sglang-dynamic (default: engine with "
+                            "--split per-batch, else even)")
+    split.add_argument("--split-solve-us", type=non_negative_float, default=None,
+                       help="microseconds the split's solve adds to a layer (default 10: the kernel's goal, not a "
+                            "measurement; bench/gpu_check.sh times it)")
+    split.add_argument("--split-allreduce-us", type=non_negative_float, default=None,
+                       help="microseconds the all-reduce of a batch's counts adds to a layer (default: NCCL's latency "
+                            "model for the cluster: 10.2 us on 1 node of 8 GPUs, 37.5 us on 4)")
+
+
+def split_cost_options(args: argparse.Namespace) -> dict:
+    """Keyword arguments of `cluster_cost` for the split options (`add_split_arguments`)."""
+    choice = args.replica_choice or ("engine" if args.split == "per-batch" else "even")
+    return dict(replica_choice=ENGINE_REPLICA_CHOICE[args.engine] if choice == "engine" else choice,
+                split_solve_s=DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6,
+                split_allreduce_s=None if args.split_allreduce_us is None else args.split_allreduce_us * 1e-6)
 
 
 def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.online.plot import render_replay_png
     from moe_place.online.policy import RebalanceRule
     from moe_place.online.replay import initial_placement, load_replay_counts, replay
+    from moe_place.online.splitting import SplitChoice
 
     counts, source, model_hint = load_replay_counts(args.trace, args.synthetic, args.layers, trace_load_options(args))
     steps, layers, experts = counts.shape
@@ -179,10 +213,15 @@ def run(args: argparse.Namespace) -> int:
     schedule = args.copy_schedule or cadence.copy_schedule
     model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"  # the default: the bundled traces' model
     cost = cluster_cost(args.gpus, args.nodes, gpu_with_record(args.hardware_from, args.hardware), model,
-                        nic_gbit_per_s=args.nic_gbit, copy_schedule=schedule, migration=migration)
+                        nic_gbit_per_s=args.nic_gbit, copy_schedule=schedule, migration=migration,
+                        **split_cost_options(args))
     kind = CONTROLLER_ALIASES.get(args.controller, args.controller)
+    if args.split == "per-batch" and kind != "ours":
+        raise InputError("--split per-batch", "--controller ours (the split is moe-place's; the engine's own policy "
+                         "runs its own replica choice, --replica-choice)", f"--controller {args.controller}")
     rule = RebalanceRule(cost, layers, experts, **rule_settings(args))
-    controller = make_controller(kind, cadence, layers, experts, rule=rule, num_groups=args.groups)
+    controller = make_controller(kind, cadence, layers, experts, rule=rule, num_groups=args.groups,
+                                 splitter=SplitChoice(cost) if args.split == "per-batch" else None)
     if args.start == "offline":
         start = initial_placement(counts, args.gpus, physical, args.nodes, window=cadence.window_size,
                                   num_groups=args.groups)
@@ -206,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
            "expert_time": cost.gpu.gemm_profile().describe(),
            "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": schedule,
            "migration": migration, "engine": args.engine, "step_interval": cadence.step_interval,
-           "window": cadence.window_size, "start": args.start}
+           "window": cadence.window_size, "start": args.start, "split": args.split,
+           "replica_choice": cost.replica_choice, "split_overhead_s": cost.split_overhead_s}
     if args.out:
         write_json_atomic(args.out, doc)
         wrote("json", args.out)
@@ -231,4 +271,10 @@ def run(args: argparse.Namespace) -> int:
           f"CPU measured; {paid})")
     print(f"total time            {doc['total_time_s'] * 1e3:.3f} ms")
     print(f"mean balancedness     {doc['mean_balancedness']:.4f}")
+    if args.split == "per-batch":
+        print(f"per-batch split       on {doc['split_layer_steps']} of {steps * layers} layer-steps (each pays "
+              f"{cost.split_overhead_s * 1e6:.1f} us: all-reduce of the counts + solve); elsewhere the replica choice "
+              f"{cost.replica_choice}")
+    elif cost.replica_choice != "even":
+        print(f"replica choice        {cost.replica_choice}")
     return 0

@@ -14,8 +14,10 @@ dispatch style, replica choice). Per step:
    - `sglang-static`: SGLang `--ep-dispatch-algorithm static`
      (python/sglang/srt/eplb/expert_location.py, `compute_logical_to_rank_dispatch_physical_map`):
      each rank uses, for each expert, a replica on its own GPU, else one on its own node (the
-     lowest slot), else a seeded fair draw over all replicas (every replica drawn equally
-     often across the ranks left). Our draw is seeded numpy, not SGLang's `random.Random(42)`.
+     lowest slot; only where some replicas are on other nodes: `_find_nearest_expert` prefers the
+     node only when that narrows the candidates), else a seeded fair draw over all replicas (every
+     replica drawn equally often across the ranks left). Our draw is seeded numpy, not SGLang's
+     `random.Random(42)`.
    - `sglang-dynamic`: SGLang `--ep-dispatch-algorithm dynamic`
      (python/sglang/srt/eplb/expert_location_dispatch.py, `topk_ids_logical_to_physical`): a
      uniform random replica per (token, expert), seeded.
@@ -188,9 +190,11 @@ def static_rank_table(table: SlotTable, seed: int) -> np.ndarray:
     cand_gpu = np.where(valid, table.gpu_of_slot[np.maximum(cand, 0)], -1)
     cand_node = np.where(valid, table.node_of_slot[np.maximum(cand, 0)], -1)
     out = np.full((gpus, table.num_experts), -1, dtype=np.int64)
-    for match in (cand_node[None] == (np.arange(gpus) // gpn)[:, None, None],   # same node (overwritten by...)
-                  cand_gpu[None] == np.arange(gpus)[:, None, None]):            # ... same GPU, which wins
+    same_node = cand_node[None] == (np.arange(gpus) // gpn)[:, None, None]
+    for match in (same_node, cand_gpu[None] == np.arange(gpus)[:, None, None]):  # same node, then same GPU (wins)
         hit = match.any(axis=2)
+        if match is same_node:   # SGLang prefers its node's replicas only when that narrows the candidates
+            hit &= match.sum(axis=2) < table.logcnt[None, :]
         first = np.argmax(match, axis=2)                                       # the lowest such slot
         out = np.where(hit, cand[np.arange(table.num_experts)[None, :], first], out)
     out[:, table.logcnt == 1] = cand[table.logcnt == 1, 0]

@@ -246,19 +246,25 @@ class RuleController(_OnCadence):
         if self.rule is None:
             raise InputError("rule", "a RebalanceRule")
 
+    _split_s: float = field(default=0.0, init=False, repr=False)
+
     @property
     def last_policy_s(self) -> float:
-        return self.rule.last_policy_s
+        """CPU seconds of the last call: the rule's and the split choice's (both run in the policy call)."""
+        return self.rule.last_policy_s + self._split_s
 
     def decide(self, step: int, current: Placement) -> Decision | None:
+        self._split_s = 0.0
         if not self._calls(step):
             self.rule.last_policy_s = 0.0
             return None
         window, steps = self._engine_window(step, current)
         decision = self.rule.decide(window, current, self.cadence.step_interval, steps)
         if self.splitter is not None:
+            started = time.thread_time()
             self.split_layers = self.splitter.decide(window, steps, current if decision is None else
                                                      decision.placement)
+            self._split_s = time.thread_time() - started
         return decision
 
 

@@ -45,8 +45,8 @@ class ReplayCost:
     copy_schedule: "serial" or "parallel"; migration: "stall" or "async" (`moe_place.cost.migration`).
     replica_choice: how serving sends an expert's rows to its replicas (`moe_place.cost.replicas`: `even`,
     the engines' own `vllm`, `sglang-static`, `sglang-dynamic`); `rows_times_s`, what the rule prices its
-    plans with, is always the even split. split_solve_s: the per-batch split's solve per layer (its
-    all-reduce comes from the topology).
+    plans with, is always the even split. split_solve_s: the per-batch split's solve per layer;
+    split_allreduce_s: its all-reduce of the counts (None: NCCL's latency model on the topology).
     """
 
     model: ExpertShape
@@ -59,6 +59,7 @@ class ReplayCost:
     weights: str = DEFAULT_WEIGHTS
     replica_choice: str = "even"
     split_solve_s: float = DEFAULT_SOLVE_S
+    split_allreduce_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.block_m < 1 or self.block_n < 1:
@@ -102,6 +103,10 @@ class ReplayCost:
     @property
     def split_overhead_s(self) -> float:
         """Seconds the per-batch split adds to a layer where it is on (`moe_place.cost.replicas`)."""
+        if self.split_allreduce_s is not None:
+            if not self.split_allreduce_s >= 0 or self.split_allreduce_s == float("inf"):
+                raise InputError("split all-reduce time", "seconds >= 0", self.split_allreduce_s)
+            return self.split_allreduce_s + split_overhead_s(1, 1, self.split_solve_s)
         return split_overhead_s(self.num_gpus, self.topology.num_servers, self.split_solve_s)
 
     def slot_rows(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False) -> np.ndarray:
@@ -164,7 +169,7 @@ def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H
                  model: str | ExpertShape = "Qwen3-30B-A3B",
                  nic_gbit_per_s: float = 400.0, copy_schedule: str = "serial", alpha_s: float = DEFAULT_ALPHA_S,
                  block_m: int = DEFAULT_BLOCK_M, migration: str = "stall", replica_choice: str = "even",
-                 split_solve_s: float = DEFAULT_SOLVE_S) -> ReplayCost:
+                 split_solve_s: float = DEFAULT_SOLVE_S, split_allreduce_s: float | None = None) -> ReplayCost:
     """A `ReplayCost` for `num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware` (a catalog
     name, or a `GpuSpec` such as `moe_place.cost.hardware.gpu_from_record`'s)."""
     if num_nodes < 1 or num_gpus % num_nodes:
@@ -174,4 +179,5 @@ def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H
                              nic_bytes_per_s=gbit_per_s(nic_gbit_per_s) if num_nodes > 1 else 0.0)
     shape = get_model(model) if isinstance(model, str) else model
     return ReplayCost(shape, topology, block_m=block_m, alpha_s=alpha_s, copy_schedule=copy_schedule,
-                      migration=migration, replica_choice=replica_choice, split_solve_s=split_solve_s)
+                      migration=migration, replica_choice=replica_choice, split_solve_s=split_solve_s,
+                      split_allreduce_s=split_allreduce_s)

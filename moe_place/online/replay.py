@@ -55,6 +55,7 @@ class ReplayResult:
     policy_time_s is what serving pays for it: the same where the step waits for the policy,
     0 where it runs in a worker thread beside serving (vLLM's `use_async`);
     peak_staging_bytes is the most buffer memory one switch held (both maps live until the drain).
+    split_layers: int64 `[steps]`, the layers whose batch the per-batch split took (0 without it).
     balancedness: mean over layers of mean/max GPU load (vLLM's metric) under the map in use.
     Every figure but the policy's times (and the totals that include them) repeats exactly.
     """
@@ -71,8 +72,11 @@ class ReplayResult:
     policy_cpu_s: np.ndarray | None = None
     slots_moved_at: np.ndarray | None = None
     called_at: np.ndarray | None = None
+    split_layers: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.split_layers is None:
+            object.__setattr__(self, "split_layers", np.zeros(len(self.expert_time_s), dtype=np.int64))
         if self.slots_moved_at is None:
             object.__setattr__(self, "slots_moved_at", np.zeros(len(self.expert_time_s), dtype=np.int64))
         if self.called_at is None:
@@ -132,6 +136,7 @@ class ReplayResult:
             "total_policy_cpu_s": self.total_policy_cpu_s,
             "total_time_s": self.total_time_s,
             "mean_balancedness": float(self.balancedness.mean()) if self.steps else 0.0,
+            "split_layer_steps": int(self.split_layers.sum()),
         }
         if per_step:
             decided = set(self.rebalance_steps)
@@ -251,7 +256,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
             on_step(step)
     expert_s, balance = served_steps(cost, served, counts, split)
     return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
-                        slots_moved, peak_staging, policy_s, policy_cpu, slots_at, called_at)
+                        slots_moved, peak_staging, policy_s, policy_cpu, slots_at, called_at,
+                        split.sum(axis=1).astype(np.int64))
 
 
 def served_steps(cost: ReplayCost, served: list[Placement], counts: np.ndarray, split: np.ndarray

@@ -1,0 +1,137 @@
+"""How rows reach replicas on counts (moe_place.cost.replicas), the split's overhead, the per-layer split choice
+(moe_place.online.splitting) and `replay --split per-batch`."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from moe_place.cost.comm import SlotTable, choose_replicas, static_rank_table
+from moe_place.cost.replicas import (allreduce_latency_s, slot_rows, split_overhead_s, vllm_hash_fractions)
+from moe_place.errors import InputError
+from moe_place.online.costing import cluster_cost
+from moe_place.online.splitting import SplitChoice
+from moe_place.placement import Placement
+
+
+def test_nccl_latency_model_by_hand():
+    # one node of 8: ring LL 3.6 + 14 x 0.47 = 10.18 us (tree 4.4 + 2 x 7 x 0.52 = 11.68)
+    assert allreduce_latency_s(8, 1) == pytest.approx(10.18e-6)
+    # 4 nodes of 8: tree LL 4.4 + 2 (7 x 0.52 x 1.8 + 2 x 5.0) = 37.504 us (ring 3.6 + 56 x 0.846 + 6 x 2.7 = 67.2)
+    assert allreduce_latency_s(32, 4) == pytest.approx(37.504e-6)
+    assert allreduce_latency_s(1, 1) == 0.0
+    assert split_overhead_s(8, 1, 5e-6) == pytest.approx(15.18e-6)
+    with pytest.raises(InputError):
+        allreduce_latency_s(6, 4)
+    with pytest.raises(InputError):
+        split_overhead_s(8, 1, -1.0)
+
+
+def test_vllm_hash_fractions_follow_the_knuth_hash():
+    # t * 2654435769 is odd times t: residues mod 2 alternate, so two replicas share evenly
+    assert vllm_hash_fractions(16, 2).tolist() == [0.5, 0.5]
+    # one token per rank: index 0 always hashes to 0, so replica 0 takes everything
+    assert vllm_hash_fractions(1, 3).tolist() == [1.0, 0.0, 0.0]
+    residues = [(t * 2654435769 & 0xFFFFFFFF) % 3 for t in range(16)]
+    assert vllm_hash_fractions(16, 3).tolist() == [residues.count(i) / 16 for i in range(3)]
+
+
+def test_slot_rows_keep_every_dispatch():
+    rng = np.random.default_rng(3)
+    rows = np.array([[0, 1, 2, 0, 3, 0, 1, 2]])
+    counts = rng.integers(0, 100, size=(1, 4))
+    for choice in ("even", "vllm", "sglang-static", "sglang-dynamic", "per-batch"):
+        got = slot_rows(rows, counts, 2, choice, top_k=2)
+        assert np.bincount(rows[0], weights=got[0], minlength=4) == pytest.approx(counts[0]), choice
+    with pytest.raises(InputError):
+        slot_rows(rows, counts, 2, "round-robin")
+
+
+def test_sglang_static_prefers_the_node_only_when_that_narrows():
+    # one node of 2 GPUs: expert 0 on slots 0, 3 (GPU 0) and 5 (GPU 1). GPU 0 has its own replica (slot 0, the
+    # first); GPU 1 has slot 5. Expert 1 on slots 1 (GPU 0) and 6 (GPU 1): each GPU its own.
+    table = SlotTable(np.array([0, 1, 2, 0, 3, 0, 1, 2]), 2, 1, 4)
+    static = static_rank_table(table, 0)
+    assert static[:, 0].tolist() == [0, 5] and static[:, 1].tolist() == [1, 6]
+    # two nodes of one GPU each, expert 0 only on node 0's slots: node 1 has none near, so a fair draw over all
+    far = SlotTable(np.array([0, 1, 0, 2, 3, 1]), 2, 2, 4)
+    assert static_rank_table(far, 0)[1, 0] in (0, 2)
+    # on one node every replica is on the rank's node: SGLang then draws fairly, not the lowest slot
+    one = SlotTable(np.array([0, 1, 2, 3, 4, 0, 5, 6, 7, 0, 8, 9]), 4, 1, 10)   # expert 0 on GPUs 0, 1 and 3
+    drawn = [static_rank_table(SlotTable(one.phy2log, 4, 1, 10), seed)[2, 0] for seed in range(20)]
+    assert set(drawn) <= {0, 5, 9} and len(set(drawn)) > 1                     # GPU 2 holds none: drawn
+    ids = np.zeros((4, 1), dtype=np.int64)
+    chosen = choose_replicas(ids, np.arange(4), one, "sglang-static").ravel().tolist()
+    assert chosen[0] == 0 and chosen[1] == 5 and chosen[3] == 9
+
+
+def _placement():
+    rng = np.random.default_rng(0)
+    rows = np.stack([rng.permutation(np.concatenate([np.arange(64), rng.choice(64, 16, replace=False)]))
+                     for _ in range(2)])
+    return Placement(rows, 64, 8, allow_colocated=True)
+
+
+def test_the_split_choice_turns_on_where_the_saving_beats_the_overhead():
+    placement = _placement()
+    rng = np.random.default_rng(1)
+    popularity = rng.dirichlet(np.full(64, 0.3), size=2)
+    window = np.stack([rng.multinomial(65536 * 8, p) for p in popularity]).astype(float)   # large batches
+    cheap = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="sglang-static",
+                                     split_solve_s=0.0, split_allreduce_s=0.0))
+    assert cheap.decide(window * 10, 10, placement).all() and (cheap.saving_s > 0).all()
+    dear = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="sglang-static",
+                                    split_allreduce_s=1.0))
+    assert not dear.decide(window * 10, 10, placement).any()
+    np.testing.assert_allclose(dear.saving_s, cheap.saving_s)   # the same draws: the second call of each
+    # no redundant experts: nothing to split, never on
+    bare = Placement(np.tile(np.arange(64), (2, 1)), 64, 8)
+    assert not cheap.decide(window, 1, bare).any() and cheap.saving_s == pytest.approx(0.0)
+
+
+def test_the_split_choice_uses_the_engines_per_step_window():
+    placement = _placement()
+    rng = np.random.default_rng(2)
+    steps = rng.multinomial(4096 * 8, np.full(64, 1 / 64), size=(40, 2)).astype(float)
+    choice = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="even",
+                                      split_solve_s=0.0, split_allreduce_s=0.0), samples=5)
+    choice.decide(steps, 40, placement)
+    expected = []
+    for layer in range(2):
+        rows = np.broadcast_to(placement.phy2log[layer], (5, 80))
+        engine, _ = choice.cost.served_times_s(rows, steps[-5:, layer], split=False)
+        split, _ = choice.cost.served_times_s(rows, steps[-5:, layer], split=True)
+        expected.append((engine - split).mean())
+    np.testing.assert_allclose(choice.saving_s, expected)
+
+
+def test_replay_split_json_and_its_guard(capsys):
+    from moe_place.cli.main import main
+    import contextlib
+    import io
+
+    def run(*extra):
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            code = main(["replay", "--synthetic", "drift:steps=400,layers=2,experts=32,tokens=512,seed=4", "--gpus",
+                         "8", "--engine", "sglang", "--step-interval", "50", "--format", "json", "--no-progress",
+                         "--no-per-step", *extra])
+        assert code == 0
+        return json.loads(buffer.getvalue())
+
+    plain = run("--replica-choice", "engine")
+    split = run("--split", "per-batch")
+    assert split["split"] == "per-batch" and split["replica_choice"] == "sglang-static"
+    assert split["split_overhead_s"] == pytest.approx(20.18e-6)
+    # decode-sized batches: the choice keeps the split off where it costs more than it saves
+    model = lambda doc: doc["total_expert_time_s"] + doc["total_migration_time_s"]   # noqa: E731 (CPU time: noisy)
+    assert split["split_layer_steps"] == 0 and model(split) <= 1.005 * model(plain)
+    free = run("--split", "per-batch", "--split-solve-us", "0", "--split-allreduce-us", "0")
+    assert free["split_layer_steps"] > 0 and free["total_expert_time_s"] < plain["total_expert_time_s"]
+    assert math.isfinite(free["mean_balancedness"]) and free["mean_balancedness"] > plain["mean_balancedness"]
+    capsys.readouterr()
+    assert main(["replay", "--synthetic", "drift:steps=400,layers=2,experts=32,seed=4", "--gpus", "8", "--step-interval",
+                 "50", "--controller", "engine-default", "--split", "per-batch", "--no-progress"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "--split per-batch" in error[0] and "--controller ours" in error[0]
