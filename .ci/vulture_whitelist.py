@@ -59,8 +59,10 @@ dump_record
 empty_cache
 update_weights_from_disk
 
-# moe_place/online/cadence.py: a CadenceRun field written to the record (to_json via __dict__), read by bench_replay.py
+# moe_place/online/cadence.py: CadenceRun fields written to the record (to_json via __dict__), read by bench_replay.py
+# and bench_split.py
 slots_after_first
+split_layer_steps
 # bench/engine_standins.py: SGLang 0.5.23's names, which its code looks up by name (EplbAlgorithm[name]) or
 # passes by keyword (EPLBManager(...)), kept as SGLang has them
 deepseek_vec

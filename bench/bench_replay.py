@@ -21,9 +21,12 @@ migration + what serving pays for the policy's CPU time.
 
 Traces: the drifting domain-mixture generator (`moe_place.online.replay.parse_synthetic`), each data domain
 with its own hot experts and the mix drifting. `SCENARIOS` x `--seeds` (default 0-2) are the traces the rule
-was developed on; `HELD_OUT` are traces it was not tuned on (other seeds, slower and faster drift, fewer
-tokens per step, more layers), run with `--held-out`; `STATIONARY` is a load that does not drift
-(sampling noise only): after the first call the rule must move nothing, at every cadence.
+was developed on; `HELD_OUT` were traces it was not tuned on (other seeds, slower and faster drift, fewer
+tokens per step, more layers), run with `--held-out`, since used to accept or reject its changes: together
+they are the tuning set (`TUNING_SET`). `EVALUATION` (`--evaluation`, `EVALUATION_SET`) is new: settings and
+seeds no earlier trace used, from decode- to prefill-sized batches, used only to report. `STATIONARY` is a
+load that does not drift (sampling noise only): after the first call the rule must move nothing, at every
+cadence. The verdicts are given for the two sets apart.
 
 Targets (the issue "beat the engine's default at its best cadence"), on every trace and protocol:
 - best against best: moe-place at its best cadence at most `TARGET_BEST` x the default at its best, on every
@@ -41,10 +44,10 @@ The committed records (bench/results/replay_{vllm,sglang}.json and .png) run the
 (`--default-policy engine`), each in its engine's environment (`bench/engine_overlay.sh` makes this checkout
 importable there), and bench/bench_engines.py reads their best cadences:
 
-    PYTHONPATH=OVERLAY VLLM_VENV/bin/python bench/bench_replay.py --held-out --protocols vllm,vllm-sync \
+    PYTHONPATH=OVERLAY VLLM_VENV/bin/python bench/bench_replay.py --held-out --evaluation --protocols vllm,vllm-sync \
         --default-policy engine --out bench/results/replay_vllm.json --force
     python bench/bench_replay.py --replot bench/results/replay_vllm.json --plot bench/results/replay_vllm.png --force
-    PYTHONPATH=OVERLAY SGLANG_VENV/bin/python bench/bench_replay.py --held-out --protocols sglang \
+    PYTHONPATH=OVERLAY SGLANG_VENV/bin/python bench/bench_replay.py --held-out --evaluation --protocols sglang \
         --default-policy engine --out bench/results/replay_sglang.json --force
     python bench/bench_replay.py --replot bench/results/replay_sglang.json --plot bench/results/replay_sglang.png --force
 """
@@ -103,6 +106,27 @@ HELD_OUT = {
     "4x8-deepseek-r1-16l": ("4x8-deepseek-v3", "drift:steps={steps},preset=deepseek-r1,layers=16,tokens=8192,seed=11",
                             "the calibrated DeepSeek-R1 mixture, 16 layers, 8,192 tokens a step"),
 }
+# The evaluation set (issue 46): settings and seeds no earlier trace used, run with `--evaluation`, used only to
+# report (never to choose a constant or a design; the tuning set is SCENARIOS x seeds 0-2 and HELD_OUT, on which the
+# rule was developed and its changes accepted). Batches from decode-sized to prefill-sized.
+EVALUATION = {
+    "1x8-qwen3-30b-e101": ("1x8-qwen3-30b", "drift:steps={steps},layers=8,experts=64,tokens=8192,domains=5,drift=0.08,"
+                           "seed=101", "8,192 tokens a step, 5 domains, drift 0.08"),
+    "1x8-qwen3-30b-e102": ("1x8-qwen3-30b", "drift:steps={steps},layers=8,experts=64,tokens=2048,drift=0.2,seed=102",
+                           "2,048 tokens a step, drift 0.2"),
+    "1x8-qwen3-30b-e103": ("1x8-qwen3-30b", "drift:steps={steps},layers=8,experts=64,tokens=32768,domains=7,"
+                           "drift=0.1,seed=103", "32,768 tokens a step (prefill-sized), 7 domains"),
+    "4x8-deepseek-v3-e104": ("4x8-deepseek-v3", "drift:steps={steps},layers=8,experts=256,tokens=16384,domains=6,"
+                             "drift=0.15,seed=104", "6 domains, drift 0.15"),
+    "4x8-deepseek-v3-e105": ("4x8-deepseek-v3", "drift:steps={steps},layers=8,experts=256,tokens=65536,domains=8,"
+                             "drift=0.1,seed=105", "65,536 tokens a step (prefill-sized)"),
+    "4x8-deepseek-v3-bf16-e106": ("4x8-deepseek-v3-bf16", "drift:steps={steps},layers=8,experts=256,tokens=8192,"
+                                  "domains=10,drift=0.06,seed=106", "8,192 tokens a step, 10 domains, drift 0.06"),
+    "4x8-deepseek-r1-e107": ("4x8-deepseek-v3", "drift:steps={steps},preset=deepseek-r1,layers=12,tokens=16384,"
+                             "seed=107", "the calibrated DeepSeek-R1 mixture, 12 layers"),
+}
+TUNING_SET = tuple(f"{s} seed {seed}" for s in SCENARIOS for seed in (0, 1, 2)) + tuple(HELD_OUT)
+EVALUATION_SET = tuple(EVALUATION)
 STATIONARY = {"1x8-qwen3-30b-stationary": ("1x8-qwen3-30b",
                                            "drift:steps={steps},layers=8,experts=64,tokens=4096,drift=0,seed=12",
                                            "no drift: sampling noise only")}
@@ -126,15 +150,19 @@ def hot_spot_steps(counts: np.ndarray, smooth: int = 16, hot_factor: float = 2.0
             "p90": float(np.percentile(runs, 90))}
 
 
-def traces(scenarios: tuple[str, ...], seeds: list[int], held_out: bool) -> list[dict]:
-    """The traces to sweep: `{name, kind (tuned / held-out / stationary), cluster scenario, spec, label}`."""
+def traces(scenarios: tuple[str, ...], seeds: list[int], held_out: bool, evaluation: bool = False) -> list[dict]:
+    """The traces to sweep: `{name, kind (tuned / held-out / stationary / evaluation), cluster scenario, spec,
+    label}`."""
     out = [dict(name=f"{s} seed {seed}", kind="tuned", cluster=s, spec=SCENARIOS[s]["spec"].replace(
         "{seed}", str(seed)), label=SCENARIOS[s]["label"]) for s in scenarios for seed in seeds]
-    extra = {**HELD_OUT, **STATIONARY} if held_out else STATIONARY
+    extra = {**HELD_OUT, **STATIONARY} if held_out else dict(STATIONARY)
+    if evaluation:
+        extra.update(EVALUATION)
     for name, (cluster, spec, label) in extra.items():
         if cluster in scenarios:
-            out.append(dict(name=name, kind="stationary" if name in STATIONARY else "held-out", cluster=cluster,
-                            spec=spec, label=f"{SCENARIOS[cluster]['label']}; {label}"))
+            kind = "stationary" if name in STATIONARY else "evaluation" if name in EVALUATION else "held-out"
+            out.append(dict(name=name, kind=kind, cluster=cluster, spec=spec,
+                            label=f"{SCENARIOS[cluster]['label']}; {label}"))
     return out
 
 
@@ -189,9 +217,12 @@ def verdicts(records: list[dict]) -> tuple[list[str], list[str]]:
     """The targets of the module note, per protocol over every trace: lines to print, and those missed."""
     lines = []
     protocols = sorted({p for r in records for p in r["protocols"]})
-    for protocol in protocols:
+    for protocol, group in ((p, g) for p in protocols for g in ("tuning set", "evaluation set")):
         cells = [(r, r["protocols"][protocol]) for r in records if protocol in r["protocols"]]
-        drifting = [(r, s) for r, s in cells if r["kind"] != "stationary"]
+        drifting = [(r, s) for r, s in cells if r["kind"] != "stationary" and
+                    (r["kind"] == "evaluation") == (group == "evaluation set")]
+        if group == "evaluation set":
+            cells = []                                          # the stationary lines once, with the tuning set
         if drifting:
             best = [s["best_ratio"] for _, s in drifting]
             hind = [s["hindsight_ratio"] for _, s in drifting]
@@ -199,11 +230,12 @@ def verdicts(records: list[dict]) -> tuple[list[str], list[str]]:
             met_best = max(best) <= TARGET_BEST and float(np.mean(best)) <= TARGET_BEST
             met_same = same <= TARGET_SAME_CADENCE
             worst = max(drifting, key=lambda c: c[1]["best_ratio"])[0]["name"]
-            lines.append(f"{protocol}: best against best over {len(best)} drifting traces: mean {np.mean(best):.4f}, "
+            lines.append(f"{protocol}, {group}: best against best over {len(best)} drifting traces: mean "
+                         f"{np.mean(best):.4f}, "
                          f"worst {max(best):.4f} ({worst}) (target <= {TARGET_BEST}: "
                          f"{'MET' if met_best else 'NOT MET'}); hindsight mean {np.mean(hind):.4f}, "
                          f"best {min(hind):.4f}, worst {max(hind):.4f}")
-            lines.append(f"{protocol}: same cadence, worst moe-place / default {same:.4f} "
+            lines.append(f"{protocol}, {group}: same cadence, worst moe-place / default {same:.4f} "
                          f"(target <= {TARGET_SAME_CADENCE}: {'MET' if met_same else 'NOT MET'})")
         for r, s in cells:
             if r["kind"] == "stationary":
@@ -287,7 +319,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the engine default's own function: numpy (moe-place's port: the same maps, a fraction "
                              "of the CPU time) or engine (the installed engine's code, timed as the engine runs it; "
                              "run in the engine's environment; default numpy)")
-    parser.add_argument("--held-out", action="store_true", help="also the traces the rule was not tuned on (HELD_OUT)")
+    parser.add_argument("--held-out", action="store_true",
+                        help="also HELD_OUT: traces the rule was not tuned on, since used to accept its changes (part "
+                             "of the tuning set now)")
+    parser.add_argument("--evaluation", action="store_true",
+                        help="also the evaluation set (EVALUATION: new settings and seeds, used only to report)")
     parser.add_argument("--jobs", type=_positive, default=1,
                         help=f"traces in parallel processes, at most the cores ({os.cpu_count()}; default 1)")
     add_record_options(parser, plot=True, committed=RESULTS)
@@ -310,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             parser.error(f"--default-policy engine: {missing[0]} is not importable in this Python ({sys.executable})")
     jobs = [(trace, args.steps, args.protocols, args.default_policy)
-            for trace in traces(args.scenarios, args.seeds, args.held_out)]
+            for trace in traces(args.scenarios, args.seeds, args.held_out, args.evaluation)]
     started = time.perf_counter()
     try:
         records = _run_jobs(jobs, args.jobs, started)
@@ -323,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines), flush=True)
     if args.output_json:
         write_json_atomic(args.output_json, {"steps": args.steps, "seeds": args.seeds,
+                                             "sets": {"tuning": list(TUNING_SET), "evaluation": list(EVALUATION_SET)},
                                              "protocols": list(args.protocols), "default_policy": args.default_policy,
                                              "targets": {"best": TARGET_BEST, "same_cadence": TARGET_SAME_CADENCE},
                                              "policy_time": "CPU seconds of the policy's calls (time.thread_time); "

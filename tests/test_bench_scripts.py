@@ -81,7 +81,7 @@ def test_force_overwrites_and_a_missed_target_says_which(tmp_path):
     assert "NOT MET" in done.stdout
     # and on stderr, where it shows when stdout goes to a file: one line naming each missed target
     missed = done.stderr.splitlines()[-1]
-    assert missed.startswith("bench_replay: ") and " missed: sglang: " in missed, done.stderr
+    assert missed.startswith("bench_replay: ") and " missed: sglang, tuning set: " in missed, done.stderr
     assert '"traces"' in record.read_text()
     # its progress: a line on stderr as each trace ends (the tuned one and the stationary one)
     progress = [line for line in done.stderr.splitlines() if " traces done (" in line]

@@ -84,7 +84,8 @@ def test_the_split_choice_turns_on_where_the_saving_beats_the_overhead():
     dear = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="sglang-static",
                                     split_allreduce_s=1.0))
     assert not dear.decide(window * 10, 10, placement).any()
-    np.testing.assert_allclose(dear.saving_s, cheap.saving_s)   # the same draws: the second call of each
+    # settled by the ceiling without a split solved: the most the split could save, at least what it saved
+    assert (dear.saving_s >= 0.9 * cheap.saving_s).all()
     # no redundant experts: nothing to split, never on
     bare = Placement(np.tile(np.arange(64), (2, 1)), 64, 8)
     assert not cheap.decide(window, 1, bare).any() and cheap.saving_s == pytest.approx(0.0)

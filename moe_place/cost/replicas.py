@@ -35,7 +35,7 @@ import numpy as np
 from moe_place.cost.comm import SlotTable, static_rank_table
 from moe_place.errors import InputError
 from moe_place.placement import even_split_slot_loads
-from moe_place.split import split_shares
+from moe_place.split import MAX_SWEEPS, split_shares
 
 REPLICA_CHOICES = ("even", "vllm", "sglang-static", "sglang-dynamic", "per-batch")
 ENGINE_REPLICA_CHOICE = {"vllm": "vllm", "sglang": "sglang-static"}   # what each engine does by default
@@ -79,10 +79,10 @@ def vllm_hash_fractions(tokens_per_rank: int, replicas: int) -> np.ndarray:
 
 
 def slot_rows(phy2log: np.ndarray, counts: np.ndarray, num_gpus: int, choice: str, *, num_nodes: int = 1,
-              top_k: int = 8, static_tables: dict | None = None) -> np.ndarray:
+              top_k: int = 8, static_tables: dict | None = None, max_sweeps: int = MAX_SWEEPS) -> np.ndarray:
     """float64 `[B, P]`: the rows each slot of `phy2log` int `[B, P]` receives from `counts [B, E]` under the
     replica choice `choice` (module note). top_k: dispatches per token (vLLM's tokens per rank).
-    static_tables: a cache for `sglang-static` (one table per distinct map row)."""
+    static_tables: a cache for `sglang-static` (one table per distinct map row). max_sweeps: the split's cap."""
     if choice not in REPLICA_CHOICES:
         raise InputError("replica choice", f"one of {', '.join(REPLICA_CHOICES)}", choice)
     rows = np.asarray(phy2log, dtype=np.int64)
@@ -90,7 +90,7 @@ def slot_rows(phy2log: np.ndarray, counts: np.ndarray, num_gpus: int, choice: st
     if choice in ("even", "sglang-dynamic"):
         return even_split_slot_loads(rows, load)
     if choice == "per-batch":
-        return split_shares(rows, np.rint(load).astype(np.int64), num_gpus).astype(np.float64)
+        return split_shares(rows, np.rint(load).astype(np.int64), num_gpus, max_sweeps=max_sweeps).astype(np.float64)
     if choice == "vllm":
         return _vllm_rows(rows, load, num_gpus, top_k)
     return _static_rows(rows, load, num_gpus, num_nodes, {} if static_tables is None else static_tables)

@@ -49,6 +49,8 @@ class CadenceRun:
     bytes_moved: int
     calls: int
     slots_after_first: int   # slots changed by the calls after the first (a stationary load: none)
+    split_layer_steps: int = 0   # layer-steps the per-batch split took
+    split_cpu_s: float = 0.0     # CPU seconds of the split's per-layer choice (inside policy_cpu_s)
 
     @classmethod
     def of(cls, policy: str, cadence: EngineCadence, result: ReplayResult) -> "CadenceRun":
@@ -56,7 +58,8 @@ class CadenceRun:
         later = result.slots_moved_at[calls[0] + 1:].sum() if calls.size else 0
         return cls(policy, cadence.step_interval, cadence.window_size, result.total_time_s, result.total_expert_time_s,
                    result.total_migration_time_s, result.total_policy_time_s, result.total_policy_cpu_s,
-                   result.total_bytes_moved, int(calls.size), int(later))
+                   result.total_bytes_moved, int(calls.size), int(later), int(result.split_layers.sum()),
+                   float(result.split_cpu_s.sum()))
 
 
 @dataclass(frozen=True)

@@ -253,6 +253,11 @@ class RuleController(_OnCadence):
         """CPU seconds of the last call: the rule's and the split choice's (both run in the policy call)."""
         return self.rule.last_policy_s + self._split_s
 
+    @property
+    def last_split_s(self) -> float:
+        """CPU seconds of the split choice in the last call (inside `last_policy_s`)."""
+        return self._split_s
+
     def decide(self, step: int, current: Placement) -> Decision | None:
         self._split_s = 0.0
         if not self._calls(step):
@@ -263,7 +268,7 @@ class RuleController(_OnCadence):
         if self.splitter is not None:
             started = time.thread_time()
             self.split_layers = self.splitter.decide(window, steps, current if decision is None else
-                                                     decision.placement)
+                                                     decision.placement, step)
             self._split_s = time.thread_time() - started
         return decision
 

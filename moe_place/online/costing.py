@@ -27,6 +27,7 @@ from moe_place.cost.topology import Topology, build_cluster
 from moe_place.cost.units import gbit_per_s
 from moe_place.errors import InputError
 from moe_place.placement import Placement, even_split_slot_loads
+from moe_place.split import MAX_SWEEPS
 
 DEFAULT_ALPHA_S = 5e-6
 DEFAULT_BLOCK_M = 64
@@ -109,11 +110,13 @@ class ReplayCost:
             return self.split_allreduce_s + split_overhead_s(1, 1, self.split_solve_s)
         return split_overhead_s(self.num_gpus, self.topology.num_servers, self.split_solve_s)
 
-    def slot_rows(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False) -> np.ndarray:
+    def slot_rows(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False,
+                  max_sweeps: int = MAX_SWEEPS) -> np.ndarray:
         """float64 `[rows, P]`: rows per slot of map rows `phy2log [rows, P]` under loads `[rows, E]`: the
-        replica choice's (`replica_choice`), or the per-batch split's where `split`."""
+        replica choice's (`replica_choice`), or the per-batch split's where `split` (`max_sweeps` its cap)."""
         return slot_rows(phy2log, expert_load, self.num_gpus, "per-batch" if split else self.replica_choice,
-                         num_nodes=self.topology.num_servers, top_k=self.model.top_k, static_tables=self._static)
+                         num_nodes=self.topology.num_servers, top_k=self.model.top_k, static_tables=self._static,
+                         max_sweeps=max_sweeps)
 
     @cached_property
     def _static(self) -> dict:
@@ -125,12 +128,12 @@ class ReplayCost:
         slots = self.slot_rows(placement.phy2log, np.asarray(expert_load, dtype=np.float64))
         return self.gpu_times_s(slots.reshape(placement.num_layers, placement.num_gpus, -1)).max(axis=-1)
 
-    def served_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False
-                       ) -> tuple[np.ndarray, np.ndarray]:
+    def served_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False,
+                       max_sweeps: int = MAX_SWEEPS) -> tuple[np.ndarray, np.ndarray]:
         """(busiest-GPU expert time `[rows]`, the overhead of the split included where `split`; balancedness,
         mean over max GPU rows `[rows]`) of map rows `phy2log [rows, P]` serving batches `expert_load [rows, E]`:
         what the replay charges each layer of each step."""
-        slots = self.slot_rows(phy2log, expert_load, split).reshape(len(phy2log), self.num_gpus, -1)
+        slots = self.slot_rows(phy2log, expert_load, split, max_sweeps).reshape(len(phy2log), self.num_gpus, -1)
         times = self.gpu_times_s(slots).max(axis=-1) + (self.split_overhead_s if split else 0.0)
         per_gpu = slots.sum(axis=-1)
         busiest = per_gpu.max(axis=-1)

@@ -55,7 +55,9 @@ class ReplayResult:
     policy_time_s is what serving pays for it: the same where the step waits for the policy,
     0 where it runs in a worker thread beside serving (vLLM's `use_async`);
     peak_staging_bytes is the most buffer memory one switch held (both maps live until the drain).
-    split_layers: int64 `[steps]`, the layers whose batch the per-batch split took (0 without it).
+    split_layers: int64 `[steps]`, the layers whose batch the per-batch split took (0 without it);
+    split_cpu_s: float64 `[steps]`, the CPU seconds of the split's choice in the policy's call (part of
+    policy_cpu_s).
     balancedness: mean over layers of mean/max GPU load (vLLM's metric) under the map in use.
     Every figure but the policy's times (and the totals that include them) repeats exactly.
     """
@@ -73,10 +75,13 @@ class ReplayResult:
     slots_moved_at: np.ndarray | None = None
     called_at: np.ndarray | None = None
     split_layers: np.ndarray | None = None
+    split_cpu_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.split_layers is None:
             object.__setattr__(self, "split_layers", np.zeros(len(self.expert_time_s), dtype=np.int64))
+        if self.split_cpu_s is None:
+            object.__setattr__(self, "split_cpu_s", np.zeros(len(self.expert_time_s)))
         if self.slots_moved_at is None:
             object.__setattr__(self, "slots_moved_at", np.zeros(len(self.expert_time_s), dtype=np.int64))
         if self.called_at is None:
@@ -216,6 +221,7 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     copy_s = np.zeros(steps)
     policy_s = np.zeros(steps)
     policy_cpu = np.zeros(steps)
+    split_cpu = np.zeros(steps)
     slots_at = np.zeros(steps, dtype=np.int64)
     called_at = np.zeros(steps, dtype=bool)
     rebalance_steps: list[int] = []
@@ -231,6 +237,7 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
             called = called_at[step] = bool(getattr(controller, "called", decision is not None))
             policy_cpu[step] = getattr(controller, "last_policy_s", 0.0)
             policy_s[step] = 0.0 if policy_in_worker else policy_cpu[step]
+            split_cpu[step] = getattr(controller, "last_split_s", 0.0)
             chosen = getattr(controller, "split_layers", None)
             if called and chosen is not None:
                 split_now = np.asarray(chosen, dtype=bool).copy()
@@ -257,7 +264,7 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     expert_s, balance = served_steps(cost, served, counts, split)
     return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
                         slots_moved, peak_staging, policy_s, policy_cpu, slots_at, called_at,
-                        split.sum(axis=1).astype(np.int64))
+                        split.sum(axis=1).astype(np.int64), split_cpu)
 
 
 def served_steps(cost: ReplayCost, served: list[Placement], counts: np.ndarray, split: np.ndarray

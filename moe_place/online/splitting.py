@@ -6,7 +6,9 @@ redundant experts it can move nothing; on small batches, or where the replicas a
 it saves less than it costs. So at every call the engine makes, `SplitChoice.decide` prices, per layer and on
 the map the engine will run, the mean expert time of a batch under the engine's own replica choice and under
 the split, over batches like the window's, and turns the split on where the saving is more than the overhead
-(times `1 + margin`).
+(times `1 + margin`). A layer's choice stands while its map row is unchanged, for up to `REFRESH_STEPS`
+steps, so a short cadence does not pay for it at every call (the choice is part of the policy's call and
+its CPU time is the policy's).
 
 Batches like the window's: the window's own steps where the engine hands them (SGLang's per-pass counts, the
 last `samples` of them); where it hands their sum (vLLM), `samples` batches drawn from it, each a multinomial
@@ -25,7 +27,11 @@ from moe_place.errors import InputError
 from moe_place.online.costing import ReplayCost
 from moe_place.placement import Placement
 
-SPLIT_SAMPLES = 16      # batches priced per call
+SPLIT_SAMPLES = 4       # batches priced per call (its CPU time is the policy call's)
+BOUND_SLACK = 1.5       # a layer is priced in full unless 1.5 x the most it could save is below the overhead
+CHOICE_SWEEPS = 8       # the choice needs the saving to a few percent, not the split's last 0.1%
+REFRESH_STEPS = 1000    # a layer's choice stands until its map row changes or it is this old: the engines'
+                        # own re-planning period (SGLang's default interval, vLLM's window)
 
 
 @dataclass
@@ -46,6 +52,8 @@ class SplitChoice:
     on: np.ndarray | None = field(default=None, init=False)
     saving_s: np.ndarray | None = field(default=None, init=False)
     calls: int = field(default=0, init=False)
+    _rows: np.ndarray | None = field(default=None, init=False, repr=False)          # the map rows last decided on
+    _decided_at: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] the step of each choice
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -53,20 +61,78 @@ class SplitChoice:
         if not self.margin >= 0:
             raise InputError("split margin", "a share >= 0", self.margin)
 
-    def decide(self, window: np.ndarray, window_steps: int, placement: Placement) -> np.ndarray:
+    def decide(self, window: np.ndarray, window_steps: int, placement: Placement, step: int | None = None) -> np.ndarray:
         """bool `[layers]`: the layers whose batches the split should take, from the engine's window
-        (`[layers, E]` summed over `window_steps` steps, or `[steps, layers, E]` per step) and the map it runs."""
-        batches = self._batches(np.asarray(window, dtype=np.float64), window_steps)      # [n, layers, E]
-        n, layers, experts = batches.shape
-        rows = np.broadcast_to(placement.phy2log[None], (n, layers, placement.num_physical)).reshape(n * layers, -1)
-        flat = batches.reshape(n * layers, experts)
-        engine, _ = self.cost.served_times_s(rows, flat, split=False)
-        split, _ = self.cost.served_times_s(rows, flat, split=True)
-        overhead = self.cost.split_overhead_s
-        self.saving_s = (engine - (split - overhead)).reshape(n, layers).mean(axis=0)
-        self.on = self.saving_s > overhead * (1.0 + self.margin)
+        (`[layers, E]` summed over `window_steps` steps, or `[steps, layers, E]` per step) and the map it runs.
+
+        A layer whose saving cannot reach the overhead is settled first, without solving a split: the split
+        cannot bring the busiest GPU below the mean GPU's rows, so its saving is at most the busiest GPU's
+        time less that GPU's time with its rows scaled down to the mean (`ceiling_s`); where `BOUND_SLACK`
+        times that is still below the overhead, the layer stays off. The others are priced in full."""
+        layers = placement.num_layers
+        if self.on is None or step is None:
+            due = np.ones(layers, dtype=bool)
+        else:   # a layer whose map row changed, or whose choice is `REFRESH_STEPS` old
+            due = (placement.phy2log != self._rows).any(axis=1) | (step - self._decided_at >= REFRESH_STEPS)
+        if self.on is None:
+            self.on, self.saving_s = np.zeros(layers, dtype=bool), np.zeros(layers)
+            self._decided_at = np.zeros(layers, dtype=np.int64)
+        self._rows = placement.phy2log.copy()
         self.calls += 1
+        overhead = self.cost.split_overhead_s * (1.0 + self.margin)
+        if due.any():   # first on the window's mean batch, with room for a batch's noise (no split solved)
+            window = np.asarray(window, dtype=np.float64)
+            mean = (window.sum(axis=0) if window.ndim == 3 else window) / max(window_steps, 1)
+            ceiling = self._noisy_ceiling_s(placement.phy2log[due], mean[due])
+            settled = np.flatnonzero(due)[ceiling <= overhead]
+            self.on[settled], self.saving_s[settled] = False, ceiling[ceiling <= overhead]
+            if step is not None:
+                self._decided_at[settled] = step
+            due[settled] = False
+        if not due.any():
+            return self.on
+        batches = self._batches(np.asarray(window, dtype=np.float64), window_steps)[:, due]   # [n, due layers, E]
+        n, count, experts = batches.shape
+        rows = np.broadcast_to(placement.phy2log[due][None], (n, count, placement.num_physical)).reshape(n * count, -1)
+        flat = batches.reshape(n * count, experts)
+        engine, ceiling = self._ceiling_s(rows, flat)
+        saving = ceiling.reshape(n, count).mean(axis=0)
+        open_ = BOUND_SLACK * saving > overhead
+        if open_.any():
+            take = np.broadcast_to(open_[None], (n, count)).reshape(-1)
+            split, _ = self.cost.served_times_s(rows[take], flat[take], split=True, max_sweeps=CHOICE_SWEEPS)
+            saving[open_] = (engine[take] - (split - self.cost.split_overhead_s)).reshape(n, -1).mean(axis=0)
+        self.saving_s[due] = saving
+        self.on[due] = open_ & (saving > overhead)
+        if step is not None:
+            self._decided_at[due] = step
         return self.on
+
+    def _noisy_ceiling_s(self, rows: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """float64 `[n]`: the most the split could save on a batch drawn around the mean batch `mean [n, E]` of map
+        rows `[n, P]`: the mean batch's ceiling (`_ceiling_s`) plus what the busiest GPU's noise can add, `sqrt(2
+        ln G)` standard deviations of its rows (the expected maximum of G independent counts), each row priced at
+        that GPU's time per row (its fixed costs included: more than a row's marginal time)."""
+        gpus = self.cost.num_gpus
+        engine, ceiling = self._ceiling_s(rows, mean)
+        slots = self.cost.slot_rows(rows, mean).reshape(len(rows), gpus, -1)
+        busiest = slots.sum(axis=2)[np.arange(len(rows)), np.argmax(self.cost.gpu_times_s(slots), axis=1)]
+        noise = np.sqrt(2.0 * np.log(max(gpus, 2)) * busiest)
+        return ceiling + noise * np.divide(engine, busiest, out=np.zeros(len(rows)), where=busiest > 0)
+
+    def _ceiling_s(self, rows: np.ndarray, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(busiest-GPU time under the engine's replica choice `[n]`, the most the split can save `[n]`) of map
+        rows `[n, P]` serving `loads [n, E]` (the `decide` note)."""
+        gpus = self.cost.num_gpus
+        slots = self.cost.slot_rows(rows, loads).reshape(len(rows), gpus, -1)
+        times = self.cost.gpu_times_s(slots)                                             # [n, G]
+        busiest = np.argmax(times, axis=1)
+        top = slots[np.arange(len(rows)), busiest]                                       # [n, S]
+        scale = np.divide(slots.sum(axis=(1, 2)) / gpus, top.sum(axis=1), out=np.ones(len(rows)),
+                          where=top.sum(axis=1) > 0)
+        floor = self.cost.gpu_times_s((top * np.minimum(scale, 1.0)[:, None])[:, None, :])[:, 0]
+        engine = times.max(axis=1)
+        return engine, np.maximum(engine - floor, 0.0)
 
     def _batches(self, window: np.ndarray, window_steps: int) -> np.ndarray:
         if window.ndim == 3:
