@@ -9,7 +9,7 @@ import numpy as np
 
 from moe_place.cli.options import (EVALUATE_TIME_MODEL_DEFAULTS, add_hardware_from_option, add_progress_option,
                                    add_steps_option, add_time_model_arguments, add_trace_options, fraction,
-                                   non_negative_int, positive_int, trace_load_options)
+                                   non_negative_float, non_negative_int, positive_int, trace_load_options)
 from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "step's dispatches so that the busiest GPU is least (the fast method the engine "
                              "plugins run), optimal the same exactly (an LP per layer and step); with either, the "
                              "layer time follows the split")
+    parser.add_argument("--split-solve-us", type=non_negative_float, default=None,
+                        help="with --split per-batch or optimal: microseconds the solve adds to each layer and step "
+                             "(default 10: the kernel's goal, not a measurement)")
+    parser.add_argument("--split-allreduce-us", type=non_negative_float, default=None,
+                        help="... and the all-reduce of the step's counts (default: NCCL's latency model for the "
+                             "plan's GPUs and nodes)")
     parser.add_argument("--windows", type=positive_int, metavar="W",
                         help="judge W windows of consecutive steps, combined by --window-objective "
                              "(default: the steps summed)")
@@ -46,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.analysis.imbalance import placement_imbalance
+    from moe_place.cost.replicas import DEFAULT_SOLVE_S, split_overhead_s
     from moe_place.cli.shared import options_from_plan, select_args_steps, time_figures, time_model_from_args
     from moe_place.io import file_sha256
     from moe_place.planfile import read_plan
@@ -79,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
               "split": args.split, "windows": int(loads.shape[0]), "options_from_plan": taken,
               "layers": [r.to_dict() for r in reports],
               "trtllm_imbalance": placement_imbalance(placement, trace.step_counts()).to_dict()}
+    solve = DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6
+    overhead = split_overhead_s(placement.num_gpus, placement.num_nodes, solve) if args.split_allreduce_us is None \
+        else args.split_allreduce_us * 1e-6 + solve       # what the split adds to each layer and step
     model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
                                  seed=args.seed, defaults=EVALUATE_TIME_MODEL_DEFAULTS)
     print(f"evaluate: note: {sample}", file=sys.stderr)  # after the last option check: an error is one line
@@ -87,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                                f"give --model")
         print(f"evaluate: note: {report['time_note']}", file=sys.stderr)
     else:
-        layers, top = time_figures(placement, trace, model, progress=not args.no_progress, split=args.split)
+        layers, top = time_figures(placement, trace, model, progress=not args.no_progress, split=args.split,
+                                   split_overhead=overhead)
         for row, extra in zip(report["layers"], layers):
             row.update(extra)
         report.update(top)
@@ -138,8 +149,11 @@ def _steps_text(steps: set[int]) -> str:
 def print_time_table(report: dict) -> None:
     """The layer-time figures of `evaluate` as a table (microseconds, MB), with what they assume."""
     m = report["time_model"]
+    overhead = (f", the split's all-reduce and solve {m['split_overhead_s'] * 1e6:.1f} us a layer and step (in the "
+                f"layer time)" if m.get("split_overhead_s") is not None else "")
     lines = [f"layer time: {m['topology']}, {m['model']}, dispatch {m['dispatch']}, replica choice "
-             f"{m['replica_choice']}, tokens in {m['token_home']}, weights {m['weights']} (sums over the trace's steps)",
+             f"{m['replica_choice']}{overhead}, tokens in {m['token_home']}, weights {m['weights']} (sums over the "
+             "trace's steps)",
              f"{'layer':>6} {'nodes/token':>12} {'RDMA MB':>10} {'NVLink MB':>10} {'dispatch us':>12} "
              f"{'compute us':>11} {'combine us':>11} {'layer us':>10}"]
 

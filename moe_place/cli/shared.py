@@ -14,6 +14,7 @@ import numpy as np
 
 from moe_place.cli.options import TIME_MODEL_DEFAULTS, time_model_defaults, trace_load_options
 from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, default_topology, layer_cost
+from moe_place.cost.replicas import split_overhead_s
 from moe_place.cost.hardware import GpuSpec, builtin_catalog, gpu_from_record
 from moe_place.cost.models import PRESETS, get_model, infer_model_name
 from moe_place.cost.topology import parse_topology_spec
@@ -194,16 +195,22 @@ def split_rule(phy2log: np.ndarray, num_gpus: int, split: str):
     return None
 
 
-def time_figures(placement, trace, model, progress: bool = False, split: str = "even") -> tuple[list[dict], dict]:
+def time_figures(placement, trace, model, progress: bool = False, split: str = "even",
+                 split_overhead: float | None = None) -> tuple[list[dict], dict]:
     """(per-layer dicts with TIME_KEYS and the NIC/node bytes, top-level sums and notes) of a plan on a
     trace whose layers are the plan's. Count-level traces get the compute time only. The random replica
     choices are seeded by each layer's id in the model (as `plan --objective time` does). progress: a
     bar on stderr (when a terminal) over the layers of a token-level trace, the part that takes long.
     split: `per-batch` or `optimal` send each step's tokens as that split of the step says (`split_rule`)
-    instead of the model's replica choice."""
+    instead of the model's replica choice, and each layer and step pays `split_overhead` seconds (the counts'
+    all-reduce and the solve, `moe_place.cost.replicas.split_overhead_s`: `split_s`, in the layer time)."""
     layers, top = [], {"time_model": model.describe()}
-    if split_rule(placement.phy2log[0], placement.num_gpus, split) is not None:
+    splitting = split_rule(placement.phy2log[0], placement.num_gpus, split) is not None
+    if splitting:
         top["time_model"]["replica_choice"] = f"the {split} split of each step"
+        overhead = split_overhead_s(placement.num_gpus, placement.num_nodes) if split_overhead is None \
+            else split_overhead
+        top["time_model"]["split_overhead_s"] = overhead
     if trace.is_token_level:
         bar = ProgressBar(placement.num_layers, "evaluate time", "layers", enabled=None if progress else False)
         for i in range(placement.num_layers):
@@ -211,7 +218,11 @@ def time_figures(placement, trace, model, progress: bool = False, split: str = "
                               placement.num_experts)
             cost = layer_cost(model, [ids[:, i, :] for ids in trace.topk_ids], table, trace.meta.layer_ids[i],
                               split=split_rule(placement.phy2log[i], placement.num_gpus, split))
-            layers.append(cost.to_dict())
+            row = cost.to_dict()
+            if splitting:
+                row["split_s"] = overhead * len(trace.topk_ids)
+                row["layer_time_s"] += row["split_s"]
+            layers.append(row)
             bar.advance()
         bar.close()
         top["layer_time_s"] = float(sum(x["layer_time_s"] for x in layers))
@@ -223,7 +234,8 @@ def time_figures(placement, trace, model, progress: bool = False, split: str = "
             compute = compute_only_s(model, steps[:, i, :].astype(np.float64), placement.phy2log[i],
                                      placement.num_gpus, split=split_rule(placement.phy2log[i], placement.num_gpus,
                                                                           split))
-            layers.append({**{key: None for key in TIME_KEYS}, "compute_s": compute})
+            layers.append({**{key: None for key in TIME_KEYS}, "compute_s": compute,
+                           **({"split_s": overhead * len(steps)} if splitting else {})})
         top.update({"layer_time_s": None, "rdma_bytes": None, "nvlink_bytes": None,
                     "compute_s": float(sum(x["compute_s"] for x in layers)),
                     "note": f"count-level trace: only the compute time (replicas split each expert's rows "
