@@ -25,10 +25,10 @@ from bench_replay import PROTOCOLS, SCENARIOS, STATIONARY  # noqa: E402 - bench/
 
 from moe_place.cli.options import add_record_options, refuse_overwrite  # noqa: E402
 from moe_place.cli.output import interrupted  # noqa: E402
+from moe_place.cost.cluster import cluster_cost  # noqa: E402
 from moe_place.io import write_json_atomic  # noqa: E402
 from moe_place.online.cadence import DEFAULT_INTERVALS, cadences  # noqa: E402
 from moe_place.online.controller import initial_map, make_controller  # noqa: E402
-from moe_place.online.costing import cluster_cost  # noqa: E402
 from moe_place.online.policy import Decision, RebalanceRule  # noqa: E402
 from moe_place.online.replay import parse_synthetic, replay  # noqa: E402
 

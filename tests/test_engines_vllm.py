@@ -309,8 +309,8 @@ def test_policy_balances_from_the_linear_map_keeps_it_on_noise_and_follows_a_new
 
 def test_policy_makes_the_replay_controllers_decision(no_vllm):
     # the same history through `replay --controller ours` at vLLM's cadence and through the policy
+    from moe_place.cost.cluster import cluster_cost
     from moe_place.online.controller import EngineCadence, initial_map, make_controller
-    from moe_place.online.costing import cluster_cost
     from moe_place.online.policy import RebalanceRule
     from moe_place.online.replay import replay
 
@@ -429,7 +429,7 @@ def _fake_vllm_next(monkeypatch, transitional: bool):
 
 @pytest.mark.parametrize("transitional", [False, True])
 def test_next_interface_is_detected_and_keeps_state_only_through_commits(monkeypatch, transitional):
-    from moe_place.eplb import plan_placement
+    from moe_place.solvers.engine_call import plan_placement
 
     vllm = _fake_vllm_next(monkeypatch, transitional)
     assert adapter.interface_of(vllm.AbstractEplbPolicy) == ("plan_rebalance" if transitional else "context")

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from moe_place.cli.main import main
-from moe_place.errors import InputError
+from moe_place.cost.cluster import cluster_cost
 from moe_place.engines.config import load_engine_config
-from moe_place.online.cadence import cadences, engine_settings, sweep
+from moe_place.engines.launch import engine_settings
+from moe_place.errors import InputError
+from moe_place.online.cadence import cadences, sweep
 from moe_place.online.controller import EngineCadence, initial_map, make_controller
-from moe_place.online.costing import cluster_cost
 from moe_place.online.estimate import BLAS_ONE_THREAD_WORK, LoadEstimate
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import hindsight_next_reference, replay

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.payback import n_min
 from moe_place.online.controller import EngineCadence, initial_map, make_controller
-from moe_place.online.costing import cluster_cost
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import replay
 from moe_place.placement import Placement

@@ -63,12 +63,13 @@ import numpy as np
 
 from moe_place.engines import sglang_managers
 from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, first_call_line,
-                                      load_engine_config, log_first_call)
-from moe_place.eplb import placement_tensors, plan_placement
+                                      load_engine_config, log_first_call, solver_settings)
+from moe_place.engines.tensors import placement_tensors
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 from moe_place.online.policy import RebalanceRule, warm_up
 from moe_place.placement import Placement
+from moe_place.solvers.engine_call import plan_placement
 
 MAP_KEY = "physical_to_logical_map"
 SUFFIXES = (".json", ".pt")
@@ -300,7 +301,9 @@ class PaybackRebalance:
             if old.shape == (num_layers, num_physical_experts):
                 current = Placement(old, num_experts, gpus, nodes, allow_colocated=True)
         if current is None:  # no map to migrate from: a fresh plan
-            placement = plan_placement(loads.sum(axis=0), num_physical_experts, groups, nodes, gpus)
+            solver, limit = solver_settings()
+            placement = plan_placement(loads.sum(axis=0), num_physical_experts, groups, nodes, gpus, solver=solver,
+                                       time_limit_s=limit)
         else:
             key = (num_layers, num_experts, num_physical_experts, gpus, nodes, groups)
             if key not in self.sessions:   # the settings are read once per model, with its rule

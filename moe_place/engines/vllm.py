@@ -69,13 +69,14 @@ from typing import Any, ClassVar, Iterator
 import numpy as np
 
 from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, first_call_line,
-                                      load_engine_config, log_first_call)
-from moe_place.eplb import placement_tensors, plan_placement, weight_to_numpy
+                                      load_engine_config, log_first_call, solver_settings)
+from moe_place.engines.tensors import placement_tensors, weight_to_numpy
 from moe_place.errors import InputError
 from moe_place.online.policy import RebalanceRule, warm_up
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.planfile import read_plan
 from moe_place.solvers.deepseek import check_eplb_arguments
+from moe_place.solvers.engine_call import plan_placement
 
 RETURN_STYLES = ("auto", "tuple", "phy2log")
 INTERFACES = ("auto", "legacy", "plan_rebalance", "context")
@@ -215,16 +216,18 @@ class _PolicyCore:
         (`moe_place.placement.keep_unchanged_slots`), so experts that stay on their GPU keep their
         slot and are not copied. With `max_moved_slots` set, only the migration-aware plan is allowed.
         """
-        settings = dict(solver=cls.solver, time_limit_s=cls.time_limit_s)
+        solver, limit = solver_settings(cls.solver, cls.time_limit_s)
         fresh = None
         if current is None or cls.max_moved_slots is None:
-            fresh = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, **settings)
+            fresh = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, solver=solver,
+                                   time_limit_s=limit)
         if current is None:
             return fresh
-        if cls.max_moved_slots is not None and settings["solver"] is None:
-            settings["solver"] = "fast"  # a cap on moved slots needs the migration-aware search
+        if cls.max_moved_slots is not None and cls.solver is None:
+            solver, limit = solver_settings("fast", cls.time_limit_s)  # a cap needs the migration-aware search
         aware = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, current=current,
-                               max_moved_slots=cls.max_moved_slots, move_cost_weight=cls.move_cost_weight, **settings)
+                               max_moved_slots=cls.max_moved_slots, move_cost_weight=cls.move_cost_weight,
+                               solver=solver, time_limit_s=limit)
         if fresh is None:
             return aware
         rows = np.array(aware.phy2log)

@@ -57,9 +57,9 @@ from typing import Callable
 
 import numpy as np
 
+from moe_place.cost.cluster import ReplayCost, cluster_cost
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
-from moe_place.online.costing import ReplayCost, cluster_cost
 from moe_place.online.estimate import LoadEstimate, step_sums
 from moe_place.placement import Placement, align_slots, even_split_gpu_loads
 from moe_place.solvers.deepseek import eplb_rebalance
