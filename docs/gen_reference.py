@@ -65,7 +65,8 @@ API_PAGES = {
     "engines": ("Engines and the EPLB drop-in", ["moe_place.eplb", "moe_place.engines", "moe_place.engines.vllm",
                                                  "moe_place.engines.sglang", "moe_place.engines.sglang_startup",
                                                  "moe_place.engines.sglang_managers", "moe_place.engines.config",
-                                                 "moe_place.engines.tensors", "moe_place.engines.launch",
+                                                 "moe_place.engines.session", "moe_place.engines.tensors",
+                                                 "moe_place.engines.launch",
                                                  "moe_place.engines.export", "moe_place.engines.sglang_kt",
                                                  "moe_place.engines.llama_cpp", "moe_place.engines.offload_compare"]),
 }

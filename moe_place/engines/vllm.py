@@ -54,7 +54,6 @@ plugin entry point group `vllm.general_plugins` (`register_plugin`, enabled by s
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
 import inspect
@@ -64,15 +63,16 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 import numpy as np
 
-from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, first_call_line,
-                                      load_engine_config, log_first_call, solver_settings)
+from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, load_engine_config,
+                                      solver_settings)
+from moe_place.engines.session import RuleSession
 from moe_place.engines.tensors import placement_tensors, weight_to_numpy
 from moe_place.errors import InputError
-from moe_place.online.policy import RebalanceRule, warm_up
+from moe_place.online.policy import warm_up
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.planfile import read_plan
 from moe_place.solvers.deepseek import check_eplb_arguments
@@ -109,18 +109,6 @@ SETTINGS = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_w
 
 
 # ---------------------------------------------------------------------- the decision
-@dataclass
-class RuleSession:
-    """One model's rule, the cadence it runs at and how many calls it has answered (the first call's
-    window is shorter)."""
-
-    rule: RebalanceRule
-    config: EngineConfig
-    step_interval: int
-    window_steps: int
-    calls: int = 0
-
-
 class _PolicyCore:
     """Settings and the decision shared by both interfaces (class attributes; see `make_policy`).
 
@@ -155,12 +143,12 @@ class _PolicyCore:
 
     @classmethod
     def decide(cls, window: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
-               old, sessions: dict, window_steps: int | None = None) -> Placement:
-        """The map to run next.
+               old, sessions: Mapping, window_steps: int | None = None) -> tuple[Placement, Mapping]:
+        """(the map to run next, the sessions after this call): `sessions` itself is left as it was.
 
         window: float `[samples, layers, E]` per-step loads or `[layers, E]` summed over `window_steps`.
-        old: the map in use `[layers, P]` (tensor or array) or None. sessions: where the
-        controller state lives, keyed by the model's shape (the caller's state object).
+        old: the map in use `[layers, P]` (tensor or array) or None. sessions: the rule's sessions, one per
+        model shape (`RuleSession`), from the caller's state.
         """
         loads = np.asarray(window, dtype=np.float64)
         total = loads if loads.ndim == 2 else loads.sum(axis=0)
@@ -168,25 +156,24 @@ class _PolicyCore:
         check_eplb_arguments(num_experts, num_replicas, num_groups, num_nodes, num_ranks)
         static = cls.static_plan or os.environ.get(STATIC_PLAN_ENV)
         if static:
-            return static_placement(static, num_layers, num_experts, num_replicas, num_ranks)
+            return static_placement(static, num_layers, num_experts, num_replicas, num_ranks), sessions
         current = current_placement(old, num_experts, num_ranks, (num_layers, num_replicas))
         if cls.mode == "replan" or current is None:
-            return cls.plan(total, num_replicas, num_groups, num_nodes, num_ranks, current)
+            return cls.plan(total, num_replicas, num_groups, num_nodes, num_ranks, current), sessions
         if cls.mode != "payback":
             raise InputError("mode", f"one of {', '.join(MODES)}", cls.mode)
         key = (num_layers, num_experts, num_replicas, num_ranks, num_nodes)
-        if key not in sessions:   # the settings are read once per model, with its rule
-            sessions[key] = cls.new_session(num_layers, num_experts, num_replicas, num_groups, num_nodes, num_ranks)
-        session: RuleSession = sessions[key]
+        session = sessions.get(key)
+        if session is None:   # the settings are read once per model, with its rule
+            session = cls.new_session(num_layers, num_experts, num_replicas, num_groups, num_nodes, num_ranks)
         servers = session.rule.cost.topology.num_servers
         if current.num_nodes != servers:
             current = Placement(current.phy2log, num_experts, num_ranks, servers, allow_colocated=True)
         if window_steps is None:  # a summed window: vLLM 0.33's first call comes a quarter interval in
             window_steps = session.window_steps if session.calls else min(session.window_steps,
-                                                                           max(1, session.step_interval // 4))
-        session.calls += 1
-        decision = session.rule.decide(loads, current, session.step_interval, window_steps)
-        return current if decision is None else decision.placement
+                                                                           max(1, session.interval // 4))
+        placement, session = session.decide(loads, current, window_steps)
+        return placement, {**sessions, key: session}
 
     @classmethod
     def new_session(cls, num_layers: int, num_experts: int, num_replicas: int, num_groups: int, num_nodes: int,
@@ -199,11 +186,10 @@ class _PolicyCore:
         groups = num_groups if num_groups and num_experts % num_groups == 0 else None
         nodes = num_nodes if num_nodes >= 1 and num_ranks % num_nodes == 0 else 1
         migration = None if seen is None or seen.use_async is None else ("async" if seen.use_async else "stall")
-        rule = config.rule(num_ranks, nodes, num_layers, num_experts, groups, engine=engine, migration=migration)
         where = "vLLM's EPLB config" if seen is not None else "vLLM's defaults: vLLM did not say"
-        log_first_call(first_call_line("vLLM", rule, engine, config,
-                                       f"every {interval} steps, window {window} steps ({where})"))
-        return RuleSession(rule, config, interval, window)
+        return RuleSession.start(config, "vLLM", engine, interval, window,
+                                 f"every {interval} steps, window {window} steps ({where})", num_ranks, nodes,
+                                 num_layers, num_experts, groups, migration)
 
     @classmethod
     def plan(cls, loads: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
@@ -244,10 +230,11 @@ class _PolicyCore:
 class MoePlaceEplbPolicy(_PolicyCore):
     """An EPLB policy with vLLM's classmethod interface; configure by subclassing (`make_policy`) or env vars.
 
-    The controller's state is kept in `_sessions`, one per class (each `make_policy` class has its own).
+    vLLM 0.33's interface is a classmethod and hands the policy no state, so the rule's sessions live with
+    the class (`_sessions`, one per model shape; each `make_policy` class has its own).
     """
 
-    _sessions: ClassVar[dict] = {}
+    _sessions: ClassVar[Mapping] = {}
 
     @classmethod
     def rebalance_experts(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
@@ -259,8 +246,8 @@ class MoePlaceEplbPolicy(_PolicyCore):
         Returns `phy2log` or `(phy2log, log2phy, logcnt)` (CPU int64 tensors), per `returns`.
         Bad arguments: `moe_place.errors.ParameterError` (an AssertionError, as vLLM's own policy raises).
         """
-        placement = cls.decide(weight_to_numpy(weight), num_replicas, num_groups, num_nodes, num_ranks,
-                               old_global_expert_indices, cls._sessions)
+        placement, cls._sessions = cls.decide(weight_to_numpy(weight), num_replicas, num_groups, num_nodes, num_ranks,
+                                              old_global_expert_indices, cls._sessions)
         if return_style(cls.returns) == "phy2log":   # vLLM 0.33 takes the map alone
             import torch  # lazy, as in placement_tensors: vLLM has it
 
@@ -271,17 +258,17 @@ class MoePlaceEplbPolicy(_PolicyCore):
 # ---------------------------------------------------------------------- the context interface
 @dataclass
 class MoePlaceState:
-    """Per-model state of the context interface: the controller's sessions (see `_PolicyCore.decide`)."""
+    """Per-model state of the context interface: the rule's sessions (`RuleSession`, one per model shape)."""
 
     num_moe_layers: int
-    sessions: dict = field(default_factory=dict)
+    sessions: Mapping = field(default_factory=dict)
 
 
 class MoePlaceContextPolicy(_PolicyCore):
     """vLLM's context interface (module note): configuration on the instance's class, state in `policy_state`.
 
-    `rebalance_experts` plans on a copy of the state and hands the advanced copy along with the
-    plan; `on_layer_committed` adopts it, so the state moves only when vLLM commits the plan.
+    `rebalance_experts` reads the state and hands the advanced one along with the plan (the state read is
+    left as it was); `on_layer_committed` adopts it, so the state moves only when vLLM commits the plan.
     """
 
     def create_state(self, num_moe_layers: int):
@@ -295,15 +282,14 @@ class MoePlaceContextPolicy(_PolicyCore):
     def rebalance_experts(self, context, policy_state):
         """An `EplbPlan` (CPU int64 `[layers, P]`) for the context; `policy_state` is only read."""
         ours = _our_state(policy_state)
-        advanced = copy.deepcopy(ours)
         loads = context.load_window_cpu.detach().to("cpu").double().numpy()
         if loads.ndim == 2:
             loads = loads[None]
         topo = context.topology
-        placement = self.decide(loads, int(context.num_replicas), int(topo.num_groups), int(topo.num_nodes),
-                                int(topo.num_ranks), context.physical_to_logical_map_cpu, advanced.sessions,
-                                window_steps=len(loads))
-        return make_plan(placement_tensors(placement)[0], advanced)
+        placement, sessions = self.decide(loads, int(context.num_replicas), int(topo.num_groups), int(topo.num_nodes),
+                                          int(topo.num_ranks), context.physical_to_logical_map_cpu, ours.sessions,
+                                          window_steps=len(loads))
+        return make_plan(placement_tensors(placement)[0], MoePlaceState(ours.num_moe_layers, sessions))
 
     def on_layer_committed(self, policy_state, plan, layer_idx: int) -> None:
         """Adopt the state the plan was made with (once per plan, whichever layer commits first)."""

@@ -31,7 +31,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.online.policy import Decision, RebalanceRule
+from moe_place.online.policy import Decision, RebalanceRule, RuleState
 from moe_place.online.window import SlidingWindow
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.solvers.deepseek import eplb_rebalance
@@ -199,27 +199,35 @@ class EngineDefaultController(_OnCadence):
 
 @dataclass
 class RuleController(_OnCadence):
-    """`RebalanceRule` at the engine's cadence: the decision the engine adapters make."""
+    """`RebalanceRule` at the engine's cadence: the decision the engine adapters make. The rule's state
+    between calls is held here (`state`), as an engine holds its policy's.
+
+    last_verdicts: the last call's, one per layer (`RuleAnswer.verdicts`); last_policy_s: its CPU seconds
+    (`time.thread_time`), 0 after a step without a call."""
 
     rule: RebalanceRule | None = None
     name: str = "ours"
+    last_policy_s: float = 0.0
+    last_verdicts: tuple = ()
+    state: RuleState | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.rule is None:
             raise InputError("rule", "a RebalanceRule")
-
-    @property
-    def last_policy_s(self) -> float:
-        return self.rule.last_policy_s
+        self.state = self.rule.create_state()
 
     def decide(self, step: int, current: Placement) -> Decision | None:
+        self.last_policy_s = 0.0
         if not self._calls(step):
-            self.rule.last_policy_s = 0.0
             return None
         steps = self.cadence.window_steps(step)
         window = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
-        return self.rule.decide(window, current, self.cadence.step_interval, steps)
+        started = time.thread_time()
+        answer = self.rule.decide(self.state, window, current, self.cadence.step_interval, steps)
+        self.last_policy_s = time.thread_time() - started
+        self.state, self.last_verdicts = answer.state, answer.verdicts
+        return answer.decision
 
 
 def numpy_default_plan(window: np.ndarray, current: Placement, engine: str,
