@@ -86,9 +86,10 @@ ENGINES = ("vllm", "sglang", "standin-vllm", "standin-sglang")
 # workloads are not here: they decide what is measured, not what the policy does, and change with git log.
 # The in-engine records store a digest of each file (`rule_sources`): a record older than one of them is stale.
 RULE_FILES = (
-    "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/sglang.py",
-    "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py", "moe_place/engines/session.py",
-    "moe_place/engines/tensors.py", "moe_place/online/policy.py", "moe_place/online/estimate.py",
+    "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/vllm_policy.py",
+    "moe_place/engines/sglang.py", "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py",
+    "moe_place/engines/session.py", "moe_place/engines/tensors.py", "moe_place/online/policy.py",
+    "moe_place/online/estimate.py",
     "moe_place/cost/cluster.py", "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/hardware.py",
     "moe_place/cost/migration.py", "moe_place/cost/models.py", "moe_place/cost/payback.py",
     "moe_place/cost/topology.py", "moe_place/cost/units.py", "moe_place/placement.py", "moe_place/errors.py",

@@ -63,6 +63,7 @@ API_PAGES = {
                           "moe_place.online.replay", "moe_place.online.cadence", "moe_place.online.offload",
                           "moe_place.online.plot"]),
     "engines": ("Engines and the EPLB drop-in", ["moe_place.eplb", "moe_place.engines", "moe_place.engines.vllm",
+                                                 "moe_place.engines.vllm_policy",
                                                  "moe_place.engines.sglang", "moe_place.engines.sglang_startup",
                                                  "moe_place.engines.sglang_managers", "moe_place.engines.config",
                                                  "moe_place.engines.session", "moe_place.engines.tensors",

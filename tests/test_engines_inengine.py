@@ -284,12 +284,13 @@ def test_sglang_standin_cadence_and_buffer():
 def test_install_plugs_into_the_standins_like_into_the_engines():
     from moe_place.engines import sglang as sglang_adapter
     from moe_place.engines import vllm as vllm_adapter
+    from moe_place.engines import vllm_policy
 
     with standins.standin_vllm_modules() as registry:
         handle = vllm_adapter.install()
         policy = registry["default"]
-        assert issubclass(policy, vllm_adapter.MoePlaceEplbPolicy) and issubclass(policy, standins.AbstractEplbPolicy)
-        assert vllm_adapter.return_style() == "phy2log"  # read off the 0.33-shaped abstract policy
+        assert issubclass(policy, vllm_policy.MoePlaceEplbPolicy) and issubclass(policy, standins.AbstractEplbPolicy)
+        assert vllm_policy.return_style() == "phy2log"  # read off the 0.33-shaped abstract policy
         vllm_adapter.uninstall(handle)
         assert registry["default"] is standins.DefaultEplbPolicy
     with standins.standin_sglang_modules() as (algorithms, _):
@@ -474,7 +475,7 @@ def test_vllm_standin_drops_the_counts_of_minus_one_slots_and_hands_the_map_on()
         eplb.step()
     weight, *_, old = _Recording.calls[0]
     assert int(weight.sum()) == 2 * 2 * 10 and (old[:, -2:] == -1).all()   # the -1 slots' counts are not in it
-    from moe_place.engines.vllm import current_placement
+    from moe_place.engines.vllm_policy import current_placement
     assert current_placement(old, 8, 4, (2, 12)) is None   # moe-place then plans afresh: no usable map in use
 
 

@@ -327,7 +327,7 @@ def _scenario(folder: Path, trace: Path, plan: Path) -> Path:
 
 
 def _vllm_static_plan(plan):
-    from moe_place.engines.vllm import static_placement
+    from moe_place.engines.vllm_policy import static_placement
 
     return static_placement(plan, 2, 16, 20, 4)
 
