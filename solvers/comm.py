@@ -96,6 +96,7 @@ import networkx as nx
 import numpy as np
 
 from moe_place.analysis.coactivation import coactivation
+from moe_place.analysis.windows import consecutive_runs
 from moe_place.cost.comm import CommModel, SlotTable, layer_cost, token_homes
 from moe_place.errors import InputError
 from moe_place.placement import Placement
@@ -946,9 +947,7 @@ def cv_windows(steps: list[np.ndarray]) -> list[list[np.ndarray]]:
         if half == 0:
             return []
         return [[steps[0][:half]], [steps[0][half:]]]
-    count = min(len(steps), MAX_WINDOWS)
-    bounds = np.linspace(0, len(steps), count + 1).round().astype(int)
-    return [list(steps[bounds[i]:bounds[i + 1]]) for i in range(count)]
+    return [list(steps[run.start:run.stop]) for run in consecutive_runs(len(steps), MAX_WINDOWS)]
 
 
 def plan_layer(tokens: LayerTokens, problem: PlacementProblem, model: CommModel, strengths: tuple[int, ...],

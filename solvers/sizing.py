@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_place.analysis.windows import consecutive_runs
 from moe_place.cost.units import GIB_BYTES, MIB_BYTES
 from moe_place.errors import InputError
 from moe_place.placement import even_split_gpu_loads
@@ -195,9 +196,7 @@ def fold_slices(num_steps: int) -> list[range]:
     """The held-out folds: `min(num_steps, MAX_FOLDS)` runs of consecutive step indices."""
     if num_steps < 2:
         raise InputError("held-out folds", "at least two steps", num_steps)
-    count = min(num_steps, MAX_FOLDS)
-    bounds = np.linspace(0, num_steps, count + 1).round().astype(int)
-    return [range(int(bounds[i]), int(bounds[i + 1])) for i in range(count)]
+    return consecutive_runs(num_steps, MAX_FOLDS)
 
 
 def held_out_steps(trace: Trace) -> tuple[np.ndarray, str]:

@@ -12,7 +12,8 @@ import argparse
 import numpy as np
 
 from moe_place.cli.options import time_model_defaults, trace_load_options
-from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, default_topology, layer_cost
+from moe_place.cost.cluster import cluster_topology
+from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, layer_cost
 from moe_place.cost.models import PRESETS, get_model, infer_model_name
 from moe_place.cost.topology import parse_topology_spec
 from moe_place.errors import InputError
@@ -141,7 +142,7 @@ def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int
                              f"{num_gpus} GPUs on {num_nodes} node(s))",
                              f"{topology.num_servers} x {topology.gpus_per_server}")
     else:
-        topology = default_topology(num_gpus, num_nodes)
+        topology = cluster_topology(num_gpus, num_nodes)
     if args.weights == "tiles" and args.block_m is None:
         raise InputError("--block-m", "a tile height with --weights tiles", "nothing")
     return CommModel(topology, model, dispatch=args.dispatch, replica_choice=args.replica_choice,

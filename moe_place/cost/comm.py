@@ -49,10 +49,8 @@ import numpy as np
 from moe_place.analysis.dispatch import token_sources
 from moe_place.cost.gemm import WEIGHT_MODES, gpu_times_s
 from moe_place.cost.models import ExpertShape
-from moe_place.cost.topology import Topology, build_cluster
-from moe_place.cost.hardware import builtin_catalog
+from moe_place.cost.topology import Topology
 from moe_place.cost.traffic import phase_time_s
-from moe_place.cost.units import gb_per_s, gbit_per_s
 from moe_place.errors import InputError
 
 DISPATCH_STYLES = ("deepep", "all-to-all")
@@ -61,18 +59,6 @@ REPLICA_CHOICES = ("vllm", "sglang-static", "sglang-dynamic", "node-aware")
 # `--ep-dispatch-algorithm static`, python/sglang/srt/server_args.py), the way our plans reach it.
 ENGINE_REPLICA_CHOICE = "sglang-static"
 TOKEN_HOMES = ("blocks", "round-robin")
-DEFAULT_GPU = "H100"
-DEFAULT_NVLINK_GB_PER_S = 450.0
-DEFAULT_NIC_GBIT_PER_S = 400.0
-
-
-def default_topology(num_gpus: int, num_nodes: int) -> Topology:
-    """`num_nodes` H100 nodes of `num_gpus / num_nodes` GPUs, NVLink 450 GB/s, one 400 Gbit/s NIC per GPU."""
-    if num_nodes < 1 or num_gpus % num_nodes:
-        raise InputError("num_nodes", f"a divisor of the {num_gpus} GPUs", num_nodes)
-    return build_cluster(builtin_catalog().gpu(DEFAULT_GPU), num_nodes, num_gpus // num_nodes,
-                         nvlink_bytes_per_s=gb_per_s(DEFAULT_NVLINK_GB_PER_S),
-                         nic_bytes_per_s=gbit_per_s(DEFAULT_NIC_GBIT_PER_S) if num_nodes > 1 else 0.0)
 
 
 def token_homes(num_tokens: int, num_gpus: int, layout: str = "blocks") -> np.ndarray:
@@ -86,6 +72,10 @@ def token_homes(num_tokens: int, num_gpus: int, layout: str = "blocks") -> np.nd
 @dataclass(frozen=True)
 class SlotTable:
     """The slots of one layer's plan, grouped by expert.
+
+    Kept beside `Placement`, which validates and holds a whole model: this is one layer's row indexed for
+    the replica choice, which looks up every token of every step in it (candidates padded to this layer's
+    widest expert, the slots' GPUs and nodes, SGLang's static dispatch tables cached per seed).
 
     phy2log: int64 `[P]`. candidates: int64 `[E, width]`, the slots of each expert ascending,
     -1 padded (vLLM's `logical_to_physical_map` row). logcnt: int64 `[E]`.
