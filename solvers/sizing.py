@@ -51,7 +51,7 @@ from moe_place.progress import ProgressBar
 from moe_place.solvers import solve
 from moe_place.traces.model import Trace, count_dispatches
 
-MAX_FOLDS = 3        # held-out folds at most (as the time planner's cross-validation, solvers/comm.py)
+MAX_FOLDS = 3        # held-out folds at most (as the time planner's cross-validation, solvers/comm/decision.py)
 MAX_CANDIDATES = 33  # candidates at most: 0..2E in steps of 8 for E = 128 at EP8, each planned once per fold
 # A GiB of replicas per GPU must lower held-out busiest/mean by 1% of its value. One GiB per GPU holds
 # 10,922 tokens of Qwen3-30B-A3B's KV cache (15,279 of DeepSeek-V3's): 1.7-2.5% of the tokens of a GPU

@@ -40,6 +40,8 @@ def _modules():
         for path in sorted(folder.glob("*.py")):
             name = f"{package}.{path.stem}"
             yield name, path
+        for path in sorted(folder.glob("*/*.py")):   # subpackages (solvers/comm/)
+            yield f"{package}.{path.parent.name}.{path.stem}", path
     for sub in ("analysis", "cli", "cost", "engines", "online"):
         for path in sorted((ROOT / "moe_place" / sub).glob("*.py")):
             yield f"moe_place.{sub}.{path.stem}", path
@@ -128,8 +130,8 @@ def test_readme_test_command_is_what_ci_runs():
 
 def _module_names() -> set[str]:
     names = {name for name, _ in _modules()}
-    for package in ("moe_place", "moe_place.kernels", "moe_place.solvers", "moe_place.traces", "moe_place.analysis",
-                    "moe_place.cli", "moe_place.cost", "moe_place.engines", "moe_place.online"):
+    for package in ("moe_place", "moe_place.kernels", "moe_place.solvers", "moe_place.solvers.comm", "moe_place.traces",
+                    "moe_place.analysis", "moe_place.cli", "moe_place.cost", "moe_place.engines", "moe_place.online"):
         names.add(package)  # a package is its __init__
     return {name[: -len(".__init__")] if name.endswith(".__init__") else name for name in names}
 
