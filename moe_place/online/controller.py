@@ -165,6 +165,15 @@ class _OnCadence:
             self._due = step + self.cadence.step_interval
         return self.called
 
+    def _due_window(self, step: int) -> tuple[np.ndarray, int] | None:
+        """(the window the engine hands its policy after batch `step`, the steps it covers) when the call
+        is due (`_calls`), else None: `[steps, layers, E]` per-step counts or `[layers, E]` their sum, as
+        the engine hands them."""
+        if not self._calls(step):
+            return None
+        steps = self.cadence.window_steps(step)
+        return (self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)), steps
+
 
 @dataclass
 class EngineDefaultController(_OnCadence):
@@ -183,10 +192,10 @@ class EngineDefaultController(_OnCadence):
 
     def decide(self, step: int, current: Placement) -> Decision | None:
         self.last_policy_s = 0.0
-        if not self._calls(step):
+        due = self._due_window(step)
+        if due is None:
             return None
-        steps = self.cadence.window_steps(step)
-        window = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
+        window, _ = due
         plan = self.plan or (lambda w, c: numpy_default_plan(w, c, self.cadence.engine, self.num_groups))
         started = time.thread_time()
         rows = plan(window, current)
@@ -219,10 +228,10 @@ class RuleController(_OnCadence):
 
     def decide(self, step: int, current: Placement) -> Decision | None:
         self.last_policy_s = 0.0
-        if not self._calls(step):
+        due = self._due_window(step)
+        if due is None:
             return None
-        steps = self.cadence.window_steps(step)
-        window = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
+        window, steps = due
         started = time.thread_time()
         answer = self.rule.decide(self.state, window, current, self.cadence.step_interval, steps)
         self.last_policy_s = time.thread_time() - started
