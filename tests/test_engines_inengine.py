@@ -125,6 +125,17 @@ def test_golden_files_say_where_they_came_from():
         assert len(str(data["meta/source_sha256"])) == 64
     variants = [str(v) for v in _golden("vllm")["meta/variants"]]
     assert variants == ["native", "x86-64-v3", "x86-64-v2"]   # numpy's three x86-64 sort dispatch targets
+    for engine in ("vllm", "sglang"):   # what the cases hold is what their names and the tests say
+        data = _golden(engine)
+        for case in (str(c) for c in data["meta/cases"]):
+            base = case.split("@")[0]   # "case@variant": the case's maps under another numpy sort target
+            weight, (replicas, groups, nodes, gpus) = data[f"{base}/weight"], data[f"{base}/args"]
+            phy2log = data[f"{case}/phy2log"]
+            assert phy2log.shape == (len(weight), replicas) and replicas % gpus == 0, case
+            for row in phy2log:   # a valid map: every expert has a slot, and no slot names another expert
+                assert set(row.tolist()) == set(range(weight.shape[1])), case
+            if base.startswith("ties"):   # a tie case has equal loads in every layer, so the sort's order matters
+                assert all(len(np.unique(layer)) < len(layer) for layer in weight), case
 
 
 def test_vllm_standin_default_equals_vllm_033_default_policy():
@@ -246,8 +257,17 @@ def test_vllm_standin_cadence_window_and_commit(use_async):
         assert torch.equal(maps[13], new)
     else:
         assert torch.equal(maps[10], new)
-    second = _Recording.calls[1][0]
+    second, old_second = _Recording.calls[1][0], _Recording.calls[1][5]
     assert int(second.sum()) == int(torch.stack(passes[40:50]).sum())  # only the last window_size passes
+    assert torch.equal(old_second, new)   # the second call is given the map the first one committed
+    # every step's map: each call's map taken whole (sync) or one layer a step from the next step on (async)
+    for step, in_use in enumerate(maps):
+        expected = start
+        for at, before, after in ((10, start, new), (50, new, new.roll(1, dims=1))):
+            done = (layers if step >= at else 0) if not use_async else max(0, min(layers, step - at))
+            if done:
+                expected = torch.cat([after[:done], before[done:]])
+        assert torch.equal(in_use, expected), step
 
 
 def test_sglang_standin_cadence_and_buffer():

@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from moe_place.engines import vllm as adapter  # noqa: E402
+from moe_place.engines import config as adapter_config  # noqa: E402
 from moe_place.engines import vllm_policy  # noqa: E402
 from moe_place.placement import Placement, keep_unchanged_slots  # noqa: E402
 from moe_place.planfile import PlanFile, write_plan  # noqa: E402
@@ -61,7 +62,19 @@ def _fake_vllm(monkeypatch, returns_tuple: bool):
     return policy, parallel
 
 
+def _rule_answer(weight: torch.Tensor, old: torch.Tensor, gpus: int) -> np.ndarray:
+    """What moe-place's rule answers a first vLLM 0.33 call with, worked out without the adapter: the rule of the
+    default settings (`EngineConfig()`, vLLM's default cadence), on the summed window of a quarter interval."""
+    layers, experts = weight.shape
+    rule = vllm_policy.EngineConfig().rule(gpus, 1, layers, experts)
+    current = Placement(old.numpy(), experts, gpus, allow_colocated=True)
+    answer = rule.decide(rule.create_state(), weight.numpy().astype(np.float64), current, 3000, 750)
+    return (current if answer.decision is None else answer.decision.placement).phy2log
+
+
 def test_install_default_replaces_the_built_in_policy_in_place_and_uninstall_restores_it(monkeypatch):
+    for var in ("MOE_PLACE_CONFIG",) + tuple(adapter_config.ENV_VARIABLES.values()):
+        monkeypatch.delenv(var, raising=False)
     policy_mod, parallel = _fake_vllm(monkeypatch, returns_tuple=False)
     registry = policy_mod.EPLB_POLICIES
     original = registry["default"]
@@ -70,18 +83,35 @@ def test_install_default_replaces_the_built_in_policy_in_place_and_uninstall_res
     assert issubclass(registry["default"], vllm_policy.MoePlaceEplbPolicy)
     assert issubclass(registry["default"], policy_mod.AbstractEplbPolicy)
     assert typing.get_args(parallel.EPLBPolicyOption) == ("default",)  # nothing else touched
+    # what vLLM calls under "default" is moe-place's rule now (the built-in raises when called)
+    weight, old = _weight(seed=3) * 1000, torch.from_numpy(np.tile(np.arange(24) % 16, (3, 1)))   # 750 steps of it
+    answer = registry["default"].rebalance_experts(weight, 24, 1, 1, 4, old)
+    expected = _rule_answer(weight, old, 4)
+    assert (expected != old.numpy()).any()   # the rule moves something on this window
+    np.testing.assert_array_equal(answer.numpy(), expected)
     adapter.uninstall(handle)
     assert registry == {"default": original}
+    with pytest.raises(AssertionError, match="built-in policy"):   # vLLM's own policy answers again
+        registry["default"].rebalance_experts(weight, 24, 1, 1, 4, old)
     adapter.uninstall(handle)  # a second uninstall is a no-op
     assert registry == {"default": original}
 
 
 def test_install_under_a_new_name_widens_the_policy_option_and_is_reversible(monkeypatch):
+    for var in ("MOE_PLACE_CONFIG",) + tuple(adapter_config.ENV_VARIABLES.values()):
+        monkeypatch.delenv(var, raising=False)
     policy_mod, parallel = _fake_vllm(monkeypatch, returns_tuple=False)
     before_option = parallel.EPLBPolicyOption
     before_field = parallel.EPLBConfig.__dataclass_fields__["policy"].type
+    weight, old = _weight(seed=3) * 1000, torch.from_numpy(np.tile(np.arange(24) % 16, (3, 1)))   # 750 steps of it
     with adapter.registered(name="moe_place") as handle:
         assert set(policy_mod.EPLB_POLICIES) == {"default", "moe_place"}
+        # the new name answers with the rule; "default" is still vLLM's own (which raises when called here)
+        np.testing.assert_array_equal(policy_mod.EPLB_POLICIES["moe_place"].rebalance_experts(weight, 24, 1, 1, 4,
+                                                                                              old).numpy(),
+                                      _rule_answer(weight, old, 4))
+        with pytest.raises(AssertionError, match="built-in policy"):
+            policy_mod.EPLB_POLICIES["default"].rebalance_experts(weight, 24, 1, 1, 4, old)
         # what vLLM's policy package asserts at import: registry keys == the literal's values
         assert set(policy_mod.EPLB_POLICIES) == set(typing.get_args(parallel.EPLBPolicyOption))
         assert "moe_place" in typing.get_args(parallel.EPLBConfig.__dataclass_fields__["policy"].type)

@@ -1,6 +1,9 @@
 """The rebalance rule and the engine-driven controllers: the engines' cadence, no moves on noise,
 whole moves that pay back, caps, hierarchical groups, and valid maps under any load sequence."""
 
+import copy
+from dataclasses import fields, is_dataclass
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -335,8 +338,6 @@ def test_retention_is_measured_what_a_plan_keeps_on_the_next_window():
 
 def _same_state(a, b) -> bool:
     """Two rule states hold the same values (arrays compared element by element, nan equal to nan)."""
-    from dataclasses import fields, is_dataclass
-
     for f in fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
         if f.name == "scratch":   # memory the next window is copied into, not state
@@ -355,8 +356,6 @@ def _same_state(a, b) -> bool:
 def test_a_call_reads_its_state_and_writes_none_of_it():
     """The rule's state is explicit: `decide` returns the next state and leaves the one it read as it was, so
     deciding twice from one state (vLLM plans from a state it may not commit) gives the same answer twice."""
-    import copy
-
     counts = _stationary(160, _popularity(10), tokens=512, seed=4)   # per-step windows: the estimate's memory
     rule = RebalanceRule(_cost(migration="async"), LAYERS, EXPERTS)
     state, current = rule.create_state(), initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
