@@ -33,7 +33,7 @@ API_PAGES = {
                                               "moe_place.progress", "moe_place.interrupts", "moe_place.cores",
                                               "moe_place.plotting"]),
     "traces": ("Traces", ["moe_place.traces", "moe_place.traces.model", "moe_place.traces.load",
-                          "moe_place.traces.npz", "moe_place.traces.count", "moe_place.traces.stream",
+                          "moe_place.traces.npz", "moe_place.traces.npz_member", "moe_place.traces.count", "moe_place.traces.stream",
                           "moe_place.traces.sample", "moe_place.traces.sglang", "moe_place.traces.vllm",
                           "moe_place.traces.torchfile", "moe_place.traces.text", "moe_place.traces.physical",
                           "moe_place.traces.content", "moe_place.traces.bundled", "moe_place.traces.synthetic"]),
