@@ -56,7 +56,8 @@ API_PAGES = {
                             "moe_place.solvers.comm.tokens", "moe_place.solvers.comm.node_split",
                             "moe_place.solvers.comm.grouping", "moe_place.solvers.comm.replicas", "moe_place.solvers.comm.gpus",
                             "moe_place.solvers.comm.bounds", "moe_place.solvers.comm.decision", "moe_place.solvers.comm.planner",
-                            "moe_place.solvers.sizing", "moe_place.solvers.offload", "moe_place.solvers.engine_call",
+                            "moe_place.solvers.sizing", "moe_place.solvers.offload", "moe_place.solvers.offload_rules",
+                            "moe_place.solvers.offload_compare", "moe_place.solvers.engine_call",
                             "moe_place.solvers.plot"]),
     "kernels": ("Kernels", ["moe_place.kernels", "moe_place.kernels.align", "moe_place.kernels.grouped_gemm",
                             "moe_place.kernels.dispatch", "moe_place.kernels.combine", "moe_place.kernels.alltoall",
@@ -72,7 +73,7 @@ API_PAGES = {
                                                  "moe_place.engines.session", "moe_place.engines.tensors",
                                                  "moe_place.engines.launch",
                                                  "moe_place.engines.export", "moe_place.engines.sglang_kt",
-                                                 "moe_place.engines.llama_cpp", "moe_place.engines.offload_compare"]),
+                                                 "moe_place.engines.llama_cpp"]),
 }
 
 
