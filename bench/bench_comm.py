@@ -61,7 +61,8 @@ import numpy as np
 
 from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cli.output import missed_targets
-from moe_place.cost.comm import CommModel, SlotTable, default_topology, layer_cost
+from moe_place.cost.cluster import cluster_topology
+from moe_place.cost.comm import CommModel, SlotTable, layer_cost
 from moe_place.cost.models import get_model
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.placement import Placement
@@ -192,7 +193,7 @@ def run(steps: list[np.ndarray], layers: list[int]) -> tuple[list[dict], list[di
     rows, checks = [], []
     steps = [s[:, layers, :].astype(np.int64) for s in steps]
     for gpus, nodes, redundant in CASES:
-        model = CommModel(default_topology(gpus, nodes), get_model("Qwen3-30B-A3B"))
+        model = CommModel(cluster_topology(gpus, nodes), get_model("Qwen3-30B-A3B"))
         samples = [("in", list(range(3)), list(range(3)))] + [(f"hold {k}", [i for i in range(3) if i != k], [k])
                                                               for k in range(3)]
         for sample, train_ids, test_ids in samples:
@@ -373,7 +374,7 @@ def bed_run(seed: int, spread: float, persistence: float, skew: float, redundant
     loads = np.stack([sum(np.bincount(s[:, i].ravel(), minlength=experts) for s in train)
                       for i in range(layers)]).astype(np.float64)
     problem = PlacementProblem(loads, gpus, experts + redundant, num_nodes=nodes)
-    model = CommModel(default_topology(gpus, nodes), get_model(b["model"]))
+    model = CommModel(cluster_topology(gpus, nodes), get_model(b["model"]))
     made = plan_time(problem, train, model)
     ungated = plan_time(problem, train, model, strength=GROUP_STRENGTH).placement.phy2log
     fast = made.balance.phy2log

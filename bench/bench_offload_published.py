@@ -53,7 +53,7 @@ import numpy as np
 from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cost.models import ExpertShape
 from moe_place.cost.offload import OffloadRates
-from moe_place.engines import sglang_kt
+from moe_place.solvers import offload_rules
 from moe_place.io import write_json_atomic
 from moe_place.online.offload import ServingRun, replay_offload
 from moe_place.traces.synthetic import inclusion_probabilities, lognormal_weights, sample_counts
@@ -106,8 +106,8 @@ def serving(args: argparse.Namespace, seed: int) -> ServingRun:
 def run_case(run: ServingRun, stats: np.ndarray, percent: int) -> dict:
     """Expert seconds of each strategy at one GPU expert ratio (sglang-kt's `int(L * E * r)` experts)."""
     total = int(MODEL.num_moe_layers * MODEL.num_experts * percent / 100)
-    uniform = sglang_kt.strategy_mask("uniform", stats, total)
-    frequency = sglang_kt.strategy_mask("frequency", stats, total)
+    uniform = offload_rules.strategy_mask("uniform", stats, total)
+    frequency = offload_rules.strategy_mask("frequency", stats, total)
     mix = [("decode", 1, 1.0)]
     outcomes = {
         "uniform": replay_offload(run, "static", uniform, MODEL, RATES, mix),

@@ -5,7 +5,7 @@ On the bundled Qwen3-30B-A3B trace (three recorded steps), with the defaults of 
 (H100 and Xeon 8452Y AMX, 64 GB/s link, alpha 5 us, decode batches of 8 and 32 tokens, 512 each
 per step, the recorded prefill weighing 1): for every budget from one expert per layer to all
 6,144 experts (and the four budgets of the issue: 42/45/48/54 GiB less 4 GiB of KV cache), leave
-one step out: plan on the other two (`moe_place.engines.offload_compare.PlanningData.plan`, what
+one step out: plan on the other two (`moe_place.solvers.offload_compare.PlanningData.plan`, what
 the command runs), judge every set on the left-out step's batches. The sets: moe-place, sglang-kt
 `uniform`, `frequency`, `front-loading`, `random` (the rules the engine has), llama.cpp
 `--n-cpu-moe` (whole layers from the first), whole layers chosen from the trace (`-ot`), every
@@ -40,7 +40,7 @@ from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import get_model
 from moe_place.cost.offload import OffloadRates
 from moe_place.cost.units import GIB_BYTES
-from moe_place.engines.offload_compare import (HINDSIGHT, LAYERS_FROM_TRACE, N_CPU_MOE, PLAN, PlanningData, Scenarios,
+from moe_place.solvers.offload_compare import (HINDSIGHT, LAYERS_FROM_TRACE, N_CPU_MOE, PLAN, PlanningData, Scenarios,
                                                candidate_sets, hindsight_set, step_problems)
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.plotting import new_figure, png_bytes

@@ -66,11 +66,11 @@ import numpy as np
 from moe_place.analysis.persistence import run_lengths
 from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cli.output import interrupted, missed_targets
+from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.models import ExpertShape
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.online.cadence import sweep
 from moe_place.online.controller import initial_map
-from moe_place.online.costing import cluster_cost
 from moe_place.online.plot import render_cadence_png
 from moe_place.online.replay import parse_synthetic
 

@@ -39,7 +39,7 @@ from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE, spli
 from moe_place.io import write_json_atomic
 from moe_place.online.cadence import sweep
 from moe_place.online.controller import initial_map
-from moe_place.online.costing import cluster_cost
+from moe_place.cost.cluster import cluster_cost
 from moe_place.online.replay import parse_synthetic
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import optimal_split

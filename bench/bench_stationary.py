@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,25 +26,20 @@ from bench_replay import PROTOCOLS, SCENARIOS, STATIONARY  # noqa: E402 - bench/
 
 from moe_place.cli.options import add_record_options, refuse_overwrite  # noqa: E402
 from moe_place.cli.output import interrupted  # noqa: E402
+from moe_place.cost.cluster import cluster_cost  # noqa: E402
 from moe_place.io import write_json_atomic  # noqa: E402
 from moe_place.online.cadence import DEFAULT_INTERVALS, cadences  # noqa: E402
 from moe_place.online.controller import initial_map, make_controller  # noqa: E402
-from moe_place.online.costing import cluster_cost  # noqa: E402
-from moe_place.online.policy import Decision, RebalanceRule  # noqa: E402
+from moe_place.online.policy import RebalanceRule, RuleAnswer, RuleState  # noqa: E402
 from moe_place.online.replay import parse_synthetic, replay  # noqa: E402
 
 
 class FrozenAfterFirstCall(RebalanceRule):
     """The rule, whose answers after its first call are dropped (it still runs and pays its CPU time)."""
 
-    answered: bool = False
-
-    def decide(self, *args, **kwargs) -> Decision | None:
-        decision = super().decide(*args, **kwargs)
-        if self.answered:
-            return None
-        self.answered = True
-        return decision
+    def decide(self, state: RuleState, *args, **kwargs) -> RuleAnswer:
+        answer = super().decide(state, *args, **kwargs)
+        return answer if state.calls == 0 else replace(answer, decision=None)
 
 
 def measure(protocol: str, steps: int, intervals: tuple[int, ...]) -> dict:

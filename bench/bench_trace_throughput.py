@@ -62,7 +62,7 @@ from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.traces.count import THREADS_ENV, DispatchCounter, chunk_tokens_for, resolve_workers
 from moe_place.traces.load import DEFAULT_MAX_TOKEN_BYTES
-from moe_place.traces.npz import IdsReader
+from moe_place.traces.npz_member import IdsReader
 from moe_place.traces.stream import stream_npz_counts
 
 

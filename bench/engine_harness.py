@@ -63,13 +63,13 @@ from unittest import mock
 import numpy as np
 import torch
 
+from moe_place.cost.cluster import ReplayCost, cluster_cost
 from moe_place.cost.migration import plan_copies
 from moe_place.cost.models import ExpertShape, get_model
-from moe_place.engines import sglang as sglang_adapter
+from moe_place.engines import session as rule_session
 from moe_place.engines.sglang import install_rebalance_hook, uninstall_rebalance_hook
 from moe_place.engines.vllm import install, uninstall
 from moe_place.online.controller import EngineCadence
-from moe_place.online.costing import ReplayCost, cluster_cost
 from moe_place.online.replay import parse_synthetic
 from moe_place.placement import Placement, even_split_gpu_loads
 
@@ -86,13 +86,15 @@ ENGINES = ("vllm", "sglang", "standin-vllm", "standin-sglang")
 # workloads are not here: they decide what is measured, not what the policy does, and change with git log.
 # The in-engine records store a digest of each file (`rule_sources`): a record older than one of them is stale.
 RULE_FILES = (
-    "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/sglang.py",
-    "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py",
-    "moe_place/online/policy.py", "moe_place/online/costing.py", "moe_place/online/estimate.py",
-    "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/gemm_profile.py", "moe_place/cost/hardware.py",
-    "moe_place/cost/migration.py",
-    "moe_place/cost/models.py", "moe_place/cost/payback.py", "moe_place/cost/topology.py", "moe_place/cost/units.py",
-    "moe_place/eplb.py", "moe_place/placement.py", "moe_place/errors.py", "solvers/deepseek.py",
+    "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/vllm_policy.py",
+    "moe_place/engines/sglang.py", "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py",
+    "moe_place/engines/session.py", "moe_place/engines/tensors.py", "moe_place/online/policy.py",
+    "moe_place/online/estimate.py",
+    "moe_place/cost/cluster.py", "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/gemm_profile.py",
+    "moe_place/cost/replicas.py",
+    "moe_place/cost/hardware.py", "moe_place/cost/migration.py", "moe_place/cost/models.py", "moe_place/cost/payback.py",
+    "moe_place/cost/topology.py", "moe_place/cost/units.py", "moe_place/placement.py", "moe_place/errors.py",
+    "solvers/deepseek.py",
 )
 POLICIES = ("default", "moe-place")
 VLLM_DEFAULT_CADENCE = dict(step_interval=3000, window=1000)  # vLLM 0.33 EPLBConfig defaults
@@ -301,7 +303,7 @@ class Clock:
             tries = [cpu]
             if repeat:
                 reached = save()                                    # the state the call left
-                with mock.patch.object(sglang_adapter, "log_first_call", lambda line: None):   # logged once
+                with mock.patch.object(rule_session, "log_first_call", lambda line: None):   # logged once
                     for _ in range(self.repeats):
                         load(copy.deepcopy(saved))
                         begin = time.thread_time()

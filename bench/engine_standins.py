@@ -60,7 +60,7 @@ Each stand-in is shaped like the engine's own call path, written from its source
   EPLB steps as `moe_place.solvers.deepseek` implements them, with each engine's arithmetic where it
   differs from DeepSeek's `eplb.py` (whose float32 arithmetic the planner's `eplb` solver reproduces):
   * both engines accumulate pack loads in float64 (vLLM: a float64 array; SGLang: Python floats);
-    `eplb.py` and `moe_place.solvers.deepseek.balanced_packing` in float32;
+    `eplb.py` in float32 (`moe_place.solvers.deepseek.balanced_packing` does either: `accumulate`);
   * vLLM divides float32 loads by int64 replica counts in numpy, which gives float64 (replication
     step and the per-replica loads packed onto GPUs); SGLang's torch gives float32, as `eplb.py`;
   * vLLM orders items by numpy's default (unstable) `argsort`, SGLang by torch's default sort, on the
@@ -100,7 +100,7 @@ import torch
 
 from moe_place.cost.models import ExpertShape, get_model
 from moe_place.placement import keep_unchanged_slots
-from moe_place.solvers.deepseek import _inverse, replicate_experts
+from moe_place.solvers.deepseek import _inverse, balanced_packing, replicate_experts
 
 VLLM_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"
@@ -108,32 +108,10 @@ SGLANG_VERSION = "0.5.23"
 
 # ---------------------------------------------------------------------- the engines' default policies
 def _pack(weight: np.ndarray, num_packs: int, sort) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy packing into packs of exactly `n / num_packs` items with float64 pack loads, items taken in
-    the order `sort(weight)` gives (descending; not called with one item per pack, as in both engines).
-    Returns `(pack_index, rank_in_pack)`, int64 `[rows, n]`.
-
-    The packing step of `moe_place.solvers.deepseek.balanced_packing` with both engines' float64
-    accumulation (that one accumulates in float32, as DeepSeek's `eplb.py`).
-    """
-    rows, items = weight.shape
-    per_pack = items // num_packs
-    if per_pack == 1:
-        pack_index = np.broadcast_to(np.arange(items, dtype=np.int64), (rows, items)).copy()
-        return pack_index, np.zeros((rows, items), np.int64)
-    order = sort(weight)
-    pack_load = np.zeros((rows, num_packs), dtype=np.float64)
-    pack_items = np.zeros((rows, num_packs), dtype=np.int64)
-    pack_index = np.full((rows, items), -1, dtype=np.int64)
-    rank_in_pack = np.full((rows, items), -1, dtype=np.int64)
-    row_ids = np.arange(rows)
-    for position in range(items):
-        item = order[:, position]
-        pack = np.argmin(np.where(pack_items < per_pack, pack_load, np.inf), axis=1)  # lightest open pack, first
-        pack_index[row_ids, item] = pack
-        rank_in_pack[row_ids, item] = pack_items[row_ids, pack]
-        pack_load[row_ids, pack] += weight[row_ids, item]
-        pack_items[row_ids, pack] += 1
-    return pack_index, rank_in_pack
+    """Both engines' packing step: `moe_place.solvers.deepseek.balanced_packing` with float64 pack loads (the
+    engines' ports accumulate in float64; DeepSeek's `eplb.py` in float32), items taken in the order
+    `sort(weight)` gives. Returns `(pack_index, rank_in_pack)`, int64 `[rows, n]`."""
+    return balanced_packing(weight, num_packs, sort, accumulate=np.float64)
 
 
 def _numpy_order(values: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Layers (each imports only the ones before it):
     errors, glossary -> traces -> placement -> analysis -> cost -> problem -> solvers
-    -> kernels, engines, online -> cli
+    -> kernels, online -> engines (and the EPLB drop-in) -> cli
 See `moe_place.glossary` for the vocabulary.
 
 The checkout's top-level folders `kernels/`, `solvers/` and `traces/` install as

@@ -48,133 +48,25 @@ one node, as DeepSeek's hierarchical EPLB keeps them: `moe_place.solvers.hierarc
 otherwise.
 
 torch is imported lazily: importing this module, and calling the drop-in with numpy loads, need
-only numpy.
+only numpy. This module is the drop-in only: the replay and the engine adapters plan with
+`moe_place.solvers.engine_call.plan_placement` and convert with `moe_place.engines.tensors`, as it does.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moe_place.errors import InputError, ParameterError
-from moe_place.placement import Placement
-from moe_place.problem import PlacementProblem
-from moe_place.solvers import solve
+from moe_place.engines.config import solver_settings
+from moe_place.engines.tensors import (is_torch_tensor, maps_as_result, placement_tensors, torch_descending_order,
+                                       weight_to_numpy)
+from moe_place.errors import ParameterError
 from moe_place.solvers.deepseek import check_eplb_arguments, eplb_maps
+from moe_place.solvers.engine_call import plan_placement
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch  # lazy: torch only for the returned tensors
-
-SOLVER_ENV = "MOE_PLACE_SOLVER"
-TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"
-DEFAULT_SOLVER = "quick"  # deterministic and bounded: an engine waits for it (module note)
-
-
-def solver_settings(solver: str | None = None, time_limit_s: float | None = None) -> tuple[str, float | None]:
-    """The solver name and time limit: keywords first, then `MOE_PLACE_SOLVER` / `MOE_PLACE_TIME_LIMIT`."""
-    name = solver or os.environ.get(SOLVER_ENV) or DEFAULT_SOLVER
-    if time_limit_s is None and os.environ.get(TIME_LIMIT_ENV):
-        text = os.environ[TIME_LIMIT_ENV]
-        try:
-            time_limit_s = float(text)
-        except ValueError:
-            raise InputError(TIME_LIMIT_ENV, "a number of seconds", text) from None
-    if time_limit_s is not None and not time_limit_s > 0:
-        raise InputError("time_limit_s", "a positive number of seconds", time_limit_s)
-    return name, time_limit_s
-
-
-def weight_to_numpy(weight: Any, dtype: type = np.float64) -> np.ndarray:
-    """`[layers, E]` of `dtype` from a torch tensor (any dtype/device) or an array-like.
-
-    ParameterError unless a non-empty 2-D array of finite loads >= 0. A tensor is converted by
-    torch (`.float()` for float32, as DeepSeek's original converts, `.double()` otherwise).
-    """
-    if is_torch_tensor(weight):  # copy to the host first
-        host = weight.detach().to("cpu")
-        weight = (host.float() if dtype == np.float32 else host.double()).numpy()
-    try:
-        loads = np.asarray(weight, dtype=dtype)
-    except (TypeError, ValueError):
-        raise ParameterError("weight", "a numeric array [layers, num_logical_experts]", type(weight).__name__) from None
-    if loads.ndim != 2 or 0 in loads.shape:
-        raise ParameterError("weight", "a non-empty 2-D array [layers, num_logical_experts]", f"shape {loads.shape}")
-    if not np.isfinite(loads).all() or (loads < 0).any():
-        raise ParameterError("weight", "finite loads >= 0", "NaN, inf or a negative load")
-    return loads
-
-
-def effective_topology(num_experts: int, num_groups: int | None, num_nodes: int, num_gpus: int) -> tuple[int | None, int]:
-    """`(num_groups, num_nodes)` as EPLB would use them.
-
-    EPLB plans hierarchically (expert groups packed onto nodes) only when `num_groups` is a
-    multiple of `num_nodes`; otherwise it plans globally, as if there were one group and one
-    node. Engines pass `num_groups` 0 or 1 for models without expert groups, and vLLM falls back
-    to one node when `num_gpus % num_nodes != 0`; both are accepted here the same way.
-    """
-    if num_nodes < 1 or num_gpus % num_nodes:
-        num_nodes = 1
-    if not num_groups or num_groups < 1 or num_experts % num_groups or num_groups % num_nodes:
-        return None, num_nodes
-    return num_groups, num_nodes
-
-
-def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None, num_nodes: int, num_gpus: int, *,
-                   solver: str | None = None, time_limit_s: float | None = None,
-                   current: Placement | None = None, max_moved_slots: int | None = None,
-                   move_cost_weight: float = 0.0, seed: int = 0, allow_colocated: bool = False) -> Placement:
-    """Plan a placement for `loads` (float64 `[layers, E]` or `[windows, layers, E]`) with our solvers.
-
-    With `current`, the solver keeps unchanged experts in their slots (migration-aware mode).
-    allow_colocated: EPLB's plan, co-located replicas and all, is a candidate on every layer
-        (`PlacementProblem.allow_colocated`): the plan is then never worse than EPLB's.
-    """
-    loads = np.asarray(loads, dtype=np.float64)
-    if loads.ndim == 2:
-        loads = loads[None]
-    groups, nodes = effective_topology(loads.shape[-1], num_groups, num_nodes, num_gpus)
-    if current is not None and current.num_nodes != nodes:
-        current = Placement(current.phy2log, current.num_experts, current.num_gpus, nodes,
-                            allow_colocated=current.allow_colocated)
-    name, limit = solver_settings(solver, time_limit_s)
-    try:  # PlacementProblem validates; its size names become the engines' here
-        problem = PlacementProblem(loads=loads, num_gpus=num_gpus, num_physical=num_replicas, num_nodes=nodes,
-                                   num_groups=groups, current=current, max_moved_slots=max_moved_slots,
-                                   move_cost_weight=move_cost_weight, seed=seed, allow_colocated=allow_colocated)
-    except InputError as exc:
-        raise InputError({"num_physical": "num_replicas"}.get(exc.where, exc.where), exc.expected, exc.got) from None
-    solution = solve(problem, solver=name, time_limit_s=limit)
-    for note in solution.notes:  # e.g. a time limit that returned the anytime plan
-        logging.getLogger("moe_place").info("rebalance_experts: %s", note)
-    return solution.placement
-
-
-def placement_tensors(placement: Placement, log2phy_width: int | None = None, as_numpy: bool = False):
-    """`(phy2log, log2phy, logcnt)` as CPU torch int64 tensors (`as_numpy`: writable numpy int64 arrays).
-
-    log2phy_width: pad `log2phy` with -1 to this many columns (vLLM's default policy uses
-    `num_redundant + 1`); None keeps `max(logcnt)` as DeepSeek EPLB does.
-    """
-    log2phy = np.asarray(placement.log2phy)
-    if log2phy_width is not None:
-        if log2phy_width < log2phy.shape[-1]:
-            raise InputError("log2phy_width", f"at least max(logcnt)={log2phy.shape[-1]}", log2phy_width)
-        pad = np.full(log2phy.shape[:-1] + (log2phy_width - log2phy.shape[-1],), -1, dtype=np.int64)
-        log2phy = np.concatenate([log2phy, pad], axis=-1)
-    return _as_result((placement.phy2log, log2phy, placement.logcnt), as_numpy)
-
-
-def _as_result(maps, as_numpy: bool) -> tuple:
-    """The maps as writable int64 copies: numpy arrays, or CPU torch tensors."""
-    arrays = tuple(np.array(m, dtype=np.int64) for m in maps)
-    if as_numpy:
-        return arrays
-    import torch  # lazy: torch only for the returned tensors
-
-    return tuple(torch.from_numpy(a) for a in arrays)
 
 
 def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
@@ -208,7 +100,7 @@ def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int
     if name == "eplb":  # torch's own sort for tensors (ties as eplb.py), a stable one for numpy (module note)
         order = {} if as_numpy else {"descending_order": torch_descending_order}
         maps = eplb_maps(weight_to_numpy(weight, np.float32), num_replicas, num_groups, num_nodes, num_gpus, **order)
-        return _as_result(maps, as_numpy)
+        return maps_as_result(maps, as_numpy)
     loads = weight_to_numpy(weight)
     check_eplb_arguments(loads.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
     if num_replicas > loads.shape[1] * num_gpus:
@@ -218,20 +110,6 @@ def rebalance_experts(weight: "torch.Tensor", num_replicas: int, num_groups: int
     placement = plan_placement(loads, num_replicas, num_groups, num_nodes, num_gpus,
                                solver=name, time_limit_s=limit, seed=seed, allow_colocated=allow_colocated)
     return placement_tensors(placement, as_numpy=as_numpy)
-
-
-def is_torch_tensor(value: Any) -> bool:
-    """True for a torch tensor (what has `.detach()`), told without importing torch."""
-    return hasattr(value, "detach")
-
-
-def torch_descending_order(values: np.ndarray) -> np.ndarray:
-    """int64 `[rows, n]`: torch's default descending sort of float32 `values [rows, n]`, the sort
-    DeepSeek's `eplb.py` packs with (not stable above 16 elements: its tie order is torch's)."""
-    import torch  # lazy: only the solver="eplb" path of the drop-in sorts with torch
-
-    tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-    return tensor.sort(-1, descending=True).indices.numpy()
 
 
 __all__ = ["rebalance_experts"]

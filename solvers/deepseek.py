@@ -56,12 +56,14 @@ def stable_descending_order(values: np.ndarray) -> np.ndarray:
     return np.argsort(-values, axis=1, kind="stable")
 
 
-def balanced_packing(weight: np.ndarray, num_packs: int,
-                     descending_order: DescendingOrder = stable_descending_order) -> tuple[np.ndarray, np.ndarray]:
+def balanced_packing(weight: np.ndarray, num_packs: int, descending_order: DescendingOrder = stable_descending_order,
+                     accumulate: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
     """Greedy packing of `n` items into `num_packs` packs of exactly `n / num_packs` items each.
 
-    weight: float32 `[rows, n]`, each row packed on its own.
+    weight: float32 `[rows, n]` (or float64), each row packed on its own.
     descending_order: the order items are taken in (heaviest first; see "Ties" above).
+    accumulate: the dtype of the packs' loads: float32 as DeepSeek's `eplb.py` sums them, float64 as
+        vLLM 0.33's and SGLang 0.5.23's own ports do (bench/engine_standins.py).
     Returns `(pack_index, rank_in_pack)`, both int64 `[rows, n]`: the pack of each item and its
     position inside the pack (the order in which it was put there).
     """
@@ -73,10 +75,10 @@ def balanced_packing(weight: np.ndarray, num_packs: int,
         return pack_index, np.zeros((rows, items), dtype=np.int64)
     order = np.asarray(descending_order(weight), dtype=np.int64)
     taken = np.take_along_axis(weight, order, axis=1)        # [rows, n] in packing order
-    if rows < HEAP_PACKING_BELOW_ROWS and taken.dtype == np.float32:
+    if rows < HEAP_PACKING_BELOW_ROWS and taken.dtype == np.float32 and accumulate == np.float32:
         packs, rank = _pack_rows_by_heap(taken, num_packs, per_pack)
     else:
-        packs, rank = _pack_rows_at_once(taken, num_packs, per_pack)
+        packs, rank = _pack_rows_at_once(taken, num_packs, per_pack, accumulate)
     pack_index = np.empty((rows, items), dtype=np.int64)
     rank_in_pack = np.empty((rows, items), dtype=np.int64)
     np.put_along_axis(pack_index, order, packs, axis=1)
@@ -89,13 +91,14 @@ HEAP_PACKING_BELOW_ROWS = 12
 rows of one engine call on one node), more rows all at once with numpy; both give the same packs."""
 
 
-def _pack_rows_at_once(taken: np.ndarray, num_packs: int, per_pack: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(pack, rank)` int64 `[rows, n]` of the items of `taken` (float32, in packing order): all rows
-    together, one numpy step per item position."""
+def _pack_rows_at_once(taken: np.ndarray, num_packs: int, per_pack: int,
+                       accumulate: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """`(pack, rank)` int64 `[rows, n]` of the items of `taken` (in packing order), the packs' loads summed in
+    `accumulate`: all rows together, one numpy step per item position."""
     rows, items = taken.shape
     # the packs' loads, flat (row-major): a full pack's load becomes inf, so "the lightest pack
-    # with room, first on ties" is a plain argmin (the other packs keep their float32 sums)
-    load = np.zeros(rows * num_packs, dtype=np.float32)
+    # with room, first on ties" is a plain argmin (the other packs keep their sums)
+    load = np.zeros(rows * num_packs, dtype=accumulate)
     count = np.zeros(rows * num_packs, dtype=np.int64)
     base = np.arange(rows) * num_packs
     packs = np.empty((rows, items), dtype=np.int64)          # the pack of the item at each position

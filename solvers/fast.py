@@ -81,6 +81,9 @@ def lpt_pack(loads: np.ndarray, replicas: np.ndarray, num_gpus: int) -> np.ndarr
 
     loads: float64 `[E]`; replicas: int `[E]`, `1 <= r[e] <= G`, `sum r = G*S`.
     A piece that finds only GPUs holding its expert is co-located, then repaired by a swap.
+    `moe_place.solvers.quick` has the same rule vectorised over layers (`_lpt`); kept apart: this one
+    repairs co-location by swaps right away, quick leaves it to its later steps, and each solver's plans
+    are pinned by its own tests and records.
     """
     experts = loads.size
     slots = int(replicas.sum()) // num_gpus

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_place.analysis.windows import consecutive_runs
 from moe_place.cost.units import GIB_BYTES, MIB_BYTES
 from moe_place.errors import InputError
 from moe_place.placement import even_split_gpu_loads
@@ -50,7 +51,7 @@ from moe_place.progress import ProgressBar
 from moe_place.solvers import solve
 from moe_place.traces.model import Trace, count_dispatches
 
-MAX_FOLDS = 3        # held-out folds at most (as the time planner's cross-validation, solvers/comm.py)
+MAX_FOLDS = 3        # held-out folds at most (as the time planner's cross-validation, solvers/comm/decision.py)
 MAX_CANDIDATES = 33  # candidates at most: 0..2E in steps of 8 for E = 128 at EP8, each planned once per fold
 # A GiB of replicas per GPU must lower held-out busiest/mean by 1% of its value. One GiB per GPU holds
 # 10,922 tokens of Qwen3-30B-A3B's KV cache (15,279 of DeepSeek-V3's): 1.7-2.5% of the tokens of a GPU
@@ -195,9 +196,7 @@ def fold_slices(num_steps: int) -> list[range]:
     """The held-out folds: `min(num_steps, MAX_FOLDS)` runs of consecutive step indices."""
     if num_steps < 2:
         raise InputError("held-out folds", "at least two steps", num_steps)
-    count = min(num_steps, MAX_FOLDS)
-    bounds = np.linspace(0, num_steps, count + 1).round().astype(int)
-    return [range(int(bounds[i]), int(bounds[i + 1])) for i in range(count)]
+    return consecutive_runs(num_steps, MAX_FOLDS)
 
 
 def held_out_steps(trace: Trace) -> tuple[np.ndarray, str]:

@@ -45,8 +45,25 @@ def test_every_python_bench_script_starts(script):
 @pytest.mark.parametrize("script", SH_SCRIPTS)
 def test_every_shell_bench_script_starts(script):
     done = _run("bash", ROOT / "bench" / script, "--help")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and done.stderr == "", done.stderr
     assert "--dry-run" in done.stdout
+    # an argument the script does not take stops it at once: exit 2, and stderr says so (usage or the argument)
+    wrong = _run("bash", ROOT / "bench" / script, "--dry-run", "--no-such-option", "x", "y")
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert "--no-such-option" in wrong.stderr or wrong.stderr.startswith("usage:")
+
+
+def test_the_overlay_dry_run_says_what_it_would_do_and_changes_nothing(tmp_path):
+    overlay = tmp_path / "overlay"
+    done = _run("bash", ROOT / "bench" / "engine_overlay.sh", "--dry-run", sys.executable, overlay)
+    assert done.returncode == 0, done.stderr
+    link, install = done.stdout.splitlines()
+    assert link == f"would link {ROOT}/moe_place/* and {ROOT}/{{solvers,kernels,traces}} into {overlay}/moe_place"
+    assert install.startswith(f"would install into {overlay}: ")
+    named = install.split(": ", 1)[1].split()
+    # what it names is what this Python lacks: the test environment has networkx and pytest, so neither is named
+    assert "networkx" not in named and "pytest" not in named
+    assert not overlay.exists()   # a dry run changes nothing
 
 
 @pytest.mark.parametrize("script", [s for s in PY_SCRIPTS if s not in OWN_OUTPUT_OPTIONS])

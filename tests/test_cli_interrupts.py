@@ -48,7 +48,7 @@ CASES = [(f"plan-{signal.Signals(signum).name}-{after_s}s{'-jobs2' if jobs else 
 CASES += [(f"replay-{signal.Signals(signum).name}-{after_s}s",
            LONG_REPLAY + ["--out", "replay.json", "--plot", "replay.png"], signum, after_s)
           for signum, after_s in [(signal.SIGINT, 1.0), (signal.SIGINT, 3.0), (signal.SIGTERM, 3.0)]]
-# `--objective time` runs its own CP-SAT models (solvers/comm.py)
+# `--objective time` runs its own CP-SAT models (solvers/comm/replicas.py)
 CASES += [("plan-time-objective-SIGINT-8.0s", ["plan", str(QWEN), "--gpus", "32", "--nodes", "4", "--redundant",
                                                "32", "--objective", "time", "--time-limit", "60", "--out",
                                                "plan.json"], signal.SIGINT, 8.0)]

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from moe_place.cli.main import COMMANDS, build_parser, main
 from moe_place.cost.scenario import MAX_PAYBACK_BATCHES
-from moe_place.online.replay import MAX_SYNTHETIC_STEPS
+from moe_place.online.replay import MAX_SYNTHETIC_STEPS, parse_synthetic
+from moe_place.traces.load import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "bench" / "scenarios"
@@ -252,6 +253,9 @@ def test_synth_writes_a_trace_every_command_reads(tmp_path):
     assert code == 0 and str(path) in err
     code, out, _ = run("analyze", path, "--format", "json")
     assert code == 0 and json.loads(out)["steps"] == 6 and json.loads(out)["model"] == "synthetic"
+    # the file holds the generator's counts, step by step: `replay FILE` sees what `replay --synthetic SPEC` sees
+    np.testing.assert_array_equal(load_trace(path).step_counts(),
+                                  parse_synthetic("drift:steps=6,layers=2,experts=16,seed=3")[0])
 
 
 # ---------------------------------------------------------------------- property test

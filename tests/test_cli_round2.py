@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from moe_place.cli.main import COMMANDS, build_parser
 from moe_place.cli.options import MAX_LAYERS
 from moe_place.cores import usable_cores
+from moe_place.placement import Placement
 from moe_place.traces.load import load_trace
 from moe_place.traces.npz import save_npz
 from moe_place.traces.synthetic import domain_mixture_trace
@@ -101,10 +103,30 @@ def test_json_traces_and_synthetic_specs_name_the_closest_key(tmp_path):
 
 
 def test_every_bundled_scenario_still_loads():
-    from moe_place.cost.scenario import load_scenario
+    from moe_place.cost.scenario import load_scenario, predict
+    from moe_place.errors import InfeasibleError
 
-    for path in SCENARIOS.glob("*.toml"):
-        load_scenario(path)
+    def numbers(value):
+        if isinstance(value, dict):
+            for item in value.values():
+                yield from numbers(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from numbers(item)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield float(value)
+
+    paths = sorted(SCENARIOS.glob("*.toml"))
+    assert len(paths) >= 15
+    for path in paths:
+        scenario = load_scenario(path)
+        if path.name == "c9_no_room.toml":   # the case whose replica does not fit: the model says which GPU
+            with pytest.raises(InfeasibleError, match="gpu1 needs 36 MiB"):
+                predict(scenario)
+            continue
+        figures = list(numbers(predict(scenario)))   # every scenario predicts, and every figure is a number
+        assert len(figures) >= 5 and all(np.isfinite(figures)), path.name
+        assert max(figures) > 0, path.name
 
 
 # ---------------------------------------------------------------------- npz CRCs
@@ -309,6 +331,16 @@ def test_plan_says_what_cpsat_changed(tmp_path, counts_trace):
                        "10", "--out", tmp_path / "p.json")
     assert code == 0
     assert "plan: note: CP-SAT, " in err and "layer(s) with a gap" in err
+    # the note's figures are the plans': CP-SAT starts from fast's plan, on the layers where it has a gap
+    assert run("plan", counts_trace, "--gpus", "4", "--redundant", "4", "--solver", "fast", "--out",
+               tmp_path / "fast.json")[0] == 0
+    before = [layer["gap"] for layer in json.loads((tmp_path / "fast.json").read_text())["report"]["layers"]]
+    after = [layer["gap"] for layer in json.loads((tmp_path / "p.json").read_text())["report"]["layers"]]
+    open_layers = [i for i, gap in enumerate(before) if gap > 0]
+    note = next(line for line in err.splitlines() if "CP-SAT, " in line)
+    assert f"for the {len(open_layers)} layer(s) with a gap" in note and open_layers
+    mean = lambda gaps: sum(gaps[i] for i in open_layers) / len(open_layers)  # noqa: E731
+    assert f"mean gap {mean(before):.2%} -> {mean(after):.2%}" in note
 
 
 def test_budget_mode_describes_the_budget_plan(tmp_path, counts_trace):
@@ -318,6 +350,16 @@ def test_budget_mode_describes_the_budget_plan(tmp_path, counts_trace):
     assert code == 0
     assert "budget mode (10 bytes of experts per GPU)" in out and "even plan below" in out
     assert "budget plan (the plan's budget section)" in out and "slots/GPU" in out
+    # the budget table describes the plans the file's budget section holds, and they keep the budget
+    budget = json.loads((tmp_path / "p.json").read_text())["budget"]
+    table = [row.split() for row in out.split("budget plan (the plan's budget section)")[1].splitlines()[2:4]]
+    loads = np.load(counts_trace)["counts"].sum(axis=0).astype(float)            # [layers, E]
+    for layer, (row, phy2log) in enumerate(zip(table, budget["phy2log"])):
+        slots = len(phy2log) // 4
+        gpu = Placement(np.array([phy2log]), 8, 4).gpu_loads(loads[layer:layer + 1])[0]
+        assert (int(row[1]), float(row[2])) == (slots, round(gpu.max(), 2)) == (budget["slots_per_gpu"][layer],
+                                                                                round(gpu.max(), 2))
+    assert sum(budget["slots_per_gpu"]) * budget["expert_bytes"] <= 10   # bytes of experts per GPU, all layers
 
 
 def test_replay_plots_a_short_trace_and_says_so(tmp_path, counts_trace):
@@ -337,6 +379,12 @@ def test_replay_plots_a_short_trace_and_says_so(tmp_path, counts_trace):
 def test_analyze_explains_its_balancedness_columns(counts_trace):
     out = run("analyze", counts_trace)[1]
     assert "vLLM bal: the balancedness vLLM logs" in out and "SGLang bal: SGLang's" in out
+    # and the columns hold what the legend says, worked out here from the trace: EP8 puts one expert on a GPU
+    gpu = np.load(counts_trace)["counts"].sum(axis=0).astype(float)       # [layers, E] = [layers, GPUs]
+    mean, busiest = gpu.mean(axis=1), gpu.max(axis=1)
+    row = next(line.split() for line in out.splitlines() if line.split()[:2] == ["8", "1"])
+    assert row[2:4] == [f"{(busiest / mean).mean():.2f}", f"{(busiest / mean).max():.2f}"]
+    assert row[5:7] == [f"{mean.sum() / busiest.sum():.3f}", f"{(mean / busiest).mean():.3f}"]   # 0.477, 0.651
 
 
 def _help(command: str) -> str:
@@ -369,6 +417,19 @@ def test_help_texts_agree_with_the_choices():
     replay = _help("replay")
     assert "(default H100-SXM)" in replay and "H100-SXM" in replay
     assert "moe-place bench --out" in _help("report") and "microbench.py" not in _help("report")
+    # every "(default V)" a help text states is the default the parser really uses (None: resolved later)
+    checked, wrong = 0, []
+    for command, parser in build_parser()._subparsers._group_actions[0].choices.items():
+        for action in parser._actions:
+            for said in re.findall(r"\(default ([^)\s,;:]+)\)", action.help or ""):
+                if action.default is None:
+                    continue
+                same = float(said) == float(action.default) if isinstance(action.default, (int, float)) \
+                    else said == str(action.default)
+                checked += 1
+                if not same:
+                    wrong.append(f"{command} {action.option_strings[0]}: help {said}, default {action.default}")
+    assert checked >= 20 and not wrong, wrong
 
 
 def test_the_committed_h200_report_is_what_report_renders(tmp_path):

@@ -4,8 +4,9 @@ rules, formula 3 on the graph and row C6."""
 import numpy as np
 import pytest
 
-from moe_place.cost.comm import (REPLICA_CHOICES, CommModel, SlotTable, choose_replicas, compute_only_s,
-                                 default_topology, layer_cost, local_positions, step_cost, token_homes, water_fill)
+from moe_place.cost.cluster import cluster_cost, cluster_topology
+from moe_place.cost.comm import (REPLICA_CHOICES, CommModel, SlotTable, choose_replicas, compute_only_s, layer_cost,
+                                 local_positions, step_cost, token_homes, water_fill)
 from moe_place.cost.gemm import WEIGHT_MODES, gpu_expert_work, gpu_times_s
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import ExpertShape, get_model
@@ -225,7 +226,7 @@ def test_spec_c6_through_the_layer_time_model(between, expected_ms):
 
 
 def test_compute_only_for_count_level_loads_splits_replicas_evenly():
-    topo = default_topology(4, 2)
+    topo = cluster_topology(4, 2)
     model = CommModel(topo, SMALL, weights="none")
     row = np.array([0, 1, 2, 3, 0, 4, 5, 6])   # expert 0 twice (GPUs 0 and 2)
     loads = np.array([[80.0, 10, 10, 10, 10, 10, 10]])
@@ -234,15 +235,19 @@ def test_compute_only_for_count_level_loads_splits_replicas_evenly():
     assert compute_only_s(model, loads, row, 4) == pytest.approx(expected)
 
 
-def test_default_topology_is_h100_nodes_with_nvlink_and_a_nic_per_gpu():
-    topo = default_topology(32, 4)
+def test_the_default_cluster_is_h100_nodes_with_nvlink_and_a_nic_per_gpu():
+    topo = cluster_topology(32, 4)
     assert (topo.num_servers, topo.gpus_per_server) == (4, 8)
     caps = {d["kind"]: d["capacity"] for _, _, d in topo.graph.edges(data=True)}
     assert caps["nvlink"] == 450e9 and caps["nic"] == 50e9 and "H100" in topo.gpu.name
+    # the one builder behind the replay's cost model and the layer-time model: the same cluster
+    assert sorted(cluster_cost(32, 4).topology.graph.edges(data=True)) == sorted(topo.graph.edges(data=True))
+    with pytest.raises(InputError, match="--nodes"):
+        cluster_topology(32, 3)
 
 
 def test_bad_model_options_name_themselves():
-    topo = default_topology(4, 2)
+    topo = cluster_topology(4, 2)
     with pytest.raises(InputError, match="dispatch"):
         CommModel(topo, SMALL, dispatch="ring")
     with pytest.raises(InputError, match="replica choice"):
@@ -257,5 +262,5 @@ def test_bad_model_options_name_themselves():
 
 def test_qwen_preset_row_bytes_and_flops():
     qwen = get_model("Qwen3-30B-A3B")
-    model = CommModel(default_topology(8, 2), qwen)
+    model = CommModel(cluster_topology(8, 2), qwen)
     assert model.dispatch_row_bytes == 2048 * 2 and model.describe()["replica_choice"] == "sglang-static"

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
+from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.migration import Copy, Migration, plan_copies
 from moe_place.cost.topology import parse_topology_spec
 from moe_place.online.controller import StaticController
-from moe_place.online.costing import cluster_cost
 from moe_place.online.replay import replay
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem

@@ -120,8 +120,8 @@ def test_catalog_figures():
 
 
 def test_replay_layer_times_and_the_copies_of_a_move():
+    from moe_place.cost.cluster import ReplayCost
     from moe_place.cost.migration import Copy, plan_copies
-    from moe_place.online.costing import ReplayCost
 
     model = get_model("Qwen3-235B-A22B")
     gpu = builtin_catalog().gpu("H100")

@@ -41,16 +41,38 @@ EPLB_PY_SHA256 = {
 }
 
 
+# DeepSeek EPLB's README example (github.com/deepseek-ai/EPLB, README.md), written here from the README,
+# not read from the expected-outputs file: 2 layers x 12 experts, 16 replicas, 4 groups, 2 nodes, 8 GPUs
+README_WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+                 [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
+README_PHY2LOG = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+                  [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]]
+
+
 def test_the_expected_outputs_say_where_they_came_from():
     commit, sha256 = str(DATA["meta/eplb_commit"]), str(DATA["meta/eplb_sha256"])
     assert commit in EPLB_PY_SHA256, f"eplb.py commit {commit} is not one of EPLB's known commits"
     assert EPLB_PY_SHA256[commit] == sha256, f"the stored sha256 is not that of eplb.py at {commit}"
     assert commit == "d52c72d5b2f2fb4c41afbf8eb21366820239913d"  # the commit the docs and this module name
+    # the ties are torch's: the file holds for the torch it was made with, the one the tests run
+    assert str(DATA["meta/torch"]).split("+")[0] == torch.__version__.split("+")[0]
+    # the file's README case is DeepSeek's published example, its arguments and its answer
+    assert DATA["readme/weight"].tolist() == README_WEIGHT and DATA["readme/args"].tolist() == [16, 4, 2, 8]
+    assert DATA["readme/phy2log"].tolist() == README_PHY2LOG
     assert {"readme", "colocated"} <= set(CASES) and sum(c.startswith("random") for c in CASES) == 32
     policies = {bool(DATA[f"{c}/args"][1] % DATA[f"{c}/args"][2] == 0) for c in CASES if c.startswith("random")}
     assert policies == {True, False}  # hierarchical and global
     sizes = [DATA[f"{c}/weight"].shape for c in CASES if c.startswith("random")]
     assert {s[0] for s in sizes} == {1, 2, 3, 4} and min(s[1] for s in sizes) == 8 and max(s[1] for s in sizes) == 256
+    for case in CASES:   # every case's three maps agree with each other and with its arguments
+        replicas, experts = int(DATA[f"{case}/args"][0]), DATA[f"{case}/weight"].shape[1]
+        phy2log, log2phy, logcnt = (DATA[f"{case}/{name}"] for name in ("phy2log", "log2phy", "logcnt"))
+        assert phy2log.shape == (len(DATA[f"{case}/weight"]), replicas), case
+        for layer in range(len(phy2log)):
+            assert np.bincount(phy2log[layer], minlength=experts).tolist() == logcnt[layer].tolist(), case
+            for expert in range(experts):
+                slots = log2phy[layer, expert]
+                assert sorted(slots[slots >= 0].tolist()) == np.flatnonzero(phy2log[layer] == expert).tolist(), case
 
 
 @pytest.mark.parametrize("case", CASES)

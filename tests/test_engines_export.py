@@ -8,7 +8,7 @@ import pytest
 from moe_place.cli.main import main
 from moe_place.errors import InputError
 from moe_place.engines.sglang import read_init_expert_location
-from moe_place.engines.vllm import static_placement
+from moe_place.engines.vllm_policy import static_placement
 from moe_place.placement import Placement
 from moe_place.planfile import PlanFile, parse_plan, read_plan, write_plan
 

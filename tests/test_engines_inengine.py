@@ -128,6 +128,17 @@ def test_golden_files_say_where_they_came_from():
         assert len(str(data["meta/source_sha256"])) == 64
     variants = [str(v) for v in _golden("vllm")["meta/variants"]]
     assert variants == ["native", "x86-64-v3", "x86-64-v2"]   # numpy's three x86-64 sort dispatch targets
+    for engine in ("vllm", "sglang"):   # what the cases hold is what their names and the tests say
+        data = _golden(engine)
+        for case in (str(c) for c in data["meta/cases"]):
+            base = case.split("@")[0]   # "case@variant": the case's maps under another numpy sort target
+            weight, (replicas, groups, nodes, gpus) = data[f"{base}/weight"], data[f"{base}/args"]
+            phy2log = data[f"{case}/phy2log"]
+            assert phy2log.shape == (len(weight), replicas) and replicas % gpus == 0, case
+            for row in phy2log:   # a valid map: every expert has a slot, and no slot names another expert
+                assert set(row.tolist()) == set(range(weight.shape[1])), case
+            if base.startswith("ties"):   # a tie case has equal loads in every layer, so the sort's order matters
+                assert all(len(np.unique(layer)) < len(layer) for layer in weight), case
 
 
 def test_vllm_standin_default_equals_vllm_033_default_policy():
@@ -249,8 +260,17 @@ def test_vllm_standin_cadence_window_and_commit(use_async):
         assert torch.equal(maps[13], new)
     else:
         assert torch.equal(maps[10], new)
-    second = _Recording.calls[1][0]
+    second, old_second = _Recording.calls[1][0], _Recording.calls[1][5]
     assert int(second.sum()) == int(torch.stack(passes[40:50]).sum())  # only the last window_size passes
+    assert torch.equal(old_second, new)   # the second call is given the map the first one committed
+    # every step's map: each call's map taken whole (sync) or one layer a step from the next step on (async)
+    for step, in_use in enumerate(maps):
+        expected = start
+        for at, before, after in ((10, start, new), (50, new, new.roll(1, dims=1))):
+            done = (layers if step >= at else 0) if not use_async else max(0, min(layers, step - at))
+            if done:
+                expected = torch.cat([after[:done], before[done:]])
+        assert torch.equal(in_use, expected), step
 
 
 def test_sglang_standin_cadence_and_buffer():
@@ -287,12 +307,13 @@ def test_sglang_standin_cadence_and_buffer():
 def test_install_plugs_into_the_standins_like_into_the_engines():
     from moe_place.engines import sglang as sglang_adapter
     from moe_place.engines import vllm as vllm_adapter
+    from moe_place.engines import vllm_policy
 
     with standins.standin_vllm_modules() as registry:
         handle = vllm_adapter.install()
         policy = registry["default"]
-        assert issubclass(policy, vllm_adapter.MoePlaceEplbPolicy) and issubclass(policy, standins.AbstractEplbPolicy)
-        assert vllm_adapter.return_style() == "phy2log"  # read off the 0.33-shaped abstract policy
+        assert issubclass(policy, vllm_policy.MoePlaceEplbPolicy) and issubclass(policy, standins.AbstractEplbPolicy)
+        assert vllm_policy.return_style() == "phy2log"  # read off the 0.33-shaped abstract policy
         vllm_adapter.uninstall(handle)
         assert registry["default"] is standins.DefaultEplbPolicy
     with standins.standin_sglang_modules() as (algorithms, _):
@@ -477,7 +498,7 @@ def test_vllm_standin_drops_the_counts_of_minus_one_slots_and_hands_the_map_on()
         eplb.step()
     weight, *_, old = _Recording.calls[0]
     assert int(weight.sum()) == 2 * 2 * 10 and (old[:, -2:] == -1).all()   # the -1 slots' counts are not in it
-    from moe_place.engines.vllm import current_placement
+    from moe_place.engines.vllm_policy import current_placement
     assert current_placement(old, 8, 4, (2, 12)) is None   # moe-place then plans afresh: no usable map in use
 
 

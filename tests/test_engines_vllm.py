@@ -18,6 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from moe_place.engines import vllm as adapter  # noqa: E402
+from moe_place.engines import config as adapter_config  # noqa: E402
+from moe_place.engines import vllm_policy  # noqa: E402
 from moe_place.placement import Placement, keep_unchanged_slots  # noqa: E402
 from moe_place.planfile import PlanFile, write_plan  # noqa: E402
 from moe_place.solvers.deepseek import eplb_rebalance  # noqa: E402
@@ -60,27 +62,56 @@ def _fake_vllm(monkeypatch, returns_tuple: bool):
     return policy, parallel
 
 
+def _rule_answer(weight: torch.Tensor, old: torch.Tensor, gpus: int) -> np.ndarray:
+    """What moe-place's rule answers a first vLLM 0.33 call with, worked out without the adapter: the rule of the
+    default settings (`EngineConfig()`, vLLM's default cadence), on the summed window of a quarter interval."""
+    layers, experts = weight.shape
+    rule = vllm_policy.EngineConfig().rule(gpus, 1, layers, experts)
+    current = Placement(old.numpy(), experts, gpus, allow_colocated=True)
+    answer = rule.decide(rule.create_state(), weight.numpy().astype(np.float64), current, 3000, 750)
+    return (current if answer.decision is None else answer.decision.placement).phy2log
+
+
 def test_install_default_replaces_the_built_in_policy_in_place_and_uninstall_restores_it(monkeypatch):
+    for var in ("MOE_PLACE_CONFIG",) + tuple(adapter_config.ENV_VARIABLES.values()):
+        monkeypatch.delenv(var, raising=False)
     policy_mod, parallel = _fake_vllm(monkeypatch, returns_tuple=False)
     registry = policy_mod.EPLB_POLICIES
     original = registry["default"]
     handle = adapter.install()
     assert policy_mod.EPLB_POLICIES is registry  # same dict: modules that imported it see the change
-    assert issubclass(registry["default"], adapter.MoePlaceEplbPolicy)
+    assert issubclass(registry["default"], vllm_policy.MoePlaceEplbPolicy)
     assert issubclass(registry["default"], policy_mod.AbstractEplbPolicy)
     assert typing.get_args(parallel.EPLBPolicyOption) == ("default",)  # nothing else touched
+    # what vLLM calls under "default" is moe-place's rule now (the built-in raises when called)
+    weight, old = _weight(seed=3) * 1000, torch.from_numpy(np.tile(np.arange(24) % 16, (3, 1)))   # 750 steps of it
+    answer = registry["default"].rebalance_experts(weight, 24, 1, 1, 4, old)
+    expected = _rule_answer(weight, old, 4)
+    assert (expected != old.numpy()).any()   # the rule moves something on this window
+    np.testing.assert_array_equal(answer.numpy(), expected)
     adapter.uninstall(handle)
     assert registry == {"default": original}
+    with pytest.raises(AssertionError, match="built-in policy"):   # vLLM's own policy answers again
+        registry["default"].rebalance_experts(weight, 24, 1, 1, 4, old)
     adapter.uninstall(handle)  # a second uninstall is a no-op
     assert registry == {"default": original}
 
 
 def test_install_under_a_new_name_widens_the_policy_option_and_is_reversible(monkeypatch):
+    for var in ("MOE_PLACE_CONFIG",) + tuple(adapter_config.ENV_VARIABLES.values()):
+        monkeypatch.delenv(var, raising=False)
     policy_mod, parallel = _fake_vllm(monkeypatch, returns_tuple=False)
     before_option = parallel.EPLBPolicyOption
     before_field = parallel.EPLBConfig.__dataclass_fields__["policy"].type
+    weight, old = _weight(seed=3) * 1000, torch.from_numpy(np.tile(np.arange(24) % 16, (3, 1)))   # 750 steps of it
     with adapter.registered(name="moe_place") as handle:
         assert set(policy_mod.EPLB_POLICIES) == {"default", "moe_place"}
+        # the new name answers with the rule; "default" is still vLLM's own (which raises when called here)
+        np.testing.assert_array_equal(policy_mod.EPLB_POLICIES["moe_place"].rebalance_experts(weight, 24, 1, 1, 4,
+                                                                                              old).numpy(),
+                                      _rule_answer(weight, old, 4))
+        with pytest.raises(AssertionError, match="built-in policy"):
+            policy_mod.EPLB_POLICIES["default"].rebalance_experts(weight, 24, 1, 1, 4, old)
         # what vLLM's policy package asserts at import: registry keys == the literal's values
         assert set(policy_mod.EPLB_POLICIES) == set(typing.get_args(parallel.EPLBPolicyOption))
         assert "moe_place" in typing.get_args(parallel.EPLBConfig.__dataclass_fields__["policy"].type)
@@ -93,12 +124,12 @@ def test_install_under_a_new_name_widens_the_policy_option_and_is_reversible(mon
 
 
 def test_install_without_vllm_is_an_input_error(monkeypatch):
-    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
-    with pytest.raises(adapter.InputError, match="vllm"):
+    monkeypatch.setattr(vllm_policy, "POLICY_MODULES", ("moe_place_no_such_module",))
+    with pytest.raises(vllm_policy.InputError, match="vllm"):
         adapter.install()
     registry = {"default": object}
     with adapter.registered(name="x", policies=registry):  # an explicit registry needs no vLLM
-        assert issubclass(registry["x"], adapter.MoePlaceEplbPolicy)
+        assert issubclass(registry["x"], vllm_policy.MoePlaceEplbPolicy)
     assert set(registry) == {"default"}
 
 
@@ -111,7 +142,7 @@ def test_plugin_entry_point_installs_only_when_asked_and_only_once(monkeypatch):
     monkeypatch.setenv(adapter.PLUGIN_ENV, "default")
     adapter.register_plugin()
     installed = policy_mod.EPLB_POLICIES["default"]
-    assert issubclass(installed, adapter.MoePlaceEplbPolicy)
+    assert issubclass(installed, vllm_policy.MoePlaceEplbPolicy)
     adapter.register_plugin()  # vLLM may load plugins several times per process
     assert policy_mod.EPLB_POLICIES["default"] is installed
 
@@ -119,10 +150,10 @@ def test_plugin_entry_point_installs_only_when_asked_and_only_once(monkeypatch):
 @pytest.mark.parametrize("returns_tuple", [True, False])
 def test_return_style_is_read_off_the_installed_abstract_policy(monkeypatch, returns_tuple):
     _fake_vllm(monkeypatch, returns_tuple)
-    monkeypatch.delenv(adapter.RETURNS_ENV, raising=False)
-    assert adapter.return_style("auto") == ("tuple" if returns_tuple else "phy2log")
-    monkeypatch.setenv(adapter.RETURNS_ENV, "tuple")
-    assert adapter.return_style("auto") == "tuple"
+    monkeypatch.delenv(vllm_policy.RETURNS_ENV, raising=False)
+    assert vllm_policy.return_style("auto") == ("tuple" if returns_tuple else "phy2log")
+    monkeypatch.setenv(vllm_policy.RETURNS_ENV, "tuple")
+    assert vllm_policy.return_style("auto") == "tuple"
 
 
 def test_style_of_reads_evaluated_and_string_annotations():
@@ -132,24 +163,24 @@ def test_style_of_reads_evaluated_and_string_annotations():
 
     def typed(cls, weight) -> typing.Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...  # noqa: UP006
 
-    assert [adapter.style_of(f) for f in (old, new, typed)] == ["tuple", "phy2log", "tuple"]
+    assert [vllm_policy.style_of(f) for f in (old, new, typed)] == ["tuple", "phy2log", "tuple"]
 
 
 def test_return_style_without_vllm_defaults_to_the_tuple(monkeypatch):
-    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
-    monkeypatch.delenv(adapter.RETURNS_ENV, raising=False)
-    assert adapter.return_style("auto") == "tuple"
-    with pytest.raises(adapter.InputError):
-        adapter.make_policy(returns="both")
+    monkeypatch.setattr(vllm_policy, "POLICY_MODULES", ("moe_place_no_such_module",))
+    monkeypatch.delenv(vllm_policy.RETURNS_ENV, raising=False)
+    assert vllm_policy.return_style("auto") == "tuple"
+    with pytest.raises(vllm_policy.InputError):
+        vllm_policy.make_policy(returns="both")
 
 
 def test_current_placement_rejects_unusable_old_maps():
     old = torch.tensor([[0, 1, 2, 3, 0, 1]])
-    assert adapter.current_placement(old, 4, 2, (1, 6)).phy2log.tolist() == [[0, 1, 2, 3, 0, 1]]
-    assert adapter.current_placement(None, 4, 2, (1, 6)) is None
-    assert adapter.current_placement(torch.tensor([[0, 1, 2, 3, -1, -1]]), 4, 2, (1, 6)) is None  # ranks changing
-    assert adapter.current_placement(old, 4, 2, (1, 8)) is None  # slot count changed
-    assert adapter.current_placement(torch.tensor([[0, 0, 2, 3, 0, 3]]), 4, 2, (1, 6)) is None  # expert 1 missing
+    assert vllm_policy.current_placement(old, 4, 2, (1, 6)).phy2log.tolist() == [[0, 1, 2, 3, 0, 1]]
+    assert vllm_policy.current_placement(None, 4, 2, (1, 6)) is None
+    assert vllm_policy.current_placement(torch.tensor([[0, 1, 2, 3, -1, -1]]), 4, 2, (1, 6)) is None  # ranks changing
+    assert vllm_policy.current_placement(old, 4, 2, (1, 8)) is None  # slot count changed
+    assert vllm_policy.current_placement(torch.tensor([[0, 0, 2, 3, 0, 3]]), 4, 2, (1, 6)) is None  # expert 1 missing
 
 
 # ---------------------------------------------------------------------- the policy itself (solver-backed)
@@ -174,35 +205,25 @@ def _check_maps(phy2log, log2phy, logcnt, layers, experts, replicas):
 
 @pytest.mark.parametrize("style", ["tuple", "phy2log"])
 def test_policy_returns_the_maps_vllm_expects(monkeypatch, style):
-    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
-    policy = adapter.make_policy(returns=style)
+    monkeypatch.setattr(vllm_policy, "POLICY_MODULES", ("moe_place_no_such_module",))
+    policy = vllm_policy.make_policy(returns=style)
     weight = _weight()
     out = policy.rebalance_experts(weight.to(torch.float32), 24, 1, 1, 4)
     if style == "phy2log":
         assert isinstance(out, torch.Tensor)
         placement = Placement(out.numpy(), 16, 4)
-        out = adapter.placement_tensors(placement, log2phy_width=24 - 16 + 1)
+        out = vllm_policy.placement_tensors(placement, log2phy_width=24 - 16 + 1)
     _check_maps(*out, layers=3, experts=16, replicas=24)
 
 
-def test_policy_keeps_unchanged_experts_in_their_slots(monkeypatch):
-    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
-    policy = adapter.make_policy(returns="phy2log", mode="replan")
-    first = policy.rebalance_experts(_weight(seed=0), 24, 1, 1, 4)
-    drifted = _weight(seed=1)
-    fresh = policy.rebalance_experts(drifted, 24, 1, 1, 4)
-    aware = policy.rebalance_experts(drifted, 24, 1, 1, 4, first)
-    assert int((aware != first).sum()) < int((fresh != first).sum())
-    # never more than fresh_margin worse than the fresh plan, layer by layer
-    load = drifted.numpy().astype(float)
-    busiest = lambda m: Placement(m.numpy(), 16, 4).gpu_loads(load).max(axis=1)  # noqa: E731
-    assert (busiest(aware) <= busiest(fresh) * (1 + policy.fresh_margin) + 1e-9).all()
-    # same load as the map was planned for: nothing moves
-    again = policy.rebalance_experts(_weight(seed=0), 24, 1, 1, 4, first)
-    assert torch.equal(again, first)
-    capped = adapter.make_policy(returns="phy2log", max_moved_slots=2, mode="replan")
-    limited = capped.rebalance_experts(drifted, 24, 1, 1, 4, first)
-    assert ((limited != first).sum(dim=1) <= 2).all()
+def test_make_policy_refuses_settings_it_does_not_have():
+    # "mode" went with the "replan" mode (a fresh plan at every call, which no benchmark measured): the rule
+    # is the policy's only decision, and a setting it does not read is an error naming it
+    with pytest.raises(vllm_policy.InputError, match="mode") as refused:
+        vllm_policy.make_policy(mode="replan")
+    assert "max_moved_slots" in str(refused.value)   # the error lists the settings there are
+    with pytest.raises(vllm_policy.InputError, match="fresh_margin, move_cost_weight"):
+        vllm_policy.make_policy(move_cost_weight=1.0, fresh_margin=0.1)
 
 
 def test_keep_unchanged_slots_only_reorders_inside_each_gpu():
@@ -219,34 +240,34 @@ def test_keep_unchanged_slots_only_reorders_inside_each_gpu():
 
 
 def test_static_plan_file_is_returned_at_every_rebalance(tmp_path, monkeypatch):
-    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
+    monkeypatch.setattr(vllm_policy, "POLICY_MODULES", ("moe_place_no_such_module",))
     plan = Placement(np.array([[0, 1, 2, 3, 0, 2], [3, 2, 1, 0, 1, 3]]), 4, 2)
     path = tmp_path / "static.json"
     write_plan(path, PlanFile(plan, (0, 1)).without_report())
-    monkeypatch.setenv(adapter.STATIC_PLAN_ENV, str(path))
-    policy = adapter.make_policy(returns="tuple")
+    monkeypatch.setenv(vllm_policy.STATIC_PLAN_ENV, str(path))
+    policy = vllm_policy.make_policy(returns="tuple")
     phy2log, log2phy, logcnt = policy.rebalance_experts(torch.ones(2, 4), 6, 1, 1, 2)
     np.testing.assert_array_equal(phy2log.numpy(), plan.phy2log)
     _check_maps(phy2log, log2phy, logcnt, layers=2, experts=4, replicas=6)
-    with pytest.raises(adapter.InputError, match="3 layers"):
+    with pytest.raises(vllm_policy.InputError, match="3 layers"):
         policy.rebalance_experts(torch.ones(3, 4), 6, 1, 1, 2)
-    with pytest.raises(adapter.InputError, match="3 EP ranks"):
+    with pytest.raises(vllm_policy.InputError, match="3 EP ranks"):
         policy.rebalance_experts(torch.ones(2, 4), 6, 1, 1, 3)
 
 
 def test_against_the_real_vllm_policy_class():
     policy_pkg = pytest.importorskip("vllm.distributed.eplb.policy")
     abstract = policy_pkg.AbstractEplbPolicy
-    policy = adapter.make_policy()
+    policy = vllm_policy.make_policy()
     assert issubclass(policy, abstract)
     out = policy.rebalance_experts(_weight().float(), 24, 1, 1, 4)
     phy2log = out[0] if isinstance(out, tuple) else out
     assert phy2log.shape == (3, 24) and phy2log.dtype == torch.int64
-    assert adapter.return_style() == adapter.style_of(abstract.rebalance_experts)
+    assert vllm_policy.return_style() == vllm_policy.style_of(abstract.rebalance_experts)
     registry = policy_pkg.EPLB_POLICIES
     before = dict(registry)
     with adapter.registered():
-        assert issubclass(registry["default"], adapter.MoePlaceEplbPolicy)
+        assert issubclass(registry["default"], vllm_policy.MoePlaceEplbPolicy)
     assert registry == before
 
 
@@ -276,9 +297,9 @@ def _linear():
 
 @pytest.fixture
 def no_vllm(monkeypatch):
-    monkeypatch.setattr(adapter, "POLICY_MODULES", ("moe_place_no_such_module",))
+    monkeypatch.setattr(vllm_policy, "POLICY_MODULES", ("moe_place_no_such_module",))
     for var in ("MOE_PLACE_CONFIG", "MOE_PLACE_MIGRATION", "MOE_PLACE_MAX_MOVED_SLOTS", "MOE_PLACE_MODEL",
-                "MOE_PLACE_STEP_INTERVAL", "MOE_PLACE_WINDOW_STEPS", adapter.STATIC_PLAN_ENV):
+                "MOE_PLACE_STEP_INTERVAL", "MOE_PLACE_WINDOW_STEPS", vllm_policy.STATIC_PLAN_ENV):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -288,8 +309,8 @@ def _busiest_over_mean(phy2log, load):
 
 
 def test_policy_balances_from_the_linear_map_keeps_it_on_noise_and_follows_a_new_hot_expert(no_vllm):
-    config = adapter.EngineConfig(model="Qwen3-30B-A3B")
-    policy = adapter.make_policy(returns="phy2log", config=config)
+    config = vllm_policy.EngineConfig(model="Qwen3-30B-A3B")
+    policy = vllm_policy.make_policy(returns="phy2log", config=config)
     per_step = _step_loads()
     first = policy.rebalance_experts(_window(per_step, 750, 0), REPLICAS, 1, 1, GPUS, _linear())
     # as balanced as vLLM's default (EPLB) on the same window, within 1% on every layer
@@ -309,13 +330,13 @@ def test_policy_balances_from_the_linear_map_keeps_it_on_noise_and_follows_a_new
 
 def test_policy_makes_the_replay_controllers_decision(no_vllm):
     # the same history through `replay --controller ours` at vLLM's cadence and through the policy
+    from moe_place.cost.cluster import cluster_cost
     from moe_place.online.controller import EngineCadence, initial_map, make_controller
-    from moe_place.online.costing import cluster_cost
     from moe_place.online.policy import RebalanceRule
     from moe_place.online.replay import replay
 
-    config = adapter.EngineConfig(model="Qwen3-30B-A3B", migration="stall", step_interval=64, window_steps=32)
-    policy = adapter.make_policy(returns="phy2log", config=config)
+    config = vllm_policy.EngineConfig(model="Qwen3-30B-A3B", migration="stall", step_interval=64, window_steps=32)
+    policy = vllm_policy.make_policy(returns="phy2log", config=config)
     rng = np.random.default_rng(3)
     base = _step_loads(seed=3)
     steps = np.stack([[rng.multinomial(int(STEP_TOKENS), p / p.sum()) for p in base] for _ in range(208)])
@@ -422,19 +443,19 @@ def _fake_vllm_next(monkeypatch, transitional: bool):
     monkeypatch.setitem(sys.modules, "vllm.backends.distributed.eplb.policy", real)
     monkeypatch.setitem(sys.modules, "vllm.distributed.eplb.policy", shim)
     for var in ("MOE_PLACE_CONFIG", "MOE_PLACE_MIGRATION", "MOE_PLACE_MAX_MOVED_SLOTS", "MOE_PLACE_MODEL",
-                adapter.STATIC_PLAN_ENV):
+                vllm_policy.STATIC_PLAN_ENV):
         monkeypatch.delenv(var, raising=False)
     return real
 
 
 @pytest.mark.parametrize("transitional", [False, True])
 def test_next_interface_is_detected_and_keeps_state_only_through_commits(monkeypatch, transitional):
-    from moe_place.eplb import plan_placement
+    from moe_place.solvers.engine_call import plan_placement
 
     vllm = _fake_vllm_next(monkeypatch, transitional)
-    assert adapter.interface_of(vllm.AbstractEplbPolicy) == ("plan_rebalance" if transitional else "context")
-    config = adapter.EngineConfig(model="Qwen3-30B-A3B")
-    cls = adapter.make_policy(config=config)
+    assert vllm_policy.interface_of(vllm.AbstractEplbPolicy) == ("plan_rebalance" if transitional else "context")
+    config = vllm_policy.EngineConfig(model="Qwen3-30B-A3B")
+    cls = vllm_policy.make_policy(config=config)
     assert issubclass(cls, vllm.AbstractEplbPolicy)
     policy = cls()  # vLLM instantiates the registered class
     state = policy.create_state(LAYERS)

@@ -205,7 +205,7 @@ def test_a_torch_file_of_python_objects_names_the_object(tmp_path, capsys):
 
 
 def test_a_long_exception_text_is_cut_at_a_word():
-    from moe_place.traces.npz import REASON_CHARS, error_reason
+    from moe_place.traces.npz_member import REASON_CHARS, error_reason
 
     reason = error_reason(RuntimeError("word " * 100 + "\n(2) more advice"))
     assert len(reason) <= REASON_CHARS + 3 and reason.endswith("word...") and "advice" not in reason
@@ -327,7 +327,7 @@ def _scenario(folder: Path, trace: Path, plan: Path) -> Path:
 
 
 def _vllm_static_plan(plan):
-    from moe_place.engines.vllm import static_placement
+    from moe_place.engines.vllm_policy import static_placement
 
     return static_placement(plan, 2, 16, 20, 4)
 

@@ -19,7 +19,7 @@ from moe_place.cost.gemm_profile import (FIT_MIN_ROWS, H200_EFFECTIVE_FLOPS, H20
                                          record_points)
 from moe_place.cost.hardware import builtin_catalog, gpu_from_record
 from moe_place.errors import InputError
-from moe_place.online.costing import cluster_cost
+from moe_place.cost.cluster import cluster_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / H200_RECORD

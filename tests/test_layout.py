@@ -20,7 +20,8 @@ LAYERS = [
     ("moe_place.cost",),
     ("moe_place.problem",),
     ("moe_place.solvers",),
-    ("moe_place.kernels", "moe_place.engines", "moe_place.online", "moe_place.eplb"),
+    ("moe_place.kernels", "moe_place.online"),
+    ("moe_place.engines", "moe_place.eplb"),   # the adapters run the online rule; the rule knows no engine
     ("moe_place.cli",),
 ]
 SOURCE_DIRS = {"moe_place": ROOT / "moe_place", "moe_place.kernels": ROOT / "kernels",
@@ -39,6 +40,8 @@ def _modules():
         for path in sorted(folder.glob("*.py")):
             name = f"{package}.{path.stem}"
             yield name, path
+        for path in sorted(folder.glob("*/*.py")):   # subpackages (solvers/comm/)
+            yield f"{package}.{path.parent.name}.{path.stem}", path
     for sub in ("analysis", "cli", "cost", "engines", "online"):
         for path in sorted((ROOT / "moe_place" / sub).glob("*.py")):
             yield f"moe_place.{sub}.{path.stem}", path
@@ -63,6 +66,36 @@ def test_lower_layers_never_import_higher_ones():
             if rank is not None and rank > own:
                 violations.append(f"{name} imports {imported}")
     assert not violations, violations
+
+
+def test_online_imports_neither_the_engines_nor_the_cli():
+    # the rule and the replay are the engines' shared core: the adapters import them, never the reverse
+    # (the engines' launch lines live in moe_place.engines.launch); at any depth, inside functions too
+    bad = [f"{name} imports {imported}" for name, path in _modules() if name.startswith("moe_place.online.")
+           for imported in _imports(path) if imported.startswith(("moe_place.engines", "moe_place.cli"))]
+    assert not bad, bad
+
+
+def test_the_drop_in_is_imported_by_no_module_of_the_package():
+    # moe_place.eplb is DeepSeek's entry point for code that calls it; the replay and the adapters plan with
+    # moe_place.solvers.engine_call and convert with moe_place.engines.tensors, which read no environment
+    bad = [f"{name} imports {imported}" for name, path in _modules() for imported in _imports(path)
+           if imported == "moe_place.eplb" or imported.startswith("moe_place.eplb.")]
+    assert not bad, bad
+
+
+def test_the_import_checks_see_a_forbidden_import(tmp_path, monkeypatch):
+    # the two checks above read the same walk of the tree: a module that breaks each rule is found
+    online = tmp_path / "moe_place" / "online"
+    online.mkdir(parents=True)
+    (online / "bad.py").write_text("def f():\n    from moe_place.engines.config import EngineConfig\n"
+                                   "    import moe_place.eplb\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "SOURCE_DIRS", {})
+    for check in (test_online_imports_neither_the_engines_nor_the_cli,
+                  test_the_drop_in_is_imported_by_no_module_of_the_package):
+        with pytest.raises(AssertionError, match="moe_place.online.bad imports moe_place"):
+            check()
 
 
 def test_modules_exist_in_every_layer_folder():
@@ -97,8 +130,8 @@ def test_readme_test_command_is_what_ci_runs():
 
 def _module_names() -> set[str]:
     names = {name for name, _ in _modules()}
-    for package in ("moe_place", "moe_place.kernels", "moe_place.solvers", "moe_place.traces", "moe_place.analysis",
-                    "moe_place.cli", "moe_place.cost", "moe_place.engines", "moe_place.online"):
+    for package in ("moe_place", "moe_place.kernels", "moe_place.solvers", "moe_place.solvers.comm", "moe_place.traces",
+                    "moe_place.analysis", "moe_place.cli", "moe_place.cost", "moe_place.engines", "moe_place.online"):
         names.add(package)  # a package is its __init__
     return {name[: -len(".__init__")] if name.endswith(".__init__") else name for name in names}
 

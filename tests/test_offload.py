@@ -14,6 +14,7 @@ from moe_place.cost.models import ExpertShape, get_model
 from moe_place.cost.offload import (OffloadRates, expected_compute_s, expected_costs, expected_tiered_s,
                                     full_gpu_layer_s, prefill_threshold_tokens, tiered_times)
 from moe_place.engines import llama_cpp, sglang_kt
+from moe_place.solvers import offload_rules
 from moe_place.errors import InputError
 from moe_place.solvers.offload import (ALL_FIT, THINNED, OffloadProblem, count_order, held_out_curves, mask_of,
                                       mean_objective_s, plan_held_out, plan_offload, whole_layer_plan)
@@ -185,7 +186,7 @@ def _planning_data(seed, layers=3, experts=6, steps=3, gpu_scale=3.0):
 
 
 def _frequency(counts, capacity):
-    return sglang_kt.strategy_mask("frequency", sum(counts), capacity)
+    return offload_rules.strategy_mask("frequency", sum(counts), capacity)
 
 
 def test_held_out_curves_leave_each_step_out():
@@ -206,7 +207,7 @@ def test_held_out_plan_thins_frequency_and_beats_every_candidate(seed):
     rng = np.random.default_rng(seed)
     for capacity in (1, 5, 11, 17):
         anchor = _frequency(counts, capacity)
-        rules = {s: sglang_kt.strategy_mask(s, sum(counts), capacity) for s in sglang_kt.STRATEGIES}
+        rules = {s: offload_rules.strategy_mask(s, sum(counts), capacity) for s in offload_rules.STRATEGIES}
         rules["arbitrary"] = np.zeros((3, 6), bool)
         rules["arbitrary"].flat[rng.permutation(18)[:capacity]] = True
         plan = plan_held_out(parts, curves, anchor, rules, capacity)
@@ -240,7 +241,7 @@ def test_frequency_rule_is_a_prefix_of_the_count_order_with_ties():
     rng = np.random.default_rng(0)
     counts = rng.integers(0, 3, (6, 10))                                   # many ties, also across layers
     for total in range(0, 61, 7):
-        mask = sglang_kt.strategy_mask("frequency", counts, total)
+        mask = offload_rules.strategy_mask("frequency", counts, total)
         assert (mask_of(count_order(counts), mask.sum(axis=1)) == mask).all()
 
 
@@ -298,15 +299,15 @@ def test_stats_make_sglang_kt_frequency_pick_the_planned_set(seed, tmp_path):
 
 def test_strategy_masks_follow_sglang_kt():
     counts = np.arange(3 * 8)[::-1].reshape(3, 8)
-    uniform = sglang_kt.strategy_mask("uniform", counts, 10)
+    uniform = offload_rules.strategy_mask("uniform", counts, 10)
     assert uniform.sum(axis=1).tolist() == [4, 3, 3] and uniform[0, :4].all() and not uniform[0, 4:].any()
-    front = sglang_kt.strategy_mask("front-loading", counts, 10)
+    front = offload_rules.strategy_mask("front-loading", counts, 10)
     assert front.sum(axis=1).tolist() == [8, 2, 0] and front[1, :2].all()
-    freq = sglang_kt.strategy_mask("frequency", counts, 10)
+    freq = offload_rules.strategy_mask("frequency", counts, 10)
     assert freq.reshape(-1)[:10].all() and freq.sum() == 10                    # the 10 largest counts
-    assert sglang_kt.strategy_mask("random", counts, 10).sum() == 10
+    assert offload_rules.strategy_mask("random", counts, 10).sum() == 10
     with pytest.raises(InputError, match="strategy"):
-        sglang_kt.strategy_mask("hottest", counts, 10)
+        offload_rules.strategy_mask("hottest", counts, 10)
 
 
 def test_flags_give_the_planned_total():
@@ -322,8 +323,8 @@ def test_flags_give_the_planned_total():
 # ---------------------------------------------------------------------- llama.cpp
 def test_llama_cpp_patterns_match_the_layers_they_name():
     ids = (3, 4, 5, 10, 11, 12)                       # a model whose first 3 blocks are dense
-    assert llama_cpp.n_cpu_moe_for(ids, 2) == 11 and llama_cpp.n_cpu_moe_for(ids, 0) == 13
-    mask = llama_cpp.n_cpu_moe_mask(ids, 4, 11)
+    assert offload_rules.n_cpu_moe_for(ids, 2) == 11 and offload_rules.n_cpu_moe_for(ids, 0) == 13
+    mask = offload_rules.n_cpu_moe_mask(ids, 4, 11)
     assert mask.all(axis=1).tolist() == [False, False, False, False, True, True]
     assert llama_cpp.launch_flags(mask, ids) == ["-ngl", "999", "--n-cpu-moe", "11"]
     mask = np.zeros((6, 4), bool)
@@ -444,7 +445,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message, tmp_path, monkeypat
 
 def test_batch_limit_agrees_with_the_library():
     from moe_place.cli.offload import MAX_BATCHES
-    from moe_place.engines import offload_compare
+    from moe_place.solvers import offload_compare
 
     assert MAX_BATCHES == offload_compare.MAX_BATCHES
 
@@ -459,7 +460,7 @@ def test_cli_model_without_preset(tmp_path, capsys):
 
 
 def test_cli_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
-    import moe_place.engines.offload_compare as compare
+    import moe_place.solvers.offload_compare as compare
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from moe_place.cli.main import main
-from moe_place.errors import InputError
+from moe_place.cost.cluster import cluster_cost
 from moe_place.engines.config import load_engine_config
-from moe_place.online.cadence import cadences, engine_settings, sweep
+from moe_place.engines.launch import engine_settings
+from moe_place.errors import InputError
+from moe_place.online.cadence import cadences, sweep
 from moe_place.online.controller import EngineCadence, initial_map, make_controller
-from moe_place.online.costing import cluster_cost
 from moe_place.online.estimate import BLAS_ONE_THREAD_WORK, LoadEstimate
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import hindsight_next_reference, replay
@@ -33,13 +34,25 @@ def _shares(rng: np.random.Generator) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- the estimate
+class _Folding:
+    """A load estimate and its state between windows, held as the rule holds them."""
+
+    def __init__(self, layers: int, experts: int):
+        self.estimate = LoadEstimate(layers, experts)
+        self.state, self.draw = self.estimate.create_state(), None
+
+    def update(self, *args, **kwargs) -> np.ndarray:
+        lam, self.state, self.draw = self.estimate.update(self.state, *args, **kwargs)
+        return lam
+
+
 def test_a_stationary_load_chooses_a_long_memory_and_the_estimate_settles():
     rng = np.random.default_rng(0)
     shares = _shares(rng)
-    estimate = LoadEstimate(LAYERS, EXPERTS)
+    estimate = _Folding(LAYERS, EXPERTS)
     for _ in range(12):
         lam = estimate.update(_steps(shares, 50, 400, rng), 50, 50)
-    assert (estimate.chosen >= 50).all()               # at least an interval of memory, every layer
+    assert (estimate.state.chosen >= 50).all()               # at least an interval of memory, every layer
     truth = shares * 400
     window_error = np.abs(_steps(shares, 50, 400, rng).mean(axis=0) - truth).mean()
     assert np.abs(lam - truth).mean() < 0.6 * window_error   # better than one window's mean
@@ -54,16 +67,16 @@ def test_each_memory_is_the_weighted_mean_of_every_step_seen_also_when_folded_in
     shares = rng.dirichlet(np.full(experts, 0.5), size=layers)
     windows = [np.stack([[rng.multinomial(20000, row) for row in shares] for _ in range(n)]).astype(np.float64)
                for n in (300, 700)]
-    estimate = LoadEstimate(layers, experts)
+    estimate = _Folding(layers, experts)
     estimate.update(windows[0], 300, 300)
     estimate.update(windows[1], 700, 700)
-    assert len(estimate.half_lives) * (700 // 32) * layers * experts > BLAS_ONE_THREAD_WORK   # sliced
+    assert len(estimate.state.half_lives) * (700 // 32) * layers * experts > BLAS_ONE_THREAD_WORK   # sliced
     steps = np.concatenate(windows)
     ages = np.arange(len(steps) - 1, -1, -1, dtype=np.float64)
-    for c, h in enumerate(estimate.half_lives):
+    for c, h in enumerate(estimate.state.half_lives):
         weights = 2.0 ** (-ages / h)
         direct = np.tensordot(weights, steps, axes=(0, 0)) / weights.sum()
-        np.testing.assert_allclose(estimate._num[c] / estimate._den[c][:, None], direct, rtol=1e-6,
+        np.testing.assert_allclose(estimate.state.num[c] / estimate.state.den[c][:, None], direct, rtol=1e-6,
                                    atol=1e-6 * direct.mean())
 
 
@@ -75,18 +88,18 @@ def test_a_layer_that_keeps_its_memory_decays_it_over_its_own_new_steps_when_ano
     shares = rng.dirichlet(np.full(EXPERTS, 0.5), size=2)
     first, second = (np.stack([[rng.multinomial(400, row) for row in shares] for _ in range(100)]).astype(np.float64)
                      for _ in range(2))
-    estimate = LoadEstimate(2, EXPERTS)
+    estimate = _Folding(2, EXPERTS)
     estimate.update(first, 100, 100)
     estimate.update(second, 100, 20, reset=np.array([True, False]))
     kept = np.concatenate([first, second[-20:]])[:, 1]           # layer 1: every step it has seen, in order
     ages = np.arange(len(kept) - 1, -1, -1, dtype=np.float64)
     restarted_ages = np.arange(99, -1, -1, dtype=np.float64)
-    for c, h in enumerate(estimate.half_lives):
+    for c, h in enumerate(estimate.state.half_lives):
         weights = 2.0 ** (-ages / h)
-        np.testing.assert_allclose(estimate._num[c, 1] / estimate._den[c, 1],
+        np.testing.assert_allclose(estimate.state.num[c, 1] / estimate.state.den[c, 1],
                                    weights @ kept / weights.sum(), rtol=1e-6, atol=1e-6 * kept.mean())
         weights = 2.0 ** (-restarted_ages / h)
-        np.testing.assert_allclose(estimate._num[c, 0] / estimate._den[c, 0],
+        np.testing.assert_allclose(estimate.state.num[c, 0] / estimate.state.den[c, 0],
                                    weights @ second[:, 0] / weights.sum(), rtol=1e-6, atol=1e-6 * second.mean())
 
 
@@ -94,10 +107,10 @@ def test_a_sudden_change_is_followed_at_the_first_call_after_it():
     """With the reset the rule asks for on a layer whose load changed, the estimate is the new window's."""
     rng = np.random.default_rng(1)
     before, after = _shares(rng), _shares(rng)
-    estimate = LoadEstimate(LAYERS, EXPERTS)
+    estimate = _Folding(LAYERS, EXPERTS)
     for _ in range(10):
         estimate.update(_steps(before, 50, 400, rng), 50, 50)
-    assert (estimate.chosen >= 50).all()
+    assert (estimate.state.chosen >= 50).all()
     # the rule's test finds every layer changed: their memory starts again from the new window
     lam = estimate.update(_steps(after, 50, 400, rng), 50, 50, reset=np.ones(LAYERS, dtype=bool))
     assert np.abs(lam - after * 400).sum() < 0.25 * np.abs(lam - before * 400).sum()
@@ -106,7 +119,7 @@ def test_a_sudden_change_is_followed_at_the_first_call_after_it():
 def test_a_fast_drift_chooses_a_memory_shorter_than_the_window():
     rng = np.random.default_rng(2)
     shares = _shares(rng)
-    estimate = LoadEstimate(LAYERS, EXPERTS)
+    estimate = _Folding(LAYERS, EXPERTS)
     for _ in range(8):   # the popularity walks a long way within each window: recent steps say most
         window = []
         for _ in range(64):
@@ -114,16 +127,16 @@ def test_a_fast_drift_chooses_a_memory_shorter_than_the_window():
             shares /= shares.sum(axis=1, keepdims=True)
             window.append([rng.multinomial(4000, row) for row in shares])
         estimate.update(np.array(window, dtype=np.float64), 64, 64)
-    assert (estimate.chosen < 64).all()
+    assert (estimate.state.chosen < 64).all()
 
 
 def test_a_summed_window_is_its_own_estimate():
     rng = np.random.default_rng(3)
-    estimate = LoadEstimate(LAYERS, EXPERTS)
+    estimate = _Folding(LAYERS, EXPERTS)
     for _ in range(5):
         window = _steps(_shares(rng), 20, 100, rng).sum(axis=0)
         np.testing.assert_allclose(estimate.update(window, 20, 20), window / 20)
-        assert (estimate.chosen == np.inf).all()
+        assert (estimate.state.chosen == np.inf).all()
 
 
 def test_a_resampled_estimate_has_the_noise_of_every_step_it_weighs():
@@ -133,19 +146,19 @@ def test_a_resampled_estimate_has_the_noise_of_every_step_it_weighs():
     shares = _shares(rng)
     runs = []
     for _ in range(6):
-        estimate = LoadEstimate(LAYERS, EXPERTS)
+        estimate = _Folding(LAYERS, EXPERTS)
         for _ in range(10):
             lam = estimate.update(_steps(shares, 40, 300, rng), 40, 40)
         runs.append((estimate, lam))
     between = np.std([lam for _, lam in runs], axis=0).mean()            # independent histories
     estimate, lam = runs[0]
-    draws = [estimate.resample(np.arange(LAYERS), np.random.default_rng(k)) for k in range(12)]
+    draws = [estimate.draw.resample(np.arange(LAYERS), np.random.default_rng(k)) for k in range(12)]
     spread = np.std(draws, axis=0).mean() / np.sqrt(2)                      # the draws carry sqrt(2)
     assert 0.4 * between < spread < 2.5 * between
 
 
 def test_bad_windows_are_input_errors():
-    estimate = LoadEstimate(LAYERS, EXPERTS)
+    estimate = _Folding(LAYERS, EXPERTS)
     with pytest.raises(InputError, match="load window"):
         estimate.update(np.ones((4, LAYERS, EXPERTS + 1)), 4, 4)
     with pytest.raises(InputError, match="load window"):

@@ -1,16 +1,17 @@
 """The rebalance rule and the engine-driven controllers: the engines' cadence, no moves on noise,
 whole moves that pay back, caps, hierarchical groups, and valid maps under any load sequence."""
 
-from dataclasses import replace
+import copy
+from dataclasses import fields, is_dataclass, replace
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.payback import n_min
 from moe_place.online.controller import EngineCadence, initial_map, logical_counts, make_controller
-from moe_place.online.costing import cluster_cost
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import replay
 from moe_place.placement import Placement
@@ -59,6 +60,19 @@ def sglang_rebalances(iterations: int, passes: int) -> list[int]:
     return done
 
 
+class _Held:
+    """A rule and its state between calls, held as an engine holds them: each call reads the last state."""
+
+    def __init__(self, rule: RebalanceRule):
+        self.rule, self.state = rule, rule.create_state()
+        self.verdicts, self.retention = (), 0.0
+
+    def decide(self, *args, **kwargs):
+        answer = self.rule.decide(self.state, *args, **kwargs)
+        self.state, self.verdicts, self.retention = answer.state, answer.verdicts, answer.retention
+        return answer.decision
+
+
 def test_engine_cadence_is_vllm_and_sglang_own():
     vllm = EngineCadence.of("vllm", 200, 100)
     calls = [s for s in range(700) if vllm.calls_at(s)]
@@ -81,7 +95,7 @@ def test_first_call_balances_at_once_and_noise_alone_moves_nothing():
     popularity = _popularity(1)
     counts = _stationary(120, popularity)          # windows of 40 steps x 2048 dispatches per layer
     cost = _cost(migration="async")
-    rule = RebalanceRule(cost, LAYERS, EXPERTS)
+    rule = _Held(RebalanceRule(cost, LAYERS, EXPERTS))
     start = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
     first = rule.decide(counts[:40].sum(axis=0), start, interval_steps=1000, window_steps=40)
     assert first is not None and 1 in first.layers   # layer 1 starts 1.83x the mean GPU
@@ -97,10 +111,10 @@ def test_first_call_balances_at_once_and_noise_alone_moves_nothing():
     for block in range(1, 3):
         window = counts[40 * block:40 * block + 40].sum(axis=0)
         assert rule.decide(window, first.placement, interval_steps=1000, window_steps=40) is None
-        assert {v.reason for v in rule.last_verdicts} <= {"balanced", "noise"}
-        for verdict in rule.last_verdicts:   # a layer behind the fresh plan is within its noise floor
+        assert {v.reason for v in rule.verdicts} <= {"balanced", "noise"}
+        for verdict in rule.verdicts:   # a layer behind the fresh plan is within its noise floor
             if verdict.reason == "noise":
-                assert 0 < verdict.deficit <= rule.noise_margin * verdict.noise_floor + rule.min_gain
+                assert 0 < verdict.deficit <= rule.rule.noise_margin * verdict.noise_floor + rule.rule.min_gain
 
 
 def test_only_the_moves_noise_cannot_explain_are_matched_to_the_map_and_priced(monkeypatch):
@@ -123,14 +137,14 @@ def test_only_the_moves_noise_cannot_explain_are_matched_to_the_map_and_priced(m
     monkeypatch.setattr(Migration, "copy_plan", counting_copy_plan)
     popularity = _popularity(3)
     counts = _stationary(400, popularity, tokens=256, seed=3)   # 8-step windows of few tokens: noisy
-    rule = RebalanceRule(_cost(migration="async"), LAYERS, EXPERTS)
+    rule = _Held(RebalanceRule(_cost(migration="async"), LAYERS, EXPERTS))
     current = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
     reasons = []
     for start in range(0, 400, 8):
         aligned.clear()
         priced.clear()
         decision = rule.decide(counts[start:start + 8], current, interval_steps=8)
-        verdicts = rule.last_verdicts
+        verdicts = rule.verdicts
         reasons += [v.reason for v in verdicts]
         weighed = sorted(v.layer for v in verdicts if v.reason not in ("balanced", "noise"))
         assert priced == ([weighed] if weighed else []) and aligned == ([len(weighed)] if weighed else [])
@@ -143,7 +157,7 @@ def test_only_the_moves_noise_cannot_explain_are_matched_to_the_map_and_priced(m
 
 def test_a_new_workload_is_followed_at_the_next_call_and_the_move_is_aligned():
     cost = _cost(migration="async")
-    rule = RebalanceRule(cost, LAYERS, EXPERTS)
+    rule = _Held(RebalanceRule(cost, LAYERS, EXPERTS))
     old = _stationary(4, _popularity(1), seed=1).sum(axis=0)
     new = _stationary(4, _popularity(2), seed=2).sum(axis=0)
     start = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
@@ -155,18 +169,18 @@ def test_a_new_workload_is_followed_at_the_next_call_and_the_move_is_aligned():
     np.testing.assert_allclose(np.sort(after.placement.gpu_loads(new), axis=1),
                                np.sort(Placement(eplb, EXPERTS, GPUS, allow_colocated=True).gpu_loads(new), axis=1))
     assert after.placement.moved_slots(before).sum() <= (eplb != before.phy2log).sum()
-    assert rule._age.tolist() == [4.0, 4.0]  # a new pattern: its age restarts at the window
+    assert rule.state.age.tolist() == [4.0, 4.0]  # a new pattern: its age restarts at the window
 
 
 def test_the_pattern_age_grows_while_the_load_stays_the_same():
     cost = _cost(migration="async")
-    rule = RebalanceRule(cost, LAYERS, EXPERTS)
+    rule = _Held(RebalanceRule(cost, LAYERS, EXPERTS))
     counts = _stationary(9, _popularity(3))
     current = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
     for call in range(3):
         decision = rule.decide(counts[3 * call:3 * call + 3].sum(axis=0), current, 500, 3)
         current = current if decision is None else decision.placement
-    assert rule._age.tolist() == [3 + 500 + 500] * LAYERS
+    assert rule.state.age.tolist() == [3 + 500 + 500] * LAYERS
 
 
 def test_a_move_is_taken_only_when_it_pays_back_before_the_next_call():
@@ -176,13 +190,13 @@ def test_a_move_is_taken_only_when_it_pays_back_before_the_next_call():
     window = _stationary(1, popularity, tokens=64)[0]
     cost = _cost(nodes=2, migration="stall")
     start = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS, 2)
-    short = RebalanceRule(cost, LAYERS, EXPERTS)
+    short = _Held(RebalanceRule(cost, LAYERS, EXPERTS))
     assert short.decide(window, start, interval_steps=1, window_steps=1) is None
-    assert "no-payback" in {v.reason for v in short.last_verdicts}
-    long = RebalanceRule(cost, LAYERS, EXPERTS)
+    assert "no-payback" in {v.reason for v in short.verdicts}
+    long = _Held(RebalanceRule(cost, LAYERS, EXPERTS))
     decision = long.decide(window, start, interval_steps=10 ** 6, window_steps=1)
     assert decision is not None
-    moved = [v for v in long.last_verdicts if v.moved]
+    moved = [v for v in long.verdicts if v.moved]
     assert [v.layer for v in moved] == list(decision.layers)
     for verdict in moved:
         assert n_min(verdict.charge_s, verdict.saving_s) <= verdict.horizon_steps
@@ -196,15 +210,15 @@ def test_caps_an_engine_states_are_kept():
     counts = _stationary(4, _popularity(5, alpha=0.3)).sum(axis=0)
     start = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
     cost = _cost(migration="async")
-    capped = RebalanceRule(cost, LAYERS, EXPERTS, max_moved_slots=3)
+    capped = _Held(RebalanceRule(cost, LAYERS, EXPERTS, max_moved_slots=3))
     decision = capped.decide(counts, start, 1000, 4)
     assert decision is None or (decision.placement.moved_slots(start).sum(axis=1) <= 3).all()
-    assert "cap" in {v.reason for v in capped.last_verdicts}
-    free = RebalanceRule(cost, LAYERS, EXPERTS)
-    moves = [v.moved_slots for v in (free.decide(counts, start, 1000, 4), free.last_verdicts)[1] if v.moved]
+    assert "cap" in {v.reason for v in capped.verdicts}
+    free = _Held(RebalanceRule(cost, LAYERS, EXPERTS))
+    moves = [v.moved_slots for v in (free.decide(counts, start, 1000, 4), free.verdicts)[1] if v.moved]
     assert len(moves) == 2
     budget = max(moves) * cost.expert_bytes   # room for one layer's move, not both
-    one_layer = RebalanceRule(cost, LAYERS, EXPERTS, max_bytes=budget)
+    one_layer = _Held(RebalanceRule(cost, LAYERS, EXPERTS, max_bytes=budget))
     decision = one_layer.decide(counts, start, 1000, 4)
     assert decision is not None and len(decision.layers) == 1
     assert decision.placement.moved_slots(start).sum() * cost.expert_bytes <= budget
@@ -214,7 +228,7 @@ def test_hierarchical_groups_stay_inside_one_node():
     experts, gpus, nodes, groups, layers = 32, 8, 2, 4, 3
     physical = experts + gpus
     cost = cluster_cost(gpus, nodes, "H100", "Qwen3-30B-A3B", migration="async")
-    rule = RebalanceRule(cost, layers, experts, num_groups=groups)
+    rule = _Held(RebalanceRule(cost, layers, experts, num_groups=groups))
     window = _stationary(4, _popularity(6, layers, experts, alpha=0.3)).sum(axis=0)
     decision = rule.decide(window, initial_map(layers, experts, physical, gpus, nodes), 1000, 4)
     assert decision is not None and decision.layers
@@ -234,6 +248,27 @@ def test_the_engine_default_runs_eplb_and_vllm_keeps_unmoved_slots():
     result = replay(counts, default, cost, start, layer_per_step=True)
     assert default.name == "vllm-default" and result.rebalance_steps[0] == 24
     assert result.policy_time_s[24] > 0 and result.policy_time_s[:24].sum() == 0
+
+
+def test_the_controller_holds_the_rules_state_and_reports_each_calls_verdicts():
+    counts = _stationary(300, _popularity(5, alpha=0.3), tokens=1024)
+    cost = _cost(migration="stall")
+    ours = make_controller("ours", EngineCadence.of("sglang", 100), LAYERS, EXPERTS, rule=RebalanceRule(cost, LAYERS,
+                                                                                                        EXPERTS))
+    start = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
+    decided, in_use = [], start
+    for step in range(300):
+        ours.observe(step, counts[step], in_use)
+        decision = ours.decide(step, in_use)
+        if decision is not None:
+            in_use = decision.placement
+        if ours.called:
+            decided.append(decision)
+            assert [v.layer for v in ours.last_verdicts] == list(range(LAYERS))
+            moved = [v.layer for v in ours.last_verdicts if v.moved]
+            assert moved == ([] if decision is None else list(decision.layers))
+    # SGLang calls after passes 101 and 201 of 300 (its generator); skewed, so a call moves
+    assert len(decided) == 2 and ours.state.calls == 2 and any(d is not None for d in decided)
 
 
 def test_same_inputs_same_decisions():
@@ -287,7 +322,7 @@ def test_unknown_controller_and_bad_rule_settings_are_input_errors():
         make_controller("oracle", EngineCadence.of("vllm"), LAYERS, EXPERTS)
     with pytest.raises(Exception, match="min_gain"):
         RebalanceRule(_cost(), LAYERS, EXPERTS, min_gain=float("nan"))
-    rule = RebalanceRule(_cost(), LAYERS, EXPERTS)
+    rule = _Held(RebalanceRule(_cost(), LAYERS, EXPERTS))
     start = initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
     with pytest.raises(Exception, match="load window"):
         rule.decide(np.full((LAYERS, EXPERTS), np.nan), start, 100)
@@ -309,16 +344,63 @@ def test_retention_is_measured_what_a_plan_keeps_on_the_next_window():
     cost = _cost(migration="stall")
     for later, kept in ((counts[40:80].sum(axis=0), "most"), (_stationary(40, _popularity(9), 4096, 2).sum(axis=0),
                                                                 "none")):
-        rule = RebalanceRule(cost, LAYERS, EXPERTS, max_moved_slots=0)   # decide, move nothing: the gap stays
+        rule = _Held(RebalanceRule(cost, LAYERS, EXPERTS, max_moved_slots=0))   # decide, move nothing: the gap stays
         current = Placement(_unbalanced_rows(popularity, 5), EXPERTS, GPUS, allow_colocated=True)
         rule.decide(counts[:40].sum(axis=0), current, interval_steps=100, window_steps=40)
-        assert rule.last_retention == 0.0                                # nothing measured yet
+        assert rule.retention == 0.0                                # nothing measured yet
         rule.decide(later, current, interval_steps=100, window_steps=40)
         if kept == "most":
-            assert rule.last_retention > 0.8
-            assert min(v.horizon_steps for v in rule.last_verdicts) >= 100 / (1 - 0.8)
+            assert rule.retention > 0.8
+            assert min(v.horizon_steps for v in rule.verdicts) >= 100 / (1 - 0.8)
         else:
-            assert rule.last_retention < 0.3
+            assert rule.retention < 0.3
+
+
+def _same_state(a, b) -> bool:
+    """Two rule states hold the same values (arrays compared element by element, nan equal to nan)."""
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "scratch":   # memory the next window is copied into, not state
+            continue
+        if is_dataclass(x):
+            if not _same_state(x, y):
+                return False
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if x is None or y is None or not np.array_equal(x, y, equal_nan=True):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def test_a_call_reads_its_state_and_writes_none_of_it():
+    """The rule's state is explicit: `decide` returns the next state and leaves the one it read as it was, so
+    deciding twice from one state (vLLM plans from a state it may not commit) gives the same answer twice."""
+    counts = _stationary(160, _popularity(10), tokens=512, seed=4)   # per-step windows: the estimate's memory
+    rule = RebalanceRule(_cost(migration="async"), LAYERS, EXPERTS)
+    state, current = rule.create_state(), initial_map(LAYERS, EXPERTS, PHYSICAL, GPUS)
+    for start in range(0, 160, 20):
+        before = copy.deepcopy(state)
+        first = rule.decide(state, counts[start:start + 20], current, interval_steps=20)
+        assert _same_state(state, before)                                   # the state read is untouched
+        again = rule.decide(state, counts[start:start + 20], current, interval_steps=20)
+        assert _same_state(first.state, again.state) and first.verdicts == again.verdicts
+        assert (first.decision is None) == (again.decision is None)
+        if first.decision is not None:
+            assert np.array_equal(first.decision.placement.phy2log, again.decision.placement.phy2log)
+            current = first.decision.placement
+        assert first.state.calls == state.calls + 1
+        state = first.state
+    assert state.estimate.num is not None and state.kept   # the memory and the retention were exercised
+
+
+def test_the_state_check_sees_a_changed_array():
+    rule = RebalanceRule(_cost(), LAYERS, EXPERTS)
+    state = rule.create_state()
+    other = rule.create_state()
+    assert _same_state(state, other)
+    other.age[0] = 1.0
+    assert not _same_state(state, other)
 
 
 def test_the_window_is_read_with_the_map_in_use_at_the_call():
@@ -328,11 +410,14 @@ def test_the_window_is_read_with_the_map_in_use_at_the_call():
     old = Placement(np.array([[0, 1, 0]]), 2, 3, allow_colocated=True)
     new = Placement(np.array([[0, 1, 1]]), 2, 3, allow_colocated=True)
     for engine in ("vllm", "sglang"):
-        controller = make_controller("engine-default", EngineCadence.of(engine, 4, 4), 1, 2)
-        controller.observe(0, np.array([[6.0, 4.0]]), old)
-        window, steps = controller._engine_window(0, new)
-        assert steps == 1 and window.reshape(-1).tolist() == [3.0, 7.0]
+        cadence = EngineCadence.of(engine, 4, 4)
+        controller = make_controller("engine-default", cadence, 1, 2)
+        for step in range(cadence.first_call):
+            controller.observe(step, np.array([[6.0, 4.0]]), old)
+        window, steps = controller._due_window(cadence.first_call - 1, new)
+        assert steps == min(4, cadence.first_call) and window.reshape(-1, 2).sum(axis=0).tolist() == [3.0 * steps,
+                                                                                                      7.0 * steps]
     assert logical_counts(np.array([[[3, 4, 3]], [[6, 2, 2]]]), new.phy2log, 2).tolist() == [[[3, 7]], [[6, 4]]]
     truthful = make_controller("engine-default", replace(EngineCadence.of("vllm", 4, 4), records_physical=False), 1, 2)
     truthful.observe(0, np.array([[6.0, 4.0]]), old)
-    assert truthful._engine_window(0, new)[0].tolist() == [[6.0, 4.0]]
+    assert truthful._due_window(0, new)[0].tolist() == [[6.0, 4.0]]

@@ -23,11 +23,11 @@ def test_the_engine_path_runs_without_ortools():
     pytest.importorskip("torch")
     done = _run("""
         import numpy as np, torch
-        from moe_place.eplb import rebalance_experts
+        from moe_place.cost.cluster import cluster_cost
         from moe_place.engines import vllm, sglang
         from moe_place.engines.config import EngineConfig
+        from moe_place.eplb import rebalance_experts
         from moe_place.online.controller import EngineCadence, initial_map, make_controller
-        from moe_place.online.costing import cluster_cost
         from moe_place.online.policy import RebalanceRule
         from moe_place.online.replay import parse_synthetic, replay
         w = torch.rand(4, 32) * 1000

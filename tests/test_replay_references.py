@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from moe_place.cost.cluster import cluster_cost
 from moe_place.errors import InputError
-from moe_place.online.costing import cluster_cost
-from moe_place.online.replay import free_replan_reference, hindsight_per_step, initial_placement, replay
 from moe_place.online.controller import StaticController
+from moe_place.online.replay import free_replan_reference, hindsight_per_step, initial_placement, replay
 
 LAYERS, EXPERTS, GPUS = 2, 8, 4
 PHYSICAL = EXPERTS + GPUS

@@ -10,7 +10,7 @@ import pytest
 from moe_place.cost.comm import SlotTable, choose_replicas, static_rank_table
 from moe_place.cost.replicas import (allreduce_latency_s, slot_rows, split_overhead_s, vllm_hash_fractions)
 from moe_place.errors import InputError
-from moe_place.online.costing import cluster_cost
+from moe_place.cost.cluster import cluster_cost
 from moe_place.online.splitting import SplitChoice
 from moe_place.placement import Placement
 

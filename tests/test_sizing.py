@@ -188,6 +188,18 @@ def test_plan_redundant_auto_table_and_one_step_token_trace(tmp_path, capsys):
     assert code == 0, err
     assert "two halves of tokens" in text and "recommended R =" in text and "<- recommended" in text
     assert "bytes/token unknown" in text  # no preset: memory from --expert-bytes, no KV tokens
+    # the table's rows are what they say, the marked row is the recommended R, and the plan written has it
+    rows = [line.split() for line in text.splitlines() if line.split() and line.split()[0].isdigit()
+            and len(line.split()) >= 8]
+    assert [int(r[0]) for r in rows] == sorted(int(r[0]) for r in rows) and int(rows[0][0]) == 0
+    for r in rows:
+        redundant, physical, per_gpu, gib = int(r[0]), int(r[1]), int(r[2]), float(r[6])
+        assert physical == 16 + redundant and per_gpu == physical // 4
+        assert gib == round(redundant / 4 * 2 * 2**20 / 2**30, 2)   # R/G replicas x 2 layers x 1 MiB per GPU
+    marked = [int(r[0]) for r in rows if "<-" in r]
+    recommended = int(text.split("recommended R = ")[1].split(":")[0])
+    assert marked == [recommended]
+    assert json.loads((tmp_path / "p.json").read_text())["num_physical_experts"] == 16 + recommended
 
 
 @pytest.mark.parametrize("argv, where", [

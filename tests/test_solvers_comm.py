@@ -9,7 +9,8 @@ import itertools
 import numpy as np
 import pytest
 
-from moe_place.cost.comm import CommModel, SlotTable, default_topology, layer_cost
+from moe_place.cost.cluster import cluster_topology
+from moe_place.cost.comm import CommModel, SlotTable, layer_cost
 from moe_place.cost.models import ExpertShape
 from moe_place.errors import InputError
 from moe_place.placement import Placement
@@ -59,7 +60,7 @@ def test_time_plan_is_valid_deterministic_and_decided(redundant, rule, decision)
     rng = np.random.default_rng(1)
     steps = clustered_steps(rng)
     problem = problem_for(steps, 8, 2, redundant)
-    model = CommModel(default_topology(8, 2), SHAPE, replica_choice=rule)
+    model = CommModel(cluster_topology(8, 2), SHAPE, replica_choice=rule)
     first = plan_time(problem, steps, model, decision=decision)
     second = plan_time(problem, steps, model, decision=decision)
     assert np.array_equal(first.placement.phy2log, second.placement.phy2log)
@@ -87,7 +88,7 @@ def test_grouping_pays_on_a_clustered_trace_in_and_out_of_sample():
     steps = clustered_steps(rng, steps=4)
     train, test = steps[:3], steps[3:]
     problem = problem_for(train, 8, 2)
-    model = CommModel(default_topology(8, 2), SHAPE)
+    model = CommModel(cluster_topology(8, 2), SHAPE)
     result = plan_time(problem, train, model)
     balance = solve(problem, "fast").placement
     assert all(layer.choice == "grouped" for layer in result.layers)
@@ -105,7 +106,7 @@ def test_a_layer_that_grouping_does_not_help_keeps_the_balance_plan_under_the_gu
     # uniform random routing: co-activation carries no signal; whatever the windows say, the guard holds
     steps = [rng.permuted(np.tile(np.arange(16), (200, 1)), axis=1)[:, None, :4] for _ in range(3)]
     problem = problem_for(steps, 8, 2)
-    result = plan_time(problem, steps, CommModel(default_topology(8, 2), SHAPE), decision="guard")
+    result = plan_time(problem, steps, CommModel(cluster_topology(8, 2), SHAPE), decision="guard")
     for i, layer in enumerate(result.layers):
         if layer.choice == "balance":
             assert np.array_equal(result.placement.phy2log[i], result.balance.phy2log[i])
@@ -117,7 +118,7 @@ def test_node_search_keeps_its_incremental_state_exact():
     rng = np.random.default_rng(4)
     steps = clustered_steps(rng, layers=1)
     tokens = LayerTokens.from_steps([s[:, 0, :] for s in steps], 16, 8, "blocks")
-    model = CommModel(default_topology(8, 2), SHAPE)
+    model = CommModel(cluster_topology(8, 2), SHAPE)
     start = balanced_nodes(tokens.loads.sum(axis=0), 2)
     assert np.bincount(start).tolist() == [8, 8]
     search = NodeSearch(tokens, start, 8, 2, 2, model)
@@ -140,7 +141,7 @@ def test_replica_nodes_respect_the_spare_slots_and_keep_each_expert_home():
     steps = clustered_steps(rng, layers=1)
     tokens = LayerTokens.from_steps([s[:, 0, :] for s in steps], 16, 8, "blocks")
     for rule in ("sglang-static", "vllm"):
-        model = CommModel(default_topology(8, 2), SHAPE, replica_choice=rule)
+        model = CommModel(cluster_topology(8, 2), SHAPE, replica_choice=rule)
         search = NodeSearch(tokens, np.arange(16) % 2, 8, 2, 3, model)          # P = 24: 4 spare slots per node
         for exact in (True, False):
             plan = replica_nodes(search, 24, exact=exact)
@@ -154,7 +155,7 @@ def test_replica_nodes_respect_the_spare_slots_and_keep_each_expert_home():
 def test_lower_bound_is_below_every_plan_of_a_tiny_layer():
     rng = np.random.default_rng(6)
     steps = [np.stack([rng.choice(4, 2, replace=False) for _ in range(24)]) for _ in range(2)]
-    topo = default_topology(4, 2)
+    topo = cluster_topology(4, 2)
     shape = ExpertShape("tiny", 256, 64, 4, 2, 1)
     model = CommModel(topo, shape)
     bound = layer_lower_bound_s(steps, model, 4, 4, 2, 4)
@@ -180,7 +181,7 @@ def test_community_start_puts_each_cluster_on_one_node():
     together = [len({int(node_of[e]) for e in row}) for row in tokens.ids]
     assert np.mean(together) == pytest.approx(1.0)   # every token's experts on one node
     problem = problem_for(steps, 8, 2)
-    model = CommModel(default_topology(8, 2), SHAPE)
+    model = CommModel(cluster_topology(8, 2), SHAPE)
     row = plan_layer(tokens, problem, model, (0,), False, "communities")[0][0]   # strength 0: the start itself
     placed = np.empty(16, dtype=int)
     placed[row] = np.arange(16) // 8
@@ -238,7 +239,7 @@ def test_a_layer_whose_gain_one_window_contradicts_keeps_the_balance_plan_under_
     rng = np.random.default_rng(11)
     steps = misleading_steps(rng)
     problem = problem_for(steps, 8, 4)
-    model = CommModel(default_topology(8, 4), SHAPE)
+    model = CommModel(cluster_topology(8, 4), SHAPE)
     result = plan_time(problem, steps, model, decision="guard")
     consistent, misled = result.layers
     assert consistent.choice == "grouped" and min(consistent.comm_gains) > 0
@@ -266,7 +267,7 @@ def test_the_guard_keeps_a_layer_whose_windows_agree_on_a_small_saving_the_defau
             ids[t, 0] = (rng.permutation(quartets[rng.integers(4)]) if rng.random() < 0.06
                          else rng.choice(16, 4, replace=False))
         steps.append(ids)
-    model = CommModel(default_topology(8, 4), SHAPE)
+    model = CommModel(cluster_topology(8, 4), SHAPE)
     result = plan_time(problem_for(steps, 8, 4), steps, model, decision="guard")
     (layer,) = result.layers
     assert 0 < min(layer.traffic_savings) and max(layer.traffic_savings) < MIN_SAVING
@@ -332,7 +333,7 @@ def test_the_decision_on_a_synthetic_trace_whose_co_activation_is_known():
     train, test = steps[:4], steps[4:]
     loads = np.stack([sum(np.bincount(s[:, i].ravel(), minlength=32) for s in train) for i in range(8)]).astype(float)
     problem = PlacementProblem(loads, 8, 32, num_nodes=2)
-    model = CommModel(default_topology(8, 2), SHAPE)
+    model = CommModel(cluster_topology(8, 2), SHAPE)
     result = plan_time(problem, train, model)
     assert [layer.choice for layer in result.layers[:4]] == ["grouped"] * 4
     assert result.pooled["traffic"].layers == 8 and 0 <= result.pooled["traffic"].weight <= 1
@@ -357,7 +358,7 @@ def test_each_layer_is_planned_alone(redundant):
     # default's choice pools the planned layers' windows: alone, a layer has only its own)
     rng = np.random.default_rng(11)
     steps = misleading_steps(rng)
-    model = CommModel(default_topology(8, 4), SHAPE)
+    model = CommModel(cluster_topology(8, 4), SHAPE)
     for decision in ("guard", "expected"):
         whole = plan_time(problem_for(steps, 8, 4, redundant), steps, model, decision=decision)
         ungated = plan_time(problem_for(steps, 8, 4, redundant), steps, model, strength=0)
@@ -386,7 +387,7 @@ def test_within_cap_lowers_the_rows_over_the_node_cap_and_the_search_never_raise
                     for g in range(8)]
         assert gpu_cap[step] == pytest.approx(max(gpu_rows))
         assert node_cap[step] == pytest.approx(max(sum(gpu_rows[:4]), sum(gpu_rows[4:])))
-    model = CommModel(default_topology(8, 2), SHAPE)
+    model = CommModel(cluster_topology(8, 2), SHAPE)
     tight = 0.95 * tokens.loads.sum(axis=1) / 2 + 0.05 * node_cap   # between the mean node and the balance plan's
     search = NodeSearch(tokens, community_nodes(tokens, 2), 8, 2, 2, model, cap=tight)
     before = search.excess()
@@ -405,7 +406,7 @@ def test_spread_within_nodes_puts_experts_that_fire_together_on_different_gpus()
     quartets = rng.permutation(16).reshape(4, 4)
     ids = quartets[rng.integers(4, size=400)]
     tokens = LayerTokens.from_steps([ids[:200], ids[200:]], 16, 8, "blocks")
-    model = CommModel(default_topology(8, 2), SHAPE)
+    model = CommModel(cluster_topology(8, 2), SHAPE)
     node_of = np.zeros(16, dtype=np.int64)
     node_of[quartets[2:].ravel()] = 1                                    # two quartets per node
     search = NodeSearch(tokens, node_of, 8, 2, 2, model)
@@ -432,7 +433,7 @@ def test_spread_within_nodes_with_replicas_keeps_a_valid_plan_and_never_raises_t
     rng = np.random.default_rng(14)
     steps = clustered_steps(rng, layers=1)
     tokens = LayerTokens.from_steps([s[:, 0, :] for s in steps], 16, 8, "blocks")
-    model = CommModel(default_topology(8, 2), SHAPE)
+    model = CommModel(cluster_topology(8, 2), SHAPE)
     search = NodeSearch(tokens, community_nodes(tokens, 2), 8, 2, 3, model)      # P = 24: replicas on each node
     plan = replica_nodes(search, 24, exact=False)
     row = assemble([plan], 8, 2, 24)[0]
@@ -455,7 +456,7 @@ def test_a_time_limit_that_runs_out_keeps_the_balance_plan_and_says_so():
     rng = np.random.default_rng(15)
     steps = clustered_steps(rng)
     problem = problem_for(steps, 8, 2)
-    result = plan_time(problem, steps, CommModel(default_topology(8, 2), SHAPE), time_limit_s=1e-9)
+    result = plan_time(problem, steps, CommModel(cluster_topology(8, 2), SHAPE), time_limit_s=1e-9)
     assert np.array_equal(result.placement.phy2log, result.balance.phy2log)
     assert all(layer.choice == "balance" and layer.expected_saving is None for layer in result.layers)
     assert len(result.notes) == 1 and "time limit" in result.notes[0]

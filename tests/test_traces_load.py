@@ -180,7 +180,7 @@ def _npz_with_ids_shifted(path, ids, shift):
 
 @pytest.mark.parametrize("shift", [0, 5, 8])
 def test_a_stored_member_is_mapped_when_aligned_and_read_otherwise_with_the_same_trace(tmp_path, shift):
-    from moe_place.traces.npz import IdsReader
+    from moe_place.traces.npz_member import IdsReader
 
     rng = np.random.default_rng(shift)
     ids = np.stack([rng.permutation(16)[:4] for _ in range(300)]).reshape(100, 3, 4).astype(np.int16)

@@ -24,7 +24,7 @@ from moe_place.traces.bundled import bundled_info, load_bundled
 from moe_place.traces.content import describe, is_text, is_torch_legacy, is_zip, not_a_zip, read_head, zip_problem
 from moe_place.traces.count import resolve_workers
 from moe_place.traces.model import Trace, located
-from moe_place.traces.npz import READ_ERRORS, error_reason
+from moe_place.traces.npz_member import READ_ERRORS, error_reason, token_bytes
 
 # Token-level npz traces whose `topk_ids` would take more than this are reduced to counts
 # while streaming (bounded memory) instead of being loaded whole: a 1M tokens x 61 layers x
@@ -122,7 +122,7 @@ def _read(path: Path, kind: str, top_k: int | None, keep_dense_layers: bool, max
     if kind == "npz":
         if vllm.is_vllm_npz(path):
             return vllm.read_vllm_window(path, top_k=top_k)
-        if npz.token_bytes(path) > max_token_bytes:
+        if token_bytes(path) > max_token_bytes:
             return stream.stream_npz_counts(path, progress=progress)
         return npz.read_npz(path, top_k=top_k)
     if kind == "torch":

@@ -36,8 +36,9 @@ from moe_place.progress import ProgressBar
 from moe_place.traces.count import (DispatchCounter, PerThread, StepSums, chunk_tokens_for, resolve_workers,
                                     run_chunks)
 from moe_place.traces.model import Trace
-from moe_place.traces.npz import (IdsReader, check_meta_against_ids, check_num_experts, crc_checked, error_reason,
-                                  header_meta, open_npz, read_header, read_member, step_index)
+from moe_place.traces.npz import (check_meta_against_ids, check_num_experts, crc_checked, header_meta, open_npz,
+                                  read_header, read_member, step_index)
+from moe_place.traces.npz_member import IdsReader, error_reason
 from moe_place.traces.sample import SampleCollector
 
 def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers: int | None = None,

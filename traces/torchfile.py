@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_place.errors import InputError
-from moe_place.traces.npz import error_reason
+from moe_place.traces.npz_member import error_reason
 
 
 def load_torch_file(path: Path) -> Any:

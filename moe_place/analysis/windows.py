@@ -23,3 +23,11 @@ def window_loads(step_counts: np.ndarray, window_steps: int = 1) -> np.ndarray:
         raise InputError("window_steps", f"at most the {counts.shape[0]} steps of the trace", window_steps)
     used = counts[: windows * window_steps]
     return used.reshape(windows, window_steps, *counts.shape[1:]).sum(axis=1, dtype=np.int64)
+
+
+def consecutive_runs(num_steps: int, most: int) -> list[range]:
+    """`min(num_steps, most)` runs of consecutive step indices covering `0..num_steps-1`, as even as whole
+    steps allow: the held-out folds of redundancy sizing and the time planner's cross-validation windows."""
+    count = min(num_steps, most)
+    bounds = np.linspace(0, num_steps, count + 1).round().astype(int)
+    return [range(int(bounds[i]), int(bounds[i + 1])) for i in range(count)]

@@ -52,9 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.cli.shared import gpu_with_record
-    from moe_place.online.cadence import DEFAULT_INTERVALS, cadences, engine_settings, sweep
+    from moe_place.cost.cluster import cluster_cost
+    from moe_place.engines.launch import engine_settings
+    from moe_place.online.cadence import DEFAULT_INTERVALS, cadences, sweep
     from moe_place.online.controller import initial_map
-    from moe_place.online.costing import cluster_cost
     from moe_place.online.plot import render_cadence_png
     from moe_place.online.policy import RebalanceRule
     from moe_place.online.replay import load_replay_counts

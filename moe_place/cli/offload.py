@@ -29,7 +29,7 @@ DEFAULT_GPU = "H100"
 DEFAULT_ALPHA_US = 5.0       # per transfer, as row C10
 PLAN_FORMAT = "moe-place-offload"
 PLAN_VERSION = 1
-MAX_BATCHES = 65536  # = moe_place.engines.offload_compare.MAX_BATCHES (that module loads the solvers; a test keeps them equal)
+MAX_BATCHES = 65536  # = moe_place.solvers.offload_compare.MAX_BATCHES (that module loads the solvers; a test keeps them equal)
 
 
 def _size(text: str) -> int:
@@ -115,10 +115,11 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.cost.models import get_model, infer_model_name
     from moe_place.cost.offload import OffloadRates, crossover_rows, prefill_threshold_tokens
     from moe_place.engines import llama_cpp, sglang_kt
-    from moe_place.engines.offload_compare import (LAYERS_FROM_TRACE, N_CPU_MOE, PLAN, PlanningData, Scenarios,
+    from moe_place.solvers import offload_rules
+    from moe_place.solvers.offload import mean_objective_s, whole_layer_plan
+    from moe_place.solvers.offload_compare import (LAYERS_FROM_TRACE, N_CPU_MOE, PLAN, PlanningData, Scenarios,
                                                    compare_held_out, drawn_from, render_comparison_png, step_problems,
                                                    step_tokens)
-    from moe_place.solvers.offload import mean_objective_s, whole_layer_plan
     from moe_place.traces import load_trace
     import numpy as np  # noqa: I001 - the library's, lazily like the rest (the command's start stays short)
 
@@ -156,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
     threshold = prefill_threshold_tokens(share, plan.resident, model, rates)
     gpu_layers = capacity // trace.num_experts
     layers_mask = whole_layer_plan(data.parts, gpu_layers)
-    n_cpu_moe = llama_cpp.n_cpu_moe_for(layer_ids, gpu_layers)
-    n_cpu_mask = llama_cpp.n_cpu_moe_mask(layer_ids, trace.num_experts, n_cpu_moe)
+    n_cpu_moe = offload_rules.n_cpu_moe_for(layer_ids, gpu_layers)
+    n_cpu_mask = offload_rules.n_cpu_moe_mask(layer_ids, trace.num_experts, n_cpu_moe)
     comparison = None
     if not args.no_held_out and trace.num_steps >= 2:
         comparison = compare_held_out(trace, scenarios, model, rates, capacity, args.batches, args.seed,

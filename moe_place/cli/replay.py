@@ -185,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from moe_place.cli.shared import gpu_with_record
+    from moe_place.cost.cluster import cluster_cost
     from moe_place.online.controller import EngineCadence, initial_map, make_controller
-    from moe_place.online.costing import cluster_cost
     from moe_place.online.plot import render_replay_png
     from moe_place.online.policy import RebalanceRule
     from moe_place.online.replay import initial_placement, load_replay_counts, replay

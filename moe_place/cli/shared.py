@@ -13,9 +13,10 @@ from dataclasses import replace
 import numpy as np
 
 from moe_place.cli.options import TIME_MODEL_DEFAULTS, time_model_defaults, trace_load_options
-from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, default_topology, layer_cost
-from moe_place.cost.replicas import split_overhead_s
+from moe_place.cost.cluster import cluster_topology
+from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, layer_cost
 from moe_place.cost.hardware import GpuSpec, builtin_catalog, gpu_from_record
+from moe_place.cost.replicas import split_overhead_s
 from moe_place.cost.models import PRESETS, get_model, infer_model_name
 from moe_place.cost.topology import parse_topology_spec
 from moe_place.errors import InputError
@@ -150,7 +151,7 @@ def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int
         if record is not None:
             topology = replace(topology, gpu=gpu_from_record(record, topology.gpu))
     else:
-        topology = default_topology(num_gpus, num_nodes, None if record is None else gpu_from_record(record))
+        topology = cluster_topology(num_gpus, num_nodes, "H100" if record is None else gpu_from_record(record))
     if args.weights == "tiles" and args.block_m is None:
         raise InputError("--block-m", "a tile height with --weights tiles", "nothing")
     return CommModel(topology, model, dispatch=args.dispatch, replica_choice=args.replica_choice,

@@ -53,11 +53,10 @@ import numpy as np
 from moe_place.analysis.dispatch import token_sources
 from moe_place.cost.gemm import WEIGHT_MODES, gpu_times_s
 from moe_place.cost.models import ExpertShape
-from moe_place.cost.topology import Topology, build_cluster
-from moe_place.cost.hardware import GpuSpec, builtin_catalog
+from moe_place.cost.topology import Topology
 from moe_place.cost.traffic import phase_time_s
-from moe_place.cost.units import gb_per_s, gbit_per_s
 from moe_place.errors import InputError
+from moe_place.cost.replicas import SlotTable, static_rank_table
 from moe_place.split import map_tokens
 
 DISPATCH_STYLES = ("deepep", "all-to-all")
@@ -66,19 +65,6 @@ REPLICA_CHOICES = ("vllm", "sglang-static", "sglang-dynamic", "node-aware")
 # `--ep-dispatch-algorithm static`, python/sglang/srt/server_args.py), the way our plans reach it.
 ENGINE_REPLICA_CHOICE = "sglang-static"
 TOKEN_HOMES = ("blocks", "round-robin")
-DEFAULT_GPU = "H100"
-DEFAULT_NVLINK_GB_PER_S = 450.0
-DEFAULT_NIC_GBIT_PER_S = 400.0
-
-
-def default_topology(num_gpus: int, num_nodes: int, gpu: GpuSpec | None = None) -> Topology:
-    """`num_nodes` nodes of `num_gpus / num_nodes` GPUs (`gpu`, default the H100), NVLink 450 GB/s, one
-    400 Gbit/s NIC per GPU."""
-    if num_nodes < 1 or num_gpus % num_nodes:
-        raise InputError("num_nodes", f"a divisor of the {num_gpus} GPUs", num_nodes)
-    return build_cluster(gpu or builtin_catalog().gpu(DEFAULT_GPU), num_nodes, num_gpus // num_nodes,
-                         nvlink_bytes_per_s=gb_per_s(DEFAULT_NVLINK_GB_PER_S),
-                         nic_bytes_per_s=gbit_per_s(DEFAULT_NIC_GBIT_PER_S) if num_nodes > 1 else 0.0)
 
 
 def token_homes(num_tokens: int, num_gpus: int, layout: str = "blocks") -> np.ndarray:
@@ -89,55 +75,6 @@ def token_homes(num_tokens: int, num_gpus: int, layout: str = "blocks") -> np.nd
 
 
 # ---------------------------------------------------------------------- replica choice
-@dataclass(frozen=True)
-class SlotTable:
-    """The slots of one layer's plan, grouped by expert.
-
-    phy2log: int64 `[P]`. candidates: int64 `[E, width]`, the slots of each expert ascending,
-    -1 padded (vLLM's `logical_to_physical_map` row). logcnt: int64 `[E]`.
-    gpu_of_slot / node_of_slot: int64 `[P]`.
-    """
-
-    phy2log: np.ndarray
-    num_gpus: int
-    num_nodes: int
-    num_experts: int
-    candidates: np.ndarray = field(init=False, repr=False)
-    logcnt: np.ndarray = field(init=False, repr=False)
-    static_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    gpu_of_slot: np.ndarray = field(init=False, repr=False)
-    node_of_slot: np.ndarray = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        row = np.asarray(self.phy2log, dtype=np.int64)
-        physical = row.size
-        if self.num_gpus < 1 or physical % self.num_gpus or self.num_nodes < 1 or self.num_gpus % self.num_nodes:
-            raise InputError("placement", "P divisible by G and G divisible by N", (physical, self.num_gpus,
-                                                                                    self.num_nodes))
-        if physical and (row.min() < 0 or row.max() >= self.num_experts):
-            raise InputError("phy2log", f"expert ids in [0, {self.num_experts})")
-        logcnt = np.bincount(row, minlength=self.num_experts)
-        if (logcnt < 1).any():
-            raise InputError("phy2log", f"every expert at least once (expert {int(np.argmin(logcnt))} has no slot)")
-        order = np.argsort(row, kind="stable")
-        starts = np.concatenate(([0], np.cumsum(logcnt)[:-1]))
-        candidates = np.full((self.num_experts, int(logcnt.max())), -1, dtype=np.int64)
-        candidates[row[order], np.arange(physical) - np.repeat(starts, logcnt)] = order
-        gpu = np.arange(physical, dtype=np.int64) // (physical // self.num_gpus)
-        for name, value in (("phy2log", row), ("candidates", candidates), ("logcnt", logcnt), ("gpu_of_slot", gpu),
-                            ("node_of_slot", gpu // (self.num_gpus // self.num_nodes))):
-            value.setflags(write=False)
-            object.__setattr__(self, name, value)
-
-    @property
-    def slots_per_gpu(self) -> int:
-        return self.phy2log.size // self.num_gpus
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.num_gpus // self.num_nodes
-
-
 def local_positions(home: np.ndarray, num_gpus: int) -> np.ndarray:
     """int64 `[tokens]`: each token's index among the tokens of its home GPU (in token order)."""
     order = np.argsort(home, kind="stable")
@@ -177,38 +114,6 @@ def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, ru
     if rule == "sglang-static":
         return static_rank_table(table, seed)[home[:, None], ids]
     return _node_aware(ids, home, table)
-
-
-def static_rank_table(table: SlotTable, seed: int) -> np.ndarray:
-    """int64 `[G, E]`: the slot each rank uses for each expert under SGLang's static dispatch (cached
-    per seed on the table: the engine builds it once, not per batch)."""
-    if seed in table.static_tables:
-        return table.static_tables[seed]
-    gpus, gpn = table.num_gpus, table.gpus_per_node
-    cand = table.candidates                                                # [E, W], -1 padded
-    valid = cand >= 0
-    cand_gpu = np.where(valid, table.gpu_of_slot[np.maximum(cand, 0)], -1)
-    cand_node = np.where(valid, table.node_of_slot[np.maximum(cand, 0)], -1)
-    out = np.full((gpus, table.num_experts), -1, dtype=np.int64)
-    same_node = cand_node[None] == (np.arange(gpus) // gpn)[:, None, None]
-    for match in (same_node, cand_gpu[None] == np.arange(gpus)[:, None, None]):  # same node, then same GPU (wins)
-        hit = match.any(axis=2)
-        if match is same_node:   # SGLang prefers its node's replicas only when that narrows the candidates
-            hit &= match.sum(axis=2) < table.logcnt[None, :]
-        first = np.argmax(match, axis=2)                                       # the lowest such slot
-        out = np.where(hit, cand[np.arange(table.num_experts)[None, :], first], out)
-    out[:, table.logcnt == 1] = cand[table.logcnt == 1, 0]
-    rng = np.random.default_rng(seed)
-    for e in np.flatnonzero((out < 0).any(axis=0)):  # nobody near: a fair draw over all replicas
-        slots = cand[e, :table.logcnt[e]]
-        left = np.flatnonzero(out[:, e] < 0)
-        quotient, remainder = divmod(left.size, slots.size)
-        draws = np.concatenate([np.tile(slots, quotient), rng.choice(slots, remainder, replace=False)])
-        rng.shuffle(draws)
-        out[left, e] = draws
-    out.setflags(write=False)
-    table.static_tables[seed] = out
-    return out
 
 
 def _node_aware(ids: np.ndarray, home: np.ndarray, table: SlotTable) -> np.ndarray:

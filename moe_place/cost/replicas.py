@@ -12,7 +12,7 @@ batch's tokens spread evenly over the `G` ranks:
   ones index 0 (every rank's first token) always lands on replica 0.
 - `sglang-static`: SGLang 0.5.23's `static` dispatch, its default with EPLB and an all-to-all backend
   (`arg_groups/parallel_hook.py`): each rank sends all its dispatches of an expert to one replica, on its own
-  GPU, else its node, else a fair draw (`moe_place.cost.comm.static_rank_table`); ranks send equally.
+  GPU, else its node, else a fair draw (`static_rank_table`); ranks send equally.
 - `sglang-dynamic`: SGLang's `dynamic` dispatch: a random replica per dispatch; in expectation the even split.
 - `per-batch`: moe-place's per-batch split of the batch's global counts (`moe_place.split.split_shares`).
 
@@ -29,10 +29,10 @@ time on your GPU (`bench/gpu_check.sh` times it); the default is the kernel's go
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from moe_place.cost.comm import SlotTable, static_rank_table
 from moe_place.errors import InputError
 from moe_place.placement import even_split_slot_loads
 from moe_place.split import MAX_SWEEPS, split_shares
@@ -128,4 +128,90 @@ def _static_rows(rows: np.ndarray, load: np.ndarray, num_gpus: int, num_nodes: i
             np.add.at(weight, (table.ravel(), np.tile(np.arange(experts), num_gpus)), 1.0 / num_gpus)
             cache[key] = weight
         out[b] = cache[key] @ load[b]
+    return out
+
+
+# ---------------------------------------------------------------------- one layer's slots, by expert
+@dataclass(frozen=True)
+class SlotTable:
+    """The slots of one layer's plan, grouped by expert.
+
+    Kept beside `Placement`, which validates and holds a whole model: this is one layer's row indexed for
+    the replica choice, which looks up every token of every step in it (candidates padded to this layer's
+    widest expert, the slots' GPUs and nodes, SGLang's static dispatch tables cached per seed).
+
+    phy2log: int64 `[P]`. candidates: int64 `[E, width]`, the slots of each expert ascending,
+    -1 padded (vLLM's `logical_to_physical_map` row). logcnt: int64 `[E]`.
+    gpu_of_slot / node_of_slot: int64 `[P]`.
+    """
+
+    phy2log: np.ndarray
+    num_gpus: int
+    num_nodes: int
+    num_experts: int
+    candidates: np.ndarray = field(init=False, repr=False)
+    logcnt: np.ndarray = field(init=False, repr=False)
+    static_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    gpu_of_slot: np.ndarray = field(init=False, repr=False)
+    node_of_slot: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        row = np.asarray(self.phy2log, dtype=np.int64)
+        physical = row.size
+        if self.num_gpus < 1 or physical % self.num_gpus or self.num_nodes < 1 or self.num_gpus % self.num_nodes:
+            raise InputError("placement", "P divisible by G and G divisible by N", (physical, self.num_gpus,
+                                                                                    self.num_nodes))
+        if physical and (row.min() < 0 or row.max() >= self.num_experts):
+            raise InputError("phy2log", f"expert ids in [0, {self.num_experts})")
+        logcnt = np.bincount(row, minlength=self.num_experts)
+        if (logcnt < 1).any():
+            raise InputError("phy2log", f"every expert at least once (expert {int(np.argmin(logcnt))} has no slot)")
+        order = np.argsort(row, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(logcnt)[:-1]))
+        candidates = np.full((self.num_experts, int(logcnt.max())), -1, dtype=np.int64)
+        candidates[row[order], np.arange(physical) - np.repeat(starts, logcnt)] = order
+        gpu = np.arange(physical, dtype=np.int64) // (physical // self.num_gpus)
+        for name, value in (("phy2log", row), ("candidates", candidates), ("logcnt", logcnt), ("gpu_of_slot", gpu),
+                            ("node_of_slot", gpu // (self.num_gpus // self.num_nodes))):
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+
+    @property
+    def slots_per_gpu(self) -> int:
+        return self.phy2log.size // self.num_gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.num_gpus // self.num_nodes
+
+
+def static_rank_table(table: SlotTable, seed: int) -> np.ndarray:
+    """int64 `[G, E]`: the slot each rank uses for each expert under SGLang's static dispatch (cached
+    per seed on the table: the engine builds it once, not per batch)."""
+    if seed in table.static_tables:
+        return table.static_tables[seed]
+    gpus, gpn = table.num_gpus, table.gpus_per_node
+    cand = table.candidates                                                # [E, W], -1 padded
+    valid = cand >= 0
+    cand_gpu = np.where(valid, table.gpu_of_slot[np.maximum(cand, 0)], -1)
+    cand_node = np.where(valid, table.node_of_slot[np.maximum(cand, 0)], -1)
+    out = np.full((gpus, table.num_experts), -1, dtype=np.int64)
+    same_node = cand_node[None] == (np.arange(gpus) // gpn)[:, None, None]
+    for match in (same_node, cand_gpu[None] == np.arange(gpus)[:, None, None]):  # same node, then same GPU (wins)
+        hit = match.any(axis=2)
+        if match is same_node:   # SGLang prefers its node's replicas only when that narrows the candidates
+            hit &= match.sum(axis=2) < table.logcnt[None, :]
+        first = np.argmax(match, axis=2)                                       # the lowest such slot
+        out = np.where(hit, cand[np.arange(table.num_experts)[None, :], first], out)
+    out[:, table.logcnt == 1] = cand[table.logcnt == 1, 0]
+    rng = np.random.default_rng(seed)
+    for e in np.flatnonzero((out < 0).any(axis=0)):  # nobody near: a fair draw over all replicas
+        slots = cand[e, :table.logcnt[e]]
+        left = np.flatnonzero(out[:, e] < 0)
+        quotient, remainder = divmod(left.size, slots.size)
+        draws = np.concatenate([np.tile(slots, quotient), rng.choice(slots, remainder, replace=False)])
+        rng.shuffle(draws)
+        out[left, e] = draws
+    out.setflags(write=False)
+    table.static_tables[seed] = out
     return out

@@ -32,6 +32,9 @@ engine's. Only where the engine says nothing (a policy called outside an engine)
 copies with the configured `model`, or `DEFAULT_MODEL`. The first call's log line (`first_call_line`)
 says what the rule understood: model, expert bytes and where they came from, hardware, GPUs, cadence.
 An environment variable set to "none" clears a cap the file sets.
+
+Where the adapters and the drop-in (`moe_place.eplb`) plan afresh (no map in use yet), the solver and
+its time limit come from `MOE_PLACE_SOLVER` and `MOE_PLACE_TIME_LIMIT` (`solver_settings`).
 """
 
 from __future__ import annotations
@@ -42,12 +45,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.files import read_table_file
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS
 from moe_place.cost.models import ExpertShape, get_model, infer_model_name, model_from_table
 from moe_place.errors import InputError, check_keys
-from moe_place.online.costing import cluster_cost
 from moe_place.online.policy import ESTIMATES, RebalanceRule
+from moe_place.solvers.engine_call import DEFAULT_SOLVER
 
 CONFIG_ENV = "MOE_PLACE_CONFIG"
 MODEL_ENV = "MOE_PLACE_MODEL"
@@ -55,6 +59,8 @@ DEFAULT_MODEL = "Qwen3-30B-A3B"   # the expert dimensions where neither the engi
 DEFAULT_CADENCE = (3000, 1000)    # vLLM 0.33's EPLBConfig step_interval / window_size, where the engine does not say
 EXPERT_BYTES_TOLERANCE = 0.05     # a preset's bytes are weights only; the engine's include scales and padding
 LOG = logging.getLogger("moe_place.engines")
+SOLVER_ENV = "MOE_PLACE_SOLVER"
+TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"
 
 
 @dataclass(frozen=True)
@@ -234,12 +240,12 @@ def log_first_call(line: str) -> None:
     LOG.info(line)
 
 
-_ENV = {"hardware": "MOE_PLACE_HARDWARE", "nic_gbit": "MOE_PLACE_NIC_GBIT", "migration": "MOE_PLACE_MIGRATION",
-        "copy_schedule": "MOE_PLACE_COPY_SCHEDULE", "step_interval": "MOE_PLACE_STEP_INTERVAL",
-        "window_steps": "MOE_PLACE_WINDOW_STEPS", "min_gain": "MOE_PLACE_MIN_GAIN",
-        "noise_margin": "MOE_PLACE_NOISE_MARGIN", "estimate": "MOE_PLACE_ESTIMATE",
-        "max_moved_slots": "MOE_PLACE_MAX_MOVED_SLOTS",
-        "max_mib": "MOE_PLACE_MAX_MIB", "model": MODEL_ENV}
+ENV_VARIABLES = {   # the EngineConfig key each variable sets
+    "hardware": "MOE_PLACE_HARDWARE", "nic_gbit": "MOE_PLACE_NIC_GBIT", "migration": "MOE_PLACE_MIGRATION",
+    "copy_schedule": "MOE_PLACE_COPY_SCHEDULE", "step_interval": "MOE_PLACE_STEP_INTERVAL",
+    "window_steps": "MOE_PLACE_WINDOW_STEPS", "min_gain": "MOE_PLACE_MIN_GAIN", "noise_margin": "MOE_PLACE_NOISE_MARGIN",
+    "estimate": "MOE_PLACE_ESTIMATE", "max_moved_slots": "MOE_PLACE_MAX_MOVED_SLOTS", "max_mib": "MOE_PLACE_MAX_MIB",
+    "model": MODEL_ENV}
 _CAPS = ("max_moved_slots", "max_mib")  # optional: "none" clears them
 
 
@@ -251,7 +257,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None) -> EngineConfig
     if path:
         values.update(_read_file(Path(path)))
     types = {f.name: f.type for f in fields(EngineConfig)}
-    for key, var in _ENV.items():
+    for key, var in ENV_VARIABLES.items():
         text = env.get(var)
         if text is None or text == "":
             continue
@@ -264,6 +270,21 @@ def load_engine_config(environ: Mapping[str, str] | None = None) -> EngineConfig
         except ValueError:
             raise InputError(var, f"a {kind}" + (" or none" if key in _CAPS else ""), repr(text)) from None
     return EngineConfig(**values)
+
+
+def solver_settings(solver: str | None = None, time_limit_s: float | None = None) -> tuple[str, float | None]:
+    """The solver name and time limit of a fresh plan: the arguments first, then `MOE_PLACE_SOLVER` /
+    `MOE_PLACE_TIME_LIMIT`, then the default ("quick", no limit)."""
+    name = solver or os.environ.get(SOLVER_ENV) or DEFAULT_SOLVER
+    if time_limit_s is None and os.environ.get(TIME_LIMIT_ENV):
+        text = os.environ[TIME_LIMIT_ENV]
+        try:
+            time_limit_s = float(text)
+        except ValueError:
+            raise InputError(TIME_LIMIT_ENV, "a number of seconds", text) from None
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise InputError("time_limit_s", "a positive number of seconds", time_limit_s)
+    return name, time_limit_s
 
 
 def _read_file(path: Path) -> dict:

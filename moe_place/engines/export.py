@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.engines import sglang, trtllm
-from moe_place.engines.vllm import STATIC_PLAN_ENV
+from moe_place.engines.vllm_policy import STATIC_PLAN_ENV
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 from moe_place.placement import Placement

@@ -14,22 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.solvers.offload_rules import n_cpu_moe_for
 
 EXPERT_TENSORS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"   # llama.cpp's LLM_FFN_EXPS_REGEX
-
-
-def n_cpu_moe_mask(layer_ids: tuple[int, ...], num_experts: int, n: int) -> np.ndarray:
-    """bool `[L, E]`: resident experts under `--n-cpu-moe n` (the MoE layers with block id < n on the CPU)."""
-    ids = np.asarray(layer_ids)
-    return np.repeat((ids >= int(n))[:, None], num_experts, axis=1)
-
-
-def n_cpu_moe_for(layer_ids: tuple[int, ...], gpu_layers: int) -> int:
-    """The `--n-cpu-moe N` that leaves the last `gpu_layers` MoE layers on the GPU."""
-    ids = sorted(int(i) for i in layer_ids)
-    if not 0 <= gpu_layers <= len(ids):
-        raise InputError("GPU layers", f"in [0, {len(ids)}]", gpu_layers)
-    return ids[-1] + 1 if gpu_layers == 0 else ids[len(ids) - gpu_layers]
 
 
 def override_tensor_pattern(cpu_layer_ids) -> str | None:

@@ -62,13 +62,15 @@ from typing import Any, Callable
 import numpy as np
 
 from moe_place.engines import sglang_managers
-from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, first_call_line,
-                                      load_engine_config, log_first_call)
-from moe_place.eplb import placement_tensors, plan_placement
+from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, load_engine_config,
+                                      solver_settings)
+from moe_place.engines.session import RuleSession
+from moe_place.engines.tensors import placement_tensors
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
-from moe_place.online.policy import RebalanceRule, warm_up
+from moe_place.online.policy import warm_up
 from moe_place.placement import Placement
+from moe_place.solvers.engine_call import plan_placement
 
 MAP_KEY = "physical_to_logical_map"
 SUFFIXES = (".json", ".pt")
@@ -245,15 +247,6 @@ def sglang_engine_model(num_layers: int, num_experts: int, local_slots: int) -> 
 
 
 @dataclass
-class RuleSession:
-    """One model's rule, what SGLang said about it and the cadence it runs at."""
-
-    rule: RebalanceRule
-    engine: EngineModel | None
-    interval: int
-
-
-@dataclass
 class PaybackRebalance:
     """SGLang's `rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts,
     num_groups, num_nodes, algorithm)` decided by the rebalance rule (module note).
@@ -300,15 +293,16 @@ class PaybackRebalance:
             if old.shape == (num_layers, num_physical_experts):
                 current = Placement(old, num_experts, gpus, nodes, allow_colocated=True)
         if current is None:  # no map to migrate from: a fresh plan
-            placement = plan_placement(loads.sum(axis=0), num_physical_experts, groups, nodes, gpus)
+            solver, limit = solver_settings()
+            placement = plan_placement(loads.sum(axis=0), num_physical_experts, groups, nodes, gpus, solver=solver,
+                                       time_limit_s=limit)
         else:
             key = (num_layers, num_experts, num_physical_experts, gpus, nodes, groups)
-            if key not in self.sessions:   # the settings are read once per model, with its rule
-                self.sessions[key] = self._new_session(num_layers, num_experts, gpus, nodes, groups, len(loads),
-                                                       num_local_physical_experts)
-            session = self.sessions[key]
-            decision = session.rule.decide(loads, current, session.interval)
-            placement = current if decision is None else decision.placement
+            session = self.sessions.get(key)
+            if session is None:   # the settings are read once per model, with its rule
+                session = self._new_session(num_layers, num_experts, gpus, nodes, groups, len(loads),
+                                            num_local_physical_experts)
+            placement, self.sessions[key] = session.decide(loads, current)
         return placement_tensors(placement)
 
     def _ranks_down(self, gpus: int) -> bool:
@@ -328,11 +322,10 @@ class PaybackRebalance:
         engine = self.engine_model(num_layers, num_experts, local_slots)
         said = self.interval()
         interval, window = config.cadence(said, window if said is not None else None)
-        rule = config.rule(gpus, nodes, num_layers, num_experts, groups, engine=engine, migration=self.migration())
         where = "SGLang's --eplb-rebalance-num-iterations" if said is not None else "the config: SGLang did not say"
-        log_first_call(first_call_line("SGLang", rule, engine, config,
-                                       f"every {interval} passes, window {window} passes ({where})"))
-        return RuleSession(rule, engine, interval)
+        return RuleSession.start(config, "SGLang", engine, interval, window,
+                                 f"every {interval} passes, window {window} passes ({where})", gpus, nodes,
+                                 num_layers, num_experts, groups, self.migration())
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""sglang-kt (KTransformers) adapter: its GPU-expert rules, and a stats file that makes its own
-`frequency` rule pick a planned set.
+"""sglang-kt (KTransformers) adapter: its GPU-expert rules (reimplemented, to judge plans against, in
+`moe_place.solvers.offload_rules`), and a stats file that makes its own `frequency` rule pick a planned set.
 
 What sglang-kt 0.7.2 does (`sglang/srt/layers/moe/kt_ep_wrapper.py`, `_init_kt_gpu_experts_masks`;
 `server_args.py`), read from its published wheel:
@@ -35,36 +35,9 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 
-STRATEGIES = ("uniform", "frequency", "front-loading", "random")
-RANDOM_SEED = 42                       # sglang-kt's generate_random_masks seed
 LOGICAL_COUNT_KEY = "logical_count"
 PLANNED_OFFSET = 2**22 + 1             # planned experts' counts start here (float32-exact below 2^24)
 COUNT_SCALE_MAX = 2**22                # the trace's counts are rescaled to at most this
-
-
-def strategy_mask(strategy: str, counts, total: int, seed: int = RANDOM_SEED) -> np.ndarray:
-    """bool `[L, E]`: the experts sglang-kt puts on the GPU under `strategy` with `total` GPU experts,
-    every trace layer an MoE layer. counts `[L, E]`: the activation counts `frequency` reads.
-
-    `frequency` breaks ties among equal counts by the lower (layer, expert) index: sglang-kt's
-    `torch.topk` may pick any of them. `random` is a seeded numpy draw of `total` distinct pairs,
-    the same rule (uniform over pairs) but not torch's numbers."""
-    counts = np.asarray(counts)
-    layers, experts = counts.shape
-    total = int(min(max(total, 0), layers * experts))
-    mask = np.zeros(layers * experts, dtype=bool)
-    if strategy == "uniform":
-        per_layer = total // layers + (np.arange(layers) < total % layers)
-        return np.arange(experts)[None, :] < np.minimum(per_layer, experts)[:, None]
-    if strategy == "front-loading":
-        mask[:total] = True                      # layer by layer, experts 0..E-1 of each
-    elif strategy == "frequency":
-        mask[np.argsort(-counts.reshape(-1), kind="stable")[:total]] = True
-    elif strategy == "random":
-        mask[np.random.default_rng(seed).permutation(layers * experts)[:total]] = True
-    else:
-        raise InputError("sglang-kt strategy", f"one of {', '.join(STRATEGIES)}", repr(strategy))
-    return mask.reshape(layers, experts)
 
 
 def planned_stats(resident, counts, layer_ids: tuple[int, ...], num_model_layers: int | None = None) -> np.ndarray:

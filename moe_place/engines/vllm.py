@@ -1,46 +1,10 @@
-"""vLLM adapter: an EPLB policy backed by moe-place, and a reversible way to register it.
+"""vLLM adapter, the patching: a reversible way to register moe-place's policy with vLLM.
 
-vLLM (`vllm/distributed/eplb/`, moved to `vllm/backends/distributed/eplb/` with a shim at the old
-path) asks its policy for a new map every `step_interval` steps. Two interfaces exist:
-- "legacy" (vLLM 0.33 and earlier): the classmethod
-  `rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks[, old_global_expert_indices])`
-  with `weight` the logical load window `[layers, E]` summed over `window_size` steps. It returns
-  the tuple `(phy2log, log2phy, logcnt)` in older releases (`log2phy` padded with -1 to
-  `num_redundant + 1` columns) or `phy2log` only in recent ones ("tuple" / "phy2log": `returns`).
-- "context" (vLLM main, out-of-tree policies): an instance holds configuration;
-  `create_state(num_moe_layers)` makes per-model state; `rebalance_experts(self, context,
-  policy_state) -> EplbPlan` plans from an `EplbRebalanceContext` (`load_window_cpu [samples,
-  layers, E]` per-step loads, `physical_to_logical_map_cpu [layers, P]`, `topology`,
-  `num_replicas`) with the state read-only; `on_layer_committed(policy_state, plan, layer_idx)`
-  is the only hook that advances the state. A transitional form names the planning method
-  `plan_rebalance` and keeps the legacy classmethod as a fallback ("plan_rebalance").
-`make_policy(interface="auto")` reads the interface off the installed vLLM's `AbstractEplbPolicy`
-(legacy when vLLM is absent), as `returns="auto"` reads the return style.
-
-What the policy decides (`mode`):
-- "payback" (default): the rebalance rule (`moe_place.online.policy.RebalanceRule`, docs/MODEL.md
-  "The rebalance rule"), the same decision `moe-place replay --controller ours` makes at vLLM's
-  cadence: from the map in use, DeepSeek EPLB's plan of the window aligned to it, taken for the
-  layers where the gap is above the measured noise floor and the copies pay back within the
-  horizon (the next call, the pattern's age, or the measured retention's life of a saving;
-  formula 7 with the migration model, `async` as vLLM's `use_async`), whole; otherwise the map
-  in use unchanged (vLLM then copies nothing). Its state (the pattern
-  ages, the last window) lives in the policy between calls: per model in the class for the legacy
-  interface, in `policy_state` for the context one. What vLLM knows comes from vLLM: `install()` wraps
-  `EplbState.add_model`, which records per model (`ENGINE_MODELS`) its name, the bytes of one expert
-  (the expert weight tensors vLLM registers for EPLB, `model.expert_weights`), its MoE layers and
-  experts and vLLM's `step_interval` / `window_size`; the GPUs and nodes are vLLM's call's own. The
-  hardware, the rule's thresholds and caps: `moe_place.engines.config` (`MOE_PLACE_CONFIG` file or
-  `MOE_PLACE_*` variables), where a model or cadence that disagrees with vLLM's is an InputError
-  naming both, raised in `add_model` (the server does not start). The first call logs one line
-  (`moe_place.engines.config.first_call_line`).
-- "replan": a fresh plan at every call (migration-aware when the map in use is given).
-- a static plan: with `MOE_PLACE_STATIC_PLAN=FILE` (a plan file, e.g. from `moe-place export
-  --engine vllm`) the policy returns that placement at every rebalance: vLLM moves to it once.
-
-vLLM has no out-of-tree policy registry: policies live in the dict `EPLB_POLICIES` and the
-config's `policy` field only accepts the names of the `EPLBPolicyOption` literal. `install()`
-patches both, in place and reversibly (`uninstall(handle)` or the `registered()` context):
+The policy itself (what it decides, its interfaces) is `moe_place.engines.vllm_policy`. vLLM has no
+out-of-tree policy registry: policies live in the dict `EPLB_POLICIES` and the config's `policy`
+field only accepts the names of the `EPLBPolicyOption` literal. `install()` patches both, in place
+and reversibly (`uninstall(handle)` or the `registered()` context), and wraps `EplbState.add_model`
+so that what vLLM registers for each model reaches the policy (`record_vllm_model`):
 
     from moe_place.engines.vllm import install
     install()                        # policy "default" now runs moe-place (works with use_async)
@@ -49,415 +13,31 @@ patches both, in place and reversibly (`uninstall(handle)` or the `registered()`
 
 vLLM starts worker processes that must patch too: put the call in every process through vLLM's
 plugin entry point group `vllm.general_plugins` (`register_plugin`, enabled by setting
-`MOE_PLACE_VLLM_POLICY=default`). torch and vLLM are imported lazily.
+`MOE_PLACE_VLLM_POLICY=default`). vLLM and pydantic are imported lazily.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
-import inspect
 import os
 import typing
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, Iterator
 
-import numpy as np
-
-from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, first_call_line,
-                                      load_engine_config, log_first_call)
-from moe_place.eplb import placement_tensors, plan_placement, weight_to_numpy
+from moe_place.engines.config import EngineModel, config_dims, expert_bytes_of
+from moe_place.engines.vllm_policy import (ENGINE_MODELS, STATIC_PLAN_ENV, VllmModel, PolicyCore, make_policy,
+                                           policy_module)
 from moe_place.errors import InputError
-from moe_place.online.policy import RebalanceRule, warm_up
-from moe_place.placement import Placement, keep_unchanged_slots
-from moe_place.planfile import read_plan
-from moe_place.solvers.deepseek import check_eplb_arguments
+from moe_place.online.policy import warm_up
 
-RETURN_STYLES = ("auto", "tuple", "phy2log")
-INTERFACES = ("auto", "legacy", "plan_rebalance", "context")
-MODES = ("payback", "replan")
-RETURNS_ENV = "MOE_PLACE_VLLM_RETURNS"
-STATIC_PLAN_ENV = "MOE_PLACE_STATIC_PLAN"
 PLUGIN_ENV = "MOE_PLACE_VLLM_POLICY"
-
-# Where vLLM keeps its policy registry and its config literal (module paths moved between releases).
-POLICY_MODULES = ("vllm.distributed.eplb.policy", "vllm.backends.distributed.eplb.policy")
+# Where vLLM keeps its config literal and its EPLB state (module paths moved between releases).
 OPTION_MODULES = ("vllm.config.parallel", "vllm.config", "vllm.distributed.eplb.policy",
                   "vllm.backends.distributed.eplb.policy")
 STATE_MODULES = ("vllm.distributed.eplb.eplb_state", "vllm.backends.distributed.eplb.eplb_state")
-
-
-@dataclass(frozen=True)
-class VllmModel:
-    """What vLLM's `EplbState.add_model` was given for one model: the model and vLLM's cadence."""
-
-    model: EngineModel
-    step_interval: int | None
-    window_size: int | None
-    use_async: bool | None = None
-
-
-# (MoE layers, logical experts) -> what vLLM registered for that model, filled by the wrapped add_model
-ENGINE_MODELS: dict[tuple[int, int], VllmModel] = {}
-SETTINGS = ("returns", "solver", "time_limit_s", "max_moved_slots", "move_cost_weight", "static_plan",
-            "fresh_margin", "mode", "config")
-
-
-# ---------------------------------------------------------------------- the decision
-@dataclass
-class RuleSession:
-    """One model's rule, the cadence it runs at and how many calls it has answered (the first call's
-    window is shorter)."""
-
-    rule: RebalanceRule
-    config: EngineConfig
-    step_interval: int
-    window_steps: int
-    calls: int = 0
-
-
-class _PolicyCore:
-    """Settings and the decision shared by both interfaces (class attributes; see `make_policy`).
-
-    returns: "auto" | "tuple" | "phy2log" (legacy interface only).
-    mode: "payback" (the rebalance rule) or "replan" (module note).
-    config: the rule's settings (None: `load_engine_config()` at first use).
-    solver / time_limit_s: moe-place solver for fresh plans (None: `MOE_PLACE_SOLVER`, default "fast").
-    max_moved_slots: "replan": cap on slots whose expert changes per layer (None: no cap);
-        "payback": the config's cap is used unless this is set.
-    move_cost_weight: "replan": load units charged per moved slot (0: moves are free to the solver).
-    static_plan: path of a fixed placement (None: `MOE_PLACE_STATIC_PLAN`, unset: plan online).
-    fresh_margin: "replan" with the current map: a layer takes a fresh plan only when it is this
-        much better (relative busiest-GPU load) than the migration-aware one.
-    """
-
-    returns: ClassVar[str] = "auto"
-    mode: ClassVar[str] = "payback"
-    config: ClassVar[EngineConfig | None] = None
-    solver: ClassVar[str | None] = None
-    time_limit_s: ClassVar[float | None] = None
-    max_moved_slots: ClassVar[int | None] = None
-    move_cost_weight: ClassVar[float] = 0.0
-    static_plan: ClassVar[str | None] = None
-    fresh_margin: ClassVar[float] = 0.02
-
-    @classmethod
-    def engine_config(cls) -> EngineConfig:
-        config = cls.config or load_engine_config()
-        if cls.max_moved_slots is not None and cls.max_moved_slots != config.max_moved_slots:
-            config = EngineConfig(**{**config.__dict__, "max_moved_slots": cls.max_moved_slots})
-        return config
-
-    @classmethod
-    def decide(cls, window: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
-               old, sessions: dict, window_steps: int | None = None) -> Placement:
-        """The map to run next.
-
-        window: float `[samples, layers, E]` per-step loads or `[layers, E]` summed over `window_steps`.
-        old: the map in use `[layers, P]` (tensor or array) or None. sessions: where the
-        controller state lives, keyed by the model's shape (the caller's state object).
-        """
-        loads = np.asarray(window, dtype=np.float64)
-        total = loads if loads.ndim == 2 else loads.sum(axis=0)
-        num_layers, num_experts = total.shape
-        check_eplb_arguments(num_experts, num_replicas, num_groups, num_nodes, num_ranks)
-        static = cls.static_plan or os.environ.get(STATIC_PLAN_ENV)
-        if static:
-            return static_placement(static, num_layers, num_experts, num_replicas, num_ranks)
-        current = current_placement(old, num_experts, num_ranks, (num_layers, num_replicas))
-        if cls.mode == "replan" or current is None:
-            return cls.plan(total, num_replicas, num_groups, num_nodes, num_ranks, current)
-        if cls.mode != "payback":
-            raise InputError("mode", f"one of {', '.join(MODES)}", cls.mode)
-        key = (num_layers, num_experts, num_replicas, num_ranks, num_nodes)
-        if key not in sessions:   # the settings are read once per model, with its rule
-            sessions[key] = cls.new_session(num_layers, num_experts, num_replicas, num_groups, num_nodes, num_ranks)
-        session: RuleSession = sessions[key]
-        servers = session.rule.cost.topology.num_servers
-        if current.num_nodes != servers:
-            current = Placement(current.phy2log, num_experts, num_ranks, servers, allow_colocated=True)
-        if window_steps is None:  # a summed window: vLLM 0.33's first call comes a quarter interval in
-            window_steps = session.window_steps if session.calls else min(session.window_steps,
-                                                                           max(1, session.step_interval // 4))
-        session.calls += 1
-        decision = session.rule.decide(loads, current, session.step_interval, window_steps)
-        return current if decision is None else decision.placement
-
-    @classmethod
-    def new_session(cls, num_layers: int, num_experts: int, num_replicas: int, num_groups: int, num_nodes: int,
-                    num_ranks: int) -> RuleSession:
-        """The rule for one model, priced with what vLLM registered for it (`ENGINE_MODELS`), and its log line."""
-        config = cls.engine_config()
-        seen = ENGINE_MODELS.get((num_layers, num_experts))
-        engine = None if seen is None else seen.model
-        interval, window = config.cadence(*(() if seen is None else (seen.step_interval, seen.window_size)))
-        groups = num_groups if num_groups and num_experts % num_groups == 0 else None
-        nodes = num_nodes if num_nodes >= 1 and num_ranks % num_nodes == 0 else 1
-        migration = None if seen is None or seen.use_async is None else ("async" if seen.use_async else "stall")
-        rule = config.rule(num_ranks, nodes, num_layers, num_experts, groups, engine=engine, migration=migration)
-        where = "vLLM's EPLB config" if seen is not None else "vLLM's defaults: vLLM did not say"
-        log_first_call(first_call_line("vLLM", rule, engine, config,
-                                       f"every {interval} steps, window {window} steps ({where})"))
-        return RuleSession(rule, config, interval, window)
-
-    @classmethod
-    def plan(cls, loads: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
-             current: Placement | None) -> Placement:
-        """Mode "replan": a fresh plan, or with `current` the cheaper of two per layer.
-
-        With the map in use, each layer gets the migration-aware plan (the solver starts from the
-        current map and moves few slots) unless a fresh plan is more than `fresh_margin` better;
-        then the fresh plan is taken with its slots aligned to the current map
-        (`moe_place.placement.keep_unchanged_slots`), so experts that stay on their GPU keep their
-        slot and are not copied. With `max_moved_slots` set, only the migration-aware plan is allowed.
-        """
-        settings = dict(solver=cls.solver, time_limit_s=cls.time_limit_s)
-        fresh = None
-        if current is None or cls.max_moved_slots is None:
-            fresh = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, **settings)
-        if current is None:
-            return fresh
-        if cls.max_moved_slots is not None and settings["solver"] is None:
-            settings["solver"] = "fast"  # a cap on moved slots needs the migration-aware search
-        aware = plan_placement(loads, num_replicas, num_groups, num_nodes, num_ranks, current=current,
-                               max_moved_slots=cls.max_moved_slots, move_cost_weight=cls.move_cost_weight, **settings)
-        if fresh is None:
-            return aware
-        rows = np.array(aware.phy2log)
-        busiest_aware = aware.gpu_loads(loads).max(axis=1)
-        busiest_fresh = fresh.gpu_loads(loads).max(axis=1)
-        better = np.flatnonzero(busiest_fresh * (1 + cls.fresh_margin) < busiest_aware)
-        if better.size:
-            rows[better] = keep_unchanged_slots(fresh.phy2log[better], current.phy2log[better], current.slots_per_gpu)
-        return Placement(rows, current.num_experts, num_ranks, aware.num_nodes,
-                         allow_colocated=aware.allow_colocated or fresh.allow_colocated)
-
-
-# ---------------------------------------------------------------------- the legacy interface
-class MoePlaceEplbPolicy(_PolicyCore):
-    """An EPLB policy with vLLM's classmethod interface; configure by subclassing (`make_policy`) or env vars.
-
-    The controller's state is kept in `_sessions`, one per class (each `make_policy` class has its own).
-    """
-
-    _sessions: ClassVar[dict] = {}
-
-    @classmethod
-    def rebalance_experts(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
-                          old_global_expert_indices=None):
-        """Plan `num_replicas` slots per layer for `weight [layers, E]` on `num_ranks` GPUs.
-
-        old_global_expert_indices: int `[layers, num_replicas]`, the map in use (optional); slots
-            holding -1 (ranks being added or removed) make it unusable and it is ignored.
-        Returns `phy2log` or `(phy2log, log2phy, logcnt)` (CPU int64 tensors), per `returns`.
-        Bad arguments: `moe_place.errors.ParameterError` (an AssertionError, as vLLM's own policy raises).
-        """
-        placement = cls.decide(weight_to_numpy(weight), num_replicas, num_groups, num_nodes, num_ranks,
-                               old_global_expert_indices, cls._sessions)
-        if return_style(cls.returns) == "phy2log":   # vLLM 0.33 takes the map alone
-            import torch  # lazy, as in placement_tensors: vLLM has it
-
-            return torch.from_numpy(np.array(placement.phy2log, dtype=np.int64))
-        return placement_tensors(placement, log2phy_width=num_replicas - placement.num_experts + 1)
-
-
-# ---------------------------------------------------------------------- the context interface
-@dataclass
-class MoePlaceState:
-    """Per-model state of the context interface: the controller's sessions (see `_PolicyCore.decide`)."""
-
-    num_moe_layers: int
-    sessions: dict = field(default_factory=dict)
-
-
-class MoePlaceContextPolicy(_PolicyCore):
-    """vLLM's context interface (module note): configuration on the instance's class, state in `policy_state`.
-
-    `rebalance_experts` plans on a copy of the state and hands the advanced copy along with the
-    plan; `on_layer_committed` adopts it, so the state moves only when vLLM commits the plan.
-    """
-
-    def create_state(self, num_moe_layers: int):
-        base = _vllm_class("EplbPolicyState")
-        if base is None:
-            return MoePlaceState(num_moe_layers)
-        state = base()
-        state.moe_place = MoePlaceState(num_moe_layers)
-        return state
-
-    def rebalance_experts(self, context, policy_state):
-        """An `EplbPlan` (CPU int64 `[layers, P]`) for the context; `policy_state` is only read."""
-        ours = _our_state(policy_state)
-        advanced = copy.deepcopy(ours)
-        loads = context.load_window_cpu.detach().to("cpu").double().numpy()
-        if loads.ndim == 2:
-            loads = loads[None]
-        topo = context.topology
-        placement = self.decide(loads, int(context.num_replicas), int(topo.num_groups), int(topo.num_nodes),
-                                int(topo.num_ranks), context.physical_to_logical_map_cpu, advanced.sessions,
-                                window_steps=len(loads))
-        return make_plan(placement_tensors(placement)[0], advanced)
-
-    def on_layer_committed(self, policy_state, plan, layer_idx: int) -> None:
-        """Adopt the state the plan was made with (once per plan, whichever layer commits first)."""
-        advanced = getattr(plan, "moe_place_state", None)
-        if advanced is None:
-            return
-        ours = _our_state(policy_state)
-        if ours is not advanced:
-            ours.sessions = advanced.sessions
-            if isinstance(policy_state, MoePlaceState):
-                return
-            policy_state.moe_place = ours
-
-
-class MoePlacePlanRebalancePolicy(MoePlaceEplbPolicy, MoePlaceContextPolicy):
-    """The transitional interface: `plan_rebalance(self, context, policy_state)` plus the legacy classmethod."""
-
-    def plan_rebalance(self, context, policy_state):
-        return MoePlaceContextPolicy.rebalance_experts(self, context, policy_state)
-
-
-def _our_state(policy_state) -> MoePlaceState:
-    if isinstance(policy_state, MoePlaceState):
-        return policy_state
-    ours = getattr(policy_state, "moe_place", None)
-    if ours is None:
-        raise InputError("policy_state", "a state from this policy's create_state", type(policy_state).__name__)
-    return ours
-
-
-def make_plan(phy2log, state: MoePlaceState):
-    """vLLM's `EplbPlan` for `phy2log`, carrying the advanced state for `on_layer_committed`."""
-    base = _vllm_class("EplbPlan")
-    if base is None:
-        return _Plan(phy2log, state)
-    plan = base(phy2log)
-    object.__setattr__(plan, "moe_place_state", state)  # frozen upstream dataclass: no field for it
-    return plan
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Stand-in for vLLM's `EplbPlan` when vLLM is not importable."""
-
-    physical_to_logical_map: Any
-    moe_place_state: MoePlaceState
-
-
-def make_policy(name: str = "MoePlaceEplbPolicy", interface: str = "auto", **settings: Any) -> type:
-    """A policy class for the installed vLLM's interface (`INTERFACES`; "auto": read it off vLLM) with
-    `settings` (the class attributes of `_PolicyCore`).
-
-    When vLLM is importable the class also derives from its `AbstractEplbPolicy`, so
-    `issubclass(cls, AbstractEplbPolicy)` holds for code that checks.
-    """
-    unknown = set(settings) - set(SETTINGS)
-    if unknown:
-        raise InputError("make_policy", f"settings among {', '.join(SETTINGS)}", ", ".join(sorted(unknown)))
-    if "returns" in settings and settings["returns"] not in RETURN_STYLES:
-        raise InputError("returns", f"one of {', '.join(RETURN_STYLES)}", settings["returns"])
-    if "mode" in settings and settings["mode"] not in MODES:
-        raise InputError("mode", f"one of {', '.join(MODES)}", settings["mode"])
-    if interface not in INTERFACES:
-        raise InputError("interface", f"one of {', '.join(INTERFACES)}", interface)
-    abstract = vllm_abstract_policy()
-    if interface == "auto":
-        interface = "legacy" if abstract is None else interface_of(abstract)
-    ours = {"legacy": MoePlaceEplbPolicy, "plan_rebalance": MoePlacePlanRebalancePolicy,
-            "context": MoePlaceContextPolicy}[interface]
-    bases: tuple[type, ...] = (ours,) if abstract is None else (ours, abstract)
-    namespace = dict(settings)
-    if interface != "context":
-        namespace["_sessions"] = {}  # the controller state of this class's legacy calls
-    return type(name, bases, namespace)
-
-
-def interface_of(abstract: type) -> str:
-    """"context", "plan_rebalance" or "legacy": the interface an `AbstractEplbPolicy` declares."""
-    if "plan_rebalance" in getattr(abstract, "__abstractmethods__", ()):
-        return "plan_rebalance"
-    method = inspect.getattr_static(abstract, "rebalance_experts", None)
-    if method is not None and not isinstance(method, classmethod):
-        params = list(inspect.signature(method).parameters)
-        if params[:3] == ["self", "context", "policy_state"]:
-            return "context"
-    return "legacy"
-
-
-def current_placement(old, num_experts: int, num_gpus: int, shape: tuple[int, int]) -> Placement | None:
-    """The map vLLM runs now as a Placement, or None when absent or unusable (wrong shape, -1 slots)."""
-    if old is None:
-        return None
-    if hasattr(old, "detach"):
-        old = old.detach().to("cpu").numpy()
-    old = np.asarray(old)
-    if old.shape != shape or old.size == 0 or old.min() < 0 or old.max() >= num_experts:
-        return None
-    try:
-        # vLLM's own default policy may put two replicas of one expert on one GPU
-        return Placement(old.astype(np.int64), num_experts, num_gpus, allow_colocated=True)
-    except InputError:
-        return None
-
-
-def return_style(configured: str = "auto") -> str:
-    """"tuple" or "phy2log": the env var, else `configured`, else what the installed vLLM expects."""
-    style = os.environ.get(RETURNS_ENV) or configured
-    if style not in RETURN_STYLES:
-        raise InputError(RETURNS_ENV, f"one of {', '.join(RETURN_STYLES)}", style)
-    if style != "auto":
-        return style
-    abstract = vllm_abstract_policy()
-    return "tuple" if abstract is None else style_of(abstract.rebalance_experts)
-
-
-def style_of(method) -> str:
-    """"tuple" when `method`'s return annotation is a tuple, else "phy2log"."""
-    annotation = inspect.signature(method).return_annotation
-    if isinstance(annotation, str):
-        return "tuple" if annotation.replace(" ", "").lower().startswith(("tuple", "typing.tuple")) else "phy2log"
-    return "tuple" if typing.get_origin(annotation) is tuple or annotation is tuple else "phy2log"
-
-
-def vllm_abstract_policy() -> type | None:
-    """vLLM's `AbstractEplbPolicy`, or None when vLLM is not importable."""
-    return _vllm_class("AbstractEplbPolicy")
-
-
-def _vllm_class(name: str) -> type | None:
-    module = policy_module()
-    return None if module is None else getattr(module, name, None)
-
-
-def policy_module():
-    """The vLLM module that holds `EPLB_POLICIES`, or None."""
-    for name in POLICY_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, "EPLB_POLICIES"):
-            return module
-    return None
-
-
-# ---------------------------------------------------------------------- static placement files
-def static_placement(path: str | Path, num_layers: int, num_experts: int, num_replicas: int,
-                     num_ranks: int) -> Placement:
-    """The placement of a plan file (`moe_place.planfile`), checked against vLLM's model and EP size."""
-    placement = read_plan(path).placement
-    if placement.phy2log.shape != (num_layers, num_replicas) or placement.num_experts != num_experts:
-        raise InputError(str(path), f"a placement of {num_layers} layers x {num_replicas} slots, {num_experts} experts",
-                         f"{placement.num_layers} x {placement.num_physical}, "
-                         f"{placement.num_experts} experts")
-    if placement.num_gpus != num_ranks:
-        raise InputError(str(path), f"a placement for {num_ranks} EP ranks", f"one for {placement.num_gpus}")
-    return placement
 
 
 # ---------------------------------------------------------------------- registration
@@ -547,7 +127,7 @@ def record_vllm_model(state, model, model_config, model_name: str | None = None)
                      None if use_async is None else bool(use_async))
     ENGINE_MODELS[(engine.num_moe_layers, engine.num_experts)] = seen
     policy = getattr(state, "policy", None)
-    if isinstance(policy, type) and issubclass(policy, _PolicyCore) and policy.mode == "payback" \
+    if isinstance(policy, type) and issubclass(policy, PolicyCore) \
             and not (policy.static_plan or os.environ.get(STATIC_PLAN_ENV)):
         config = policy.engine_config()
         config.expert_shape(engine)
@@ -593,7 +173,7 @@ def register_plugin() -> None:
     if not name or module is None:
         return
     current = module.EPLB_POLICIES.get(name)
-    if isinstance(current, type) and issubclass(current, _PolicyCore):
+    if isinstance(current, type) and issubclass(current, PolicyCore):
         return
     install(name=name)
 
@@ -640,3 +220,7 @@ def _rebuild_pydantic(cls) -> bool:
         return False
     rebuild_dataclass(cls, force=True)
     return True
+
+
+__all__ = ["OPTION_MODULES", "PLUGIN_ENV", "Registration", "STATE_MODULES", "install", "make_policy", "record_vllm_model",
+           "register_plugin", "registered", "uninstall"]   # make_policy: the policy `install` takes, from vllm_policy

@@ -9,22 +9,20 @@ engine's protocol (`EngineCadence.of`) for each interval, the window as long as 
 engine's own window at its default interval), with the engine's default policy and with
 moe-place's rule, and beside them a reference no policy reaches: plans made on the *next*
 interval's load, switched for free (`hindsight_next_reference`). `CadenceSweep` says each
-policy's best interval and total, the ratios, and the settings that give them
-(`engine_settings`).
+policy's best interval and total and the ratios; the lines that set a cadence in the engine are
+where the engines live (`moe_place.engines.launch.engine_settings`).
 """
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from moe_place.engines.config import _ENV as ADAPTER_ENV   # the variables the adapters read
+from moe_place.cost.cluster import ReplayCost
 from moe_place.errors import InputError
 from moe_place.online.controller import EngineCadence, make_controller
-from moe_place.online.costing import ReplayCost
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import ReplayResult, check_counts_3d, hindsight_next_reference, replay
 from moe_place.online.splitting import SplitChoice
@@ -175,39 +173,3 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
             references[cadence.step_interval] = reference.total_time_s
     default = EngineCadence.of(engine, use_async=use_async).step_interval
     return CadenceSweep(engine, use_async, tuple(runs), references, default if plan[-1].step_interval == default else 0)
-
-
-RULE_KEYS = ("min_gain", "noise_margin", "estimate", "max_moved_slots")   # the adapters' keys named as the rule's
-
-
-def rule_env(rule: dict) -> list[str]:
-    """The adapters' variables (`moe_place.engines.config`, the names it reads) for the rule settings `rule`
-    (keyword arguments of `RebalanceRule`) that differ from its defaults; `max_bytes` as `max_mib`,
-    `num_groups` left out (the engine passes its own)."""
-    defaults = {f.name: f.default for f in fields(RebalanceRule)}
-    env = [f"{ADAPTER_ENV[key]}={rule[key]}" for key in RULE_KEYS if rule.get(key, defaults[key]) != defaults[key]]
-    if rule.get("max_bytes") is not None:
-        env.append(f"{ADAPTER_ENV['max_mib']}={rule['max_bytes'] / 2**20:g}")
-    return env
-
-
-def engine_settings(engine: str, step_interval: int, window: int, redundant: int, use_async: bool = True,
-                    model: str | None = None, rule: dict | None = None) -> list[str]:
-    """The lines that give a cadence in the engine, with moe-place's rule running it (shell-quoted), its
-    settings `rule` (keyword arguments of `RebalanceRule`) as the adapters read them (`rule_env`)."""
-    env = [f"MOE_PLACE_STEP_INTERVAL={step_interval}", f"MOE_PLACE_WINDOW_STEPS={window}"]
-    if model:
-        env.append(f"MOE_PLACE_MODEL={shlex.quote(model)}")
-    env += rule_env(rule or {})
-    if engine == "vllm":
-        config = (f'{{"step_interval": {step_interval}, "window_size": {window}, '
-                  f'"num_redundant_experts": {redundant}, "use_async": {"true" if use_async else "false"}}}')
-        return [f"MOE_PLACE_VLLM_POLICY=default {' '.join(env)} MOE_PLACE_MIGRATION="
-                f"{'async' if use_async else 'stall'} \\",
-                f"  vllm serve MODEL --enable-expert-parallel --enable-eplb --eplb-config {shlex.quote(config)}"]
-    if engine == "sglang":
-        return [f"MOE_PLACE_SGLANG=1 {' '.join(env)} MOE_PLACE_MIGRATION=stall \\",
-                f"  python -m sglang.launch_server --model-path MODEL --enable-eplb --ep-num-redundant-experts "
-                f"{redundant} --eplb-rebalance-num-iterations {step_interval} "
-                f"--expert-distribution-recorder-buffer-size {window}"]
-    raise InputError("--engine", "vllm or sglang", engine)

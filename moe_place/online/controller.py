@@ -41,7 +41,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.online.policy import Decision, RebalanceRule
+from moe_place.online.policy import Decision, RebalanceRule, RuleState
 from moe_place.online.splitting import SplitChoice
 from moe_place.online.window import SlidingWindow
 from moe_place.placement import Placement, keep_unchanged_slots
@@ -179,15 +179,6 @@ class _OnCadence:
             self._window = SlidingWindow(self.cadence.window_size, self.num_layers, width)
         self._window.push(even_shares(in_use.phy2log, np.asarray(counts, dtype=np.int64)) if physical else counts)
 
-    def _engine_window(self, step: int, current: Placement) -> tuple[np.ndarray, int]:
-        """(the window the engine hands its policy after batch `step`: `[layers, E]` summed or `[steps, layers,
-        E]` per step, read with the map `current`; its steps)."""
-        steps = self.cadence.window_steps(step)
-        held = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
-        if not self.cadence.records_physical:
-            return held, steps
-        return logical_counts(held, current.phy2log, current.num_experts), steps
-
     def _calls(self, step: int) -> bool:
         """The engine's counter: a call after batch `step` when it is due; the next one falls due an
         interval later. The replay asks only while no switch is under way, so a call that fell due
@@ -196,6 +187,18 @@ class _OnCadence:
         if self.called:
             self._due = step + self.cadence.step_interval
         return self.called
+
+    def _due_window(self, step: int, current: Placement) -> tuple[np.ndarray, int] | None:
+        """(the window the engine hands its policy after batch `step`, the steps it covers) when the call
+        is due (`_calls`), else None: `[steps, layers, E]` per-step counts or `[layers, E]` their sum, as
+        the engine hands them, read with the map `current` where the engine records rows per slot."""
+        if not self._calls(step):
+            return None
+        steps = self.cadence.window_steps(step)
+        held = self._window.last(steps) if self.cadence.per_step_window else self._window.total(steps)
+        if not self.cadence.records_physical:
+            return held, steps
+        return logical_counts(held, current.phy2log, current.num_experts), steps
 
 
 @dataclass
@@ -215,9 +218,10 @@ class EngineDefaultController(_OnCadence):
 
     def decide(self, step: int, current: Placement) -> Decision | None:
         self.last_policy_s = 0.0
-        if not self._calls(step):
+        due = self._due_window(step, current)
+        if due is None:
             return None
-        window, steps = self._engine_window(step, current)
+        window, _ = due
         plan = self.plan or (lambda w, c: numpy_default_plan(w, c, self.cadence.engine, self.num_groups))
         started = time.thread_time()
         rows = plan(window, current)
@@ -230,8 +234,12 @@ class EngineDefaultController(_OnCadence):
 
 @dataclass
 class RuleController(_OnCadence):
-    """`RebalanceRule` at the engine's cadence: the decision the engine adapters make.
+    """`RebalanceRule` at the engine's cadence: the decision the engine adapters make. The rule's state
+    between calls is held here (`state`), as an engine holds its policy's.
 
+    last_verdicts: the last call's, one per layer (`RuleAnswer.verdicts`); last_policy_s: its CPU seconds
+    (`time.thread_time`), the rule's and the split choice's (both run in the policy's call), 0 after a step
+    without a call; last_split_s: the split choice's part.
     splitter: the per-batch split's per-layer choice (`moe_place.online.splitting.SplitChoice`), made at each
         call on the map the engine will run; its result is `split_layers` (None without a splitter).
     """
@@ -239,38 +247,35 @@ class RuleController(_OnCadence):
     rule: RebalanceRule | None = None
     name: str = "ours"
     splitter: SplitChoice | None = None
+    last_policy_s: float = 0.0
+    last_split_s: float = 0.0
+    last_verdicts: tuple = ()
     split_layers: np.ndarray | None = field(default=None, init=False)
+    state: RuleState | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.rule is None:
             raise InputError("rule", "a RebalanceRule")
-
-    _split_s: float = field(default=0.0, init=False, repr=False)
-
-    @property
-    def last_policy_s(self) -> float:
-        """CPU seconds of the last call: the rule's and the split choice's (both run in the policy call)."""
-        return self.rule.last_policy_s + self._split_s
-
-    @property
-    def last_split_s(self) -> float:
-        """CPU seconds of the split choice in the last call (inside `last_policy_s`)."""
-        return self._split_s
+        self.state = self.rule.create_state()
 
     def decide(self, step: int, current: Placement) -> Decision | None:
-        self._split_s = 0.0
-        if not self._calls(step):
-            self.rule.last_policy_s = 0.0
+        self.last_policy_s = self.last_split_s = 0.0
+        due = self._due_window(step, current)
+        if due is None:
             return None
-        window, steps = self._engine_window(step, current)
-        decision = self.rule.decide(window, current, self.cadence.step_interval, steps)
+        window, steps = due
+        started = time.thread_time()
+        answer = self.rule.decide(self.state, window, current, self.cadence.step_interval, steps)
+        self.last_policy_s = time.thread_time() - started
+        self.state, self.last_verdicts = answer.state, answer.verdicts
         if self.splitter is not None:
             started = time.thread_time()
-            self.split_layers = self.splitter.decide(window, steps, current if decision is None else
-                                                     decision.placement, step)
-            self._split_s = time.thread_time() - started
-        return decision
+            self.split_layers = self.splitter.decide(window, steps, current if answer.decision is None else
+                                                     answer.decision.placement, step)
+            self.last_split_s = time.thread_time() - started
+            self.last_policy_s += self.last_split_s
+        return answer.decision
 
 
 def logical_counts(physical: np.ndarray, phy2log: np.ndarray, num_experts: int) -> np.ndarray:

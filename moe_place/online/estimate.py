@@ -7,9 +7,10 @@ thing and more of them say it with less sampling noise. How much weight the past
 persistence of the load, which differs from model to model and workload to workload, so it is
 measured, not assumed.
 
-`LoadEstimate` keeps, per layer and candidate half-life `h` (1, 4, 16, ... steps, up to
-`MAX_HALF_LIFE_INTERVALS` of the engine's interval), an exponentially weighted mean of every step
-it has seen, each step weighted `2 ** (-age / h)` by its age in steps (numerator and denominator
+The state carried from call to call (`EstimateState`; `LoadEstimate.update` reads one and returns the
+next, as the rule does with its own state) holds, per layer and candidate half-life `h` (1, 4, 16, ...
+steps, up to `MAX_HALF_LIFE_INTERVALS` of the engine's interval), an exponentially weighted mean of
+every step seen so far, each step weighted `2 ** (-age / h)` by its age in steps (numerator and denominator
 carried from call to call, so windows of any length and the gaps between them are weighted by
 real time); and the flat window, the engine's own estimate (every step of the last window weighted
 alike, nothing before it). At each call, before it sees the new window, each candidate's estimate
@@ -36,7 +37,7 @@ that call, and ages the memory by those steps only (a layer that starts again ta
 The weighted sums are float32 matrix products (the counts are exact in float32, a weighted sum keeps
 24 bits, far below any estimate's sampling noise), carried from call to call in float64.
 
-`resample` draws what an independent estimate of the same load could have been (the rule's
+`Draw.resample` draws what an independent estimate of the same load could have been (the rule's
 noise floor, `moe_place.online.policy`): the window's part of the chosen estimate redrawn (a
 bootstrap of its steps with their weights, or a multinomial draw of its counts), its deviation
 scaled to the noise of every step the estimate weighs (earlier windows' steps were as noisy as this
@@ -46,7 +47,7 @@ estimates differ by twice the variance of one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,31 +62,57 @@ BOOTSTRAP_MIN_STEPS = 8   # per-step windows with fewer steps are redrawn from t
 BLAS_ONE_THREAD_WORK = 2 ** 17   # multiply-adds per matrix product below OpenBLAS's threading threshold (4 x 65536)
 
 
+@dataclass(frozen=True)
+class EstimateState:
+    """What `LoadEstimate` carries from one call to the next (module note); a call returns a new one and
+    never writes into the one it read.
+
+    calls: windows folded so far. half_lives: float64 `[C]` candidate half-lives in steps (empty until the
+    first per-step window). chosen: float64 `[L]`, each layer's half-life (inf: the flat window).
+    num / den / den2: the candidates' weighted sums `[C, L, E]`, their weights `[C, L]` and squared weights
+    `[C, L]` (None before the first per-step window). score: `[C + 1, L]`, the candidates' discounted
+    errors, the flat window last. fresh: bool `[L]`, layers with no memory (first call, or just reset).
+    flat: `[L, E]`, the last window's mean per step (the flat window's estimate).
+    """
+
+    calls: int
+    half_lives: np.ndarray
+    chosen: np.ndarray
+    num: np.ndarray | None
+    den: np.ndarray | None
+    den2: np.ndarray | None
+    score: np.ndarray | None
+    fresh: np.ndarray
+    flat: np.ndarray
+
+
+@dataclass(frozen=True)
 class LoadEstimate:
-    """The coming interval's per-step load `[layers, E]` (module note), with its state between calls.
+    """The coming interval's per-step load `[layers, E]` (module note): `update` folds one window into an
+    `EstimateState` and returns the estimate, the new state and what `Draw.resample` redraws.
 
     Each layer keeps its own scores and choice. adaptive: False keeps the flat window (the engines'
     estimate) at every call.
     """
 
-    def __init__(self, num_layers: int, num_experts: int, adaptive: bool = True):
-        self.shape = (num_layers, num_experts)
-        self.adaptive = adaptive
-        self.half_lives = np.zeros(0)        # steps, one per candidate (set at the first call)
-        self.chosen = np.full(num_layers, np.inf)   # each layer's half-life in steps (inf: the flat window)
-        self._calls = 0
-        self._num = self._den = self._den2 = self._score = None   # [C, L, E], [C, L], [C, L], [C + 1, L]
-        self._fresh = np.ones(num_layers, dtype=bool)   # layers with no memory (first call, or just reset)
-        self._flat = np.zeros(self.shape)    # the last window's mean per step: the flat window's estimate
-        self._draw: _Draw | None = None      # what `resample` redraws
+    num_layers: int
+    num_experts: int
+    adaptive: bool = True
 
     @property
-    def calls(self) -> int:
-        return self._calls
+    def shape(self) -> tuple[int, int]:
+        return self.num_layers, self.num_experts
 
-    def update(self, window: np.ndarray, window_steps: int, elapsed_steps: int,
-               reset: np.ndarray | None = None, total: np.ndarray | None = None) -> np.ndarray:
-        """float64 `[layers, E]`: the estimate after this call's window, per step.
+    def create_state(self) -> EstimateState:
+        """The state before any window: every layer fresh, the flat window chosen."""
+        return EstimateState(0, np.zeros(0), np.full(self.num_layers, np.inf), None, None, None, None,
+                             np.ones(self.num_layers, dtype=bool), np.zeros(self.shape))
+
+    def update(self, state: EstimateState, window: np.ndarray, window_steps: int, elapsed_steps: int,
+               reset: np.ndarray | None = None, total: np.ndarray | None = None
+               ) -> tuple[np.ndarray, EstimateState, Draw]:
+        """(float64 `[layers, E]`: the estimate after this call's window, per step; the state after it;
+        what `Draw.resample` redraws of it).
 
         window: float `[n, layers, E]` per-step counts, or `[layers, E]` counts summed over `window_steps`.
         elapsed_steps: steps since the previous call (its interval; ignored at the first call).
@@ -104,182 +131,162 @@ class LoadEstimate:
         if total is None:
             total = step_sums(loads) if per_step else loads
         flat = total / window_steps
-        self._calls += 1
+        calls = state.calls + 1
         layers = self.shape[0]
         if not per_step or not self.adaptive:   # a summed window is one observation of its steps' mean:
-            self._flat = flat                   # the estimate is the window (module note)
-            self.chosen = np.full(layers, np.inf)
-            even = np.full(len(loads), window_steps / len(loads)) if per_step else None
-            self._draw = _Draw(np.zeros(self.shape), np.zeros(layers), loads if per_step else None,
-                               None if even is None else np.tile(even, (layers, 1)), total,
-                               np.full(layers, float(window_steps)), total, np.ones(layers))
-            return flat
-        if self._num is None:
+            even = np.full(len(loads), window_steps / len(loads)) if per_step else None   # the estimate is the
+            draw = Draw(np.zeros(self.shape), np.zeros(layers), loads if per_step else None,   # window (module note)
+                        None if even is None else np.tile(even, (layers, 1)), total,
+                        np.full(layers, float(window_steps)), total, np.ones(layers))
+            return flat, replace(state, calls=calls, chosen=np.full(layers, np.inf), flat=flat), draw
+        half_lives, memory = state.half_lives, (state.num, state.den, state.den2, state.score)
+        if state.num is None:
             longest = MAX_HALF_LIFE_INTERVALS * max(elapsed_steps, window_steps)
-            self.half_lives = float(HALF_LIFE_FACTOR) ** np.arange(int(np.log(longest) / np.log(HALF_LIFE_FACTOR)) + 1)
-            count = len(self.half_lives)
-            self._num = np.zeros((count,) + self.shape)
-            self._den, self._den2 = np.zeros((count, layers)), np.zeros((count, layers))
-            self._score = np.zeros((count + 1, layers))   # the flat window last
-        if reset is not None:
-            self._fresh |= np.asarray(reset, dtype=bool)
-        fresh_layers = self._fresh.copy()
-        self._num[:, fresh_layers] = 0.0
-        self._den[:, fresh_layers] = self._den2[:, fresh_layers] = 0.0
-        self._score[:, fresh_layers] = 0.0
-        decay = 0.5 ** (1.0 / self.half_lives)                                     # per step, per candidate
-        first = self._calls == 1
+            half_lives = float(HALF_LIFE_FACTOR) ** np.arange(int(np.log(longest) / np.log(HALF_LIFE_FACTOR)) + 1)
+            count = len(half_lives)
+            memory = (np.zeros((count,) + self.shape), np.zeros((count, layers)), np.zeros((count, layers)),
+                      np.zeros((count + 1, layers)))   # the flat window's score last
+        fresh_layers = state.fresh | np.asarray(reset, dtype=bool) if reset is not None else state.fresh
+        old_num, old_den, old_den2, old_score = (_forget(a, fresh_layers) for a in memory)
+        decay = 0.5 ** (1.0 / half_lives)                                          # per step, per candidate
+        first = calls == 1
         new = window_steps if first else min(window_steps, elapsed_steps)          # steps not seen yet
         steps = min(new, len(loads))
         # a layer that starts again takes the whole window; the others its steps since the last call
         steps_of = np.where(fresh_layers, len(loads), steps)
         gap = 0 if first else max(elapsed_steps - steps, 0)                         # steps the engine did not record
-        num, den = np.empty_like(self._num), np.empty_like(self._den)
-        errors = np.empty_like(self._score)
+        num, den = np.empty_like(old_num), np.empty_like(old_den)
+        errors = np.empty_like(old_score)
         # each group of layers over its own steps: one fold where both groups take the whole window
         folds = [(np.arange(layers), len(loads))] if steps == len(loads) else \
             [(np.flatnonzero(fresh_layers), len(loads)), (np.flatnonzero(~fresh_layers), steps)]
         for idx, taken in folds:
             if idx.size:
                 part = loads[-taken:] if idx.size == layers else loads[-taken:, idx]
-                num[:, idx], den[:, idx], errors[:, idx] = self._fold_steps(
-                    part, decay[:, None, None] ** gap * self._num[:, idx], decay[:, None] ** gap * self._den[:, idx],
-                    decay, fresh_layers[idx], self._flat[idx])
-        self._score = SCORE_DISCOUNT * self._score + errors
+                num[:, idx], den[:, idx], errors[:, idx] = _fold_steps(
+                    part, decay[:, None, None] ** gap * old_num[:, idx], decay[:, None] ** gap * old_den[:, idx],
+                    decay, fresh_layers[idx], state.flat[idx])
+        score = SCORE_DISCOUNT * old_score + errors
         n = int(steps_of.max())
         ages = np.arange(n - 1, -1, -1, dtype=np.float64)
         inside = ages[None, :] < steps_of[:, None]                                 # [L, n] steps each layer takes
         weights = np.where(inside[None], decay[:, None, None] ** ages[None, None, :], 0.0)   # [C, L, n]
         window_w2 = (weights ** 2).sum(axis=2)
         keep = decay[:, None] ** (gap + steps_of[None, :])
-        base_num, base_den = keep[:, :, None] * self._num, keep * self._den
-        self._den2 = keep ** 2 * self._den2 + window_w2
-        self._num, self._den, self._flat = num, den, flat
-        self._fresh[:] = False
-        best = self._best()                                                        # [L], -1: the flat window
+        base_num, base_den = keep[:, :, None] * old_num, keep * old_den
+        den2 = keep ** 2 * old_den2 + window_w2
+        best = _best(score)                                                        # [L], -1: the flat window
         rows = np.arange(layers)
         pick = np.maximum(best, 0)
         estimate = np.where((best < 0)[:, None], flat, num[pick, rows] / den[pick, rows][:, None])
-        self.chosen = np.where(best < 0, np.inf, self.half_lives[pick])
+        chosen = np.where(best < 0, np.inf, half_lives[pick])
         use_flat = best < 0
         even = np.full((layers, len(loads)), window_steps / len(loads))
         chosen_weights = _pad_left(weights[pick, rows], len(loads))                # [L, len(loads)]
         taken = chosen_weights > 0
         taken_counts = total if taken.all() else np.einsum("ln,nle->le", taken.astype(np.float64), loads)
-        self._draw = _Draw(np.where(use_flat[:, None], 0.0, base_num[pick, rows]),
-                           np.where(use_flat, 0.0, base_den[pick, rows]), loads,
-                           np.where(use_flat[:, None], even, chosen_weights),
-                           np.where(use_flat[:, None], total, num[pick, rows] - base_num[pick, rows]),
-                           np.where(use_flat, float(window_steps), den[pick, rows] - base_den[pick, rows]),
-                           np.where(use_flat[:, None], total, taken_counts),
-                           np.where(use_flat, 1.0, np.sqrt(self._den2[pick, rows]
-                                                           / np.maximum(window_w2[pick, rows], 1e-300))))
-        return estimate
+        draw = Draw(np.where(use_flat[:, None], 0.0, base_num[pick, rows]),
+                    np.where(use_flat, 0.0, base_den[pick, rows]), loads,
+                    np.where(use_flat[:, None], even, chosen_weights),
+                    np.where(use_flat[:, None], total, num[pick, rows] - base_num[pick, rows]),
+                    np.where(use_flat, float(window_steps), den[pick, rows] - base_den[pick, rows]),
+                    np.where(use_flat[:, None], total, taken_counts),
+                    np.where(use_flat, 1.0, np.sqrt(den2[pick, rows] / np.maximum(window_w2[pick, rows], 1e-300))))
+        new_state = EstimateState(calls, half_lives, chosen, num, den, den2, score, np.zeros(layers, dtype=bool), flat)
+        return estimate, new_state, draw
 
-    def _best(self) -> np.ndarray:
-        """int `[layers]`: each layer's candidate with the lowest score, -1 for the flat window (also on a
-        tie and before any score)."""
-        best = np.argmin(self._score[:-1], axis=0)
-        scored = self._score.any(axis=0)
-        better = self._score[best, np.arange(self.shape[0])] < self._score[-1]
-        return np.where(scored & better, best, -1)
 
-    def _fold_steps(self, fresh: np.ndarray, num: np.ndarray, den: np.ndarray, decay: np.ndarray, restart: np.ndarray,
-                    last_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fold every step of `fresh` (float32 `[n, l, E]`, some layers' counts) into every candidate's memory
-        (`num [C, l, E]`, `den [C, l]`, as they stand before its first step), block by block, scoring each
-        candidate's prediction of each block's mean before it sees the block. The flat window predicts the
-        last window's mean (`last_flat [l, E]`); for layers that start again (`restart`, bool `[l]`), the
-        running mean of the steps before the block, and their first block, which nothing predicts, is not
-        scored. Returns (num, den, errors `[candidates + 1, l]`).
+def _forget(memory: np.ndarray, layers: np.ndarray) -> np.ndarray:
+    """`memory [C, L, ...]` with the rows of `layers` (bool `[L]`) zeroed: a copy where any is, else itself."""
+    if not layers.any():
+        return memory
+    memory = memory.copy()
+    memory[:, layers] = 0.0
+    return memory
 
-        The matrix products run in float32 (counts are exact in it up to 2**24, and a weighted sum keeps 24
-        bits, far below the sampling noise of any estimate); the memory carried between calls is float64."""
-        n, count, shape = len(fresh), len(decay), fresh.shape[1:]
-        blocks = min(SCORE_BLOCKS, n)
-        size = n // blocks
-        lead = n - blocks * size                                  # folded before the first scored block
-        lead_sum = fresh[:lead].sum(axis=0, dtype=np.float64)    # [l, E]
-        if lead:
-            w = decay[:, None] ** np.arange(lead - 1, -1, -1, dtype=np.float64)[None, :]
-            num = decay[:, None, None] ** lead * num + _matmul_one_thread(
-                w.astype(np.float32), fresh[:lead].reshape(lead, -1)).reshape(num.shape)
-            den = decay[:, None] ** lead * den + w.sum(axis=1)[:, None]
-        # each block's weighted sum per candidate, and its plain sum (the last row): `[C + 1, size] @
-        # [size, l*E]` a block, in column slices small enough that BLAS keeps each product on the calling
-        # thread (its CPU time is then the call's)
-        w = np.vstack([decay[:, None] ** np.arange(size - 1, -1, -1, dtype=np.float64)[None, :], np.ones(size)])
-        sums = _matmul_one_thread(w.astype(np.float32), fresh[lead:].reshape(blocks, size, -1))  # [blocks, C+1, l*E]
-        block_sums = sums[:, count].reshape((blocks,) + shape).astype(np.float64)
-        # block j's weighted sums as they stand before block k (row `blocks`: after the last), per candidate:
-        # shrink^(k - 1 - j) for j < k; the memory before the blocks is carried by shrink^k
-        shrink = decay ** size
-        order = np.arange(blocks + 1)[:, None] - 1 - np.arange(blocks)[None, :]              # [blocks + 1, blocks]
-        carry = np.where(order >= 0, shrink[:, None, None] ** np.maximum(order, 0), 0.0)   # [C, blocks + 1, blocks]
-        start = shrink[:, None] ** np.arange(blocks + 1)[None, :]                           # [C, blocks + 1]
-        nums = _matmul_one_thread(carry.astype(np.float32),
-                                  np.ascontiguousarray(sums[:, :count].swapaxes(0, 1)))    # [C, blocks + 1, l*E]
-        dens = start[:, :, None] * den[:, None] + (carry.sum(axis=2) * w[:count].sum(axis=1)[:, None])[:, :, None]
-        dens_before = dens[:, :-1]                                                          # [C, blocks, l]
-        # each block's prediction in float32 (scores need no more): the block's predecessors in the window,
-        # weighted, and the earlier memory's mean with its share of the weight (a mean and a share, not their
-        # float64 sums, which can be below float32's range after a long gap)
-        inverse = np.minimum(1.0 / np.maximum(dens_before, 1e-300), 1e30)   # clipped only where no window step came
-        predictions = nums[:, :-1].reshape((count, blocks) + shape)
-        predictions *= inverse[..., None].astype(np.float32)
-        memory = (num / np.maximum(den, 1e-300)[:, :, None]).astype(np.float32)            # [C, l, E]
-        share = start[:, :-1, None] * den[:, None] / np.maximum(dens_before, 1e-300)        # in [0, 1]
-        predictions += memory[:, None] * share.astype(np.float32)[..., None]
-        num = start[:, -1, None, None] * num + nums[:, -1].reshape(num.shape)
-        den = dens[:, -1]
-        targets = block_sums / size
-        use = np.broadcast_to(dens_before.max(axis=0) > 0, (blocks, shape[0]))             # some memory before it
-        if restart.any():   # the running mean of the steps before each block, for the layers that start again
-            seen = lead + size * np.arange(blocks)
-            sums_before = np.concatenate([lead_sum[None], lead_sum + np.cumsum(block_sums, axis=0)[:-1]])
-            running = sums_before / np.maximum(seen, 1)[:, None, None]
-            flat = running if restart.all() else np.where(restart[None, :, None], running, last_flat[None])
-            use = use & ((seen > 0)[:, None] | ~restart[None, :])
-        else:
-            flat = last_flat[None]
-        return num, den, self._point_errors(predictions, flat, targets, use)
 
-    @staticmethod
-    def _point_errors(predictions: np.ndarray, flat: np.ndarray, targets: np.ndarray,
-                      use: np.ndarray) -> np.ndarray:
-        """float64 `[candidates + 1, layers]`: squared errors of the candidates' `predictions [C, blocks,
-        layers, E]` (float32 or float64, overwritten) and the flat window's `flat [blocks, layers, E]`
-        against `targets [blocks, layers, E]`, each relative to its layer's mean target load, summed over
-        the blocks `use [blocks, layers]` marks."""
-        weight = use[:, :, None] / np.maximum(targets.mean(axis=-1, keepdims=True), 1e-12)   # [blocks, L, 1]
-        predictions -= targets[None].astype(predictions.dtype)
-        predictions *= weight[None].astype(predictions.dtype)
-        np.square(predictions, out=predictions)
-        flat_error = np.square((flat - targets) * weight)
-        return np.vstack([predictions.sum(axis=(1, 3), dtype=np.float64), flat_error.sum(axis=(0, 2))])
+def _best(score: np.ndarray) -> np.ndarray:
+    """int `[layers]`: each layer's candidate with the lowest `score [C + 1, layers]`, -1 for the flat window
+    (also on a tie and before any score)."""
+    best = np.argmin(score[:-1], axis=0)
+    scored = score.any(axis=0)
+    better = score[best, np.arange(score.shape[1])] < score[-1]
+    return np.where(scored & better, best, -1)
 
-    def resample(self, layers: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """float64 `[len(layers), E]`: an estimate of these layers that differs from the last one as much
-        as an independent estimate of the same load would (module note)."""
-        d = self._draw
-        layers = np.asarray(layers, dtype=np.int64)
-        if d.samples is not None and len(d.samples) >= BOOTSTRAP_MIN_STEPS:
-            picks = rng.integers(0, len(d.samples), size=len(d.samples))          # a bootstrap of the steps,
-            part = np.stack([np.tensordot(np.bincount(picks, weights=d.weights[layer], minlength=len(d.samples)),
-                                          d.samples[:, layer], axes=(0, 0)) for layer in layers])  # each with its weight
-        else:                    # a multinomial draw of the window's counts, weighted as the estimate weighs them
-            counts = d.counts[layers]
-            part = np.zeros_like(counts)
-            for i, row in enumerate(counts):
-                n = int(round(row.sum()))
-                if n > 0:
-                    part[i] = rng.multinomial(n, row / row.sum()) * (d.window_num[layers[i]].sum() / n)
-        den = (d.base_den + d.window_den)[layers][:, None]
-        current = (d.base_num[layers] + d.window_num[layers]) / den
-        # the window's deviation, scaled to the whole estimate's noise (its earlier steps were as noisy)
-        scale = d.noise_scale[layers][:, None]
-        drawn = (d.base_num[layers] + d.window_num[layers] + scale * (part - d.window_num[layers])) / den
-        return np.clip(current + np.sqrt(2.0) * (drawn - current), 0.0, None)
+
+def _fold_steps(fresh: np.ndarray, num: np.ndarray, den: np.ndarray, decay: np.ndarray, restart: np.ndarray,
+                last_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fold every step of `fresh` (float32 `[n, l, E]`, some layers' counts) into every candidate's memory
+    (`num [C, l, E]`, `den [C, l]`, as they stand before its first step), block by block, scoring each
+    candidate's prediction of each block's mean before it sees the block. The flat window predicts the
+    last window's mean (`last_flat [l, E]`); for layers that start again (`restart`, bool `[l]`), the
+    running mean of the steps before the block, and their first block, which nothing predicts, is not
+    scored. Returns (num, den, errors `[candidates + 1, l]`).
+
+    The matrix products run in float32 (counts are exact in it up to 2**24, and a weighted sum keeps 24
+    bits, far below the sampling noise of any estimate); the memory carried between calls is float64."""
+    n, count, shape = len(fresh), len(decay), fresh.shape[1:]
+    blocks = min(SCORE_BLOCKS, n)
+    size = n // blocks
+    lead = n - blocks * size                                  # folded before the first scored block
+    lead_sum = fresh[:lead].sum(axis=0, dtype=np.float64)    # [l, E]
+    if lead:
+        w = decay[:, None] ** np.arange(lead - 1, -1, -1, dtype=np.float64)[None, :]
+        num = decay[:, None, None] ** lead * num + _matmul_one_thread(
+            w.astype(np.float32), fresh[:lead].reshape(lead, -1)).reshape(num.shape)
+        den = decay[:, None] ** lead * den + w.sum(axis=1)[:, None]
+    # each block's weighted sum per candidate, and its plain sum (the last row): `[C + 1, size] @
+    # [size, l*E]` a block, in column slices small enough that BLAS keeps each product on the calling
+    # thread (its CPU time is then the call's)
+    w = np.vstack([decay[:, None] ** np.arange(size - 1, -1, -1, dtype=np.float64)[None, :], np.ones(size)])
+    sums = _matmul_one_thread(w.astype(np.float32), fresh[lead:].reshape(blocks, size, -1))  # [blocks, C+1, l*E]
+    block_sums = sums[:, count].reshape((blocks,) + shape).astype(np.float64)
+    # block j's weighted sums as they stand before block k (row `blocks`: after the last), per candidate:
+    # shrink^(k - 1 - j) for j < k; the memory before the blocks is carried by shrink^k
+    shrink = decay ** size
+    order = np.arange(blocks + 1)[:, None] - 1 - np.arange(blocks)[None, :]              # [blocks + 1, blocks]
+    carry = np.where(order >= 0, shrink[:, None, None] ** np.maximum(order, 0), 0.0)   # [C, blocks + 1, blocks]
+    start = shrink[:, None] ** np.arange(blocks + 1)[None, :]                           # [C, blocks + 1]
+    nums = _matmul_one_thread(carry.astype(np.float32),
+                              np.ascontiguousarray(sums[:, :count].swapaxes(0, 1)))    # [C, blocks + 1, l*E]
+    dens = start[:, :, None] * den[:, None] + (carry.sum(axis=2) * w[:count].sum(axis=1)[:, None])[:, :, None]
+    dens_before = dens[:, :-1]                                                          # [C, blocks, l]
+    # each block's prediction in float32 (scores need no more): the block's predecessors in the window,
+    # weighted, and the earlier memory's mean with its share of the weight (a mean and a share, not their
+    # float64 sums, which can be below float32's range after a long gap)
+    inverse = np.minimum(1.0 / np.maximum(dens_before, 1e-300), 1e30)   # clipped only where no window step came
+    predictions = nums[:, :-1].reshape((count, blocks) + shape)
+    predictions *= inverse[..., None].astype(np.float32)
+    memory = (num / np.maximum(den, 1e-300)[:, :, None]).astype(np.float32)            # [C, l, E]
+    share = start[:, :-1, None] * den[:, None] / np.maximum(dens_before, 1e-300)        # in [0, 1]
+    predictions += memory[:, None] * share.astype(np.float32)[..., None]
+    num = start[:, -1, None, None] * num + nums[:, -1].reshape(num.shape)
+    den = dens[:, -1]
+    targets = block_sums / size
+    use = np.broadcast_to(dens_before.max(axis=0) > 0, (blocks, shape[0]))             # some memory before it
+    if restart.any():   # the running mean of the steps before each block, for the layers that start again
+        seen = lead + size * np.arange(blocks)
+        sums_before = np.concatenate([lead_sum[None], lead_sum + np.cumsum(block_sums, axis=0)[:-1]])
+        running = sums_before / np.maximum(seen, 1)[:, None, None]
+        flat = running if restart.all() else np.where(restart[None, :, None], running, last_flat[None])
+        use = use & ((seen > 0)[:, None] | ~restart[None, :])
+    else:
+        flat = last_flat[None]
+    return num, den, _point_errors(predictions, flat, targets, use)
+
+
+def _point_errors(predictions: np.ndarray, flat: np.ndarray, targets: np.ndarray,
+                  use: np.ndarray) -> np.ndarray:
+    """float64 `[candidates + 1, layers]`: squared errors of the candidates' `predictions [C, blocks,
+    layers, E]` (float32 or float64, overwritten) and the flat window's `flat [blocks, layers, E]`
+    against `targets [blocks, layers, E]`, each relative to its layer's mean target load, summed over
+    the blocks `use [blocks, layers]` marks."""
+    weight = use[:, :, None] / np.maximum(targets.mean(axis=-1, keepdims=True), 1e-12)   # [blocks, L, 1]
+    predictions -= targets[None].astype(predictions.dtype)
+    predictions *= weight[None].astype(predictions.dtype)
+    np.square(predictions, out=predictions)
+    flat_error = np.square((flat - targets) * weight)
+    return np.vstack([predictions.sum(axis=(1, 3), dtype=np.float64), flat_error.sum(axis=(0, 2))])
 
 
 SUM_CHUNK_STEPS = 64   # steps summed in float32 at a time: exact for integer counts up to 2**18 a step
@@ -319,7 +326,7 @@ def _pad_left(weights: np.ndarray, length: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Draw:
+class Draw:
     """Each layer's estimate as `(base_num + window_num) / (base_den + window_den)`: the memory of earlier
     calls and this window's part: the window's per-step `samples [n, layers, E]` with each layer's `weights
     [layers, n]` (or None: a summed window), and its `counts` `[layers, E]`. `resample` redraws the window's
@@ -334,3 +341,25 @@ class _Draw:
     window_den: np.ndarray
     counts: np.ndarray
     noise_scale: np.ndarray   # sqrt(all steps' squared weights / this window's): the memory's noise too
+
+    def resample(self, layers: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """float64 `[len(layers), E]`: an estimate of these layers that differs from the last one as much
+        as an independent estimate of the same load would (module note)."""
+        layers = np.asarray(layers, dtype=np.int64)
+        if self.samples is not None and len(self.samples) >= BOOTSTRAP_MIN_STEPS:
+            picks = rng.integers(0, len(self.samples), size=len(self.samples))          # a bootstrap of the steps,
+            part = np.stack([np.tensordot(np.bincount(picks, weights=self.weights[layer], minlength=len(self.samples)),
+                                          self.samples[:, layer], axes=(0, 0)) for layer in layers])  # each with its weight
+        else:                    # a multinomial draw of the window's counts, weighted as the estimate weighs them
+            counts = self.counts[layers]
+            part = np.zeros_like(counts)
+            for i, row in enumerate(counts):
+                n = int(round(row.sum()))
+                if n > 0:
+                    part[i] = rng.multinomial(n, row / row.sum()) * (self.window_num[layers[i]].sum() / n)
+        den = (self.base_den + self.window_den)[layers][:, None]
+        current = (self.base_num[layers] + self.window_num[layers]) / den
+        # the window's deviation, scaled to the whole estimate's noise (its earlier steps were as noisy)
+        scale = self.noise_scale[layers][:, None]
+        drawn = (self.base_num[layers] + self.window_num[layers] + scale * (part - self.window_num[layers])) / den
+        return np.clip(current + np.sqrt(2.0) * (drawn - current), 0.0, None)

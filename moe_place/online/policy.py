@@ -50,17 +50,16 @@ states the rule and what it assumes. Per layer:
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Callable
 
 import numpy as np
 
+from moe_place.cost.cluster import ReplayCost, cluster_cost
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
-from moe_place.online.costing import ReplayCost, cluster_cost
-from moe_place.online.estimate import LoadEstimate, step_sums
+from moe_place.online.estimate import Draw, EstimateState, LoadEstimate, step_sums
 from moe_place.placement import Placement, align_slots, even_split_gpu_loads
 from moe_place.solvers.deepseek import eplb_rebalance
 
@@ -93,7 +92,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class LayerVerdict:
-    """Why one layer moved or not at one call (`RebalanceRule.last_verdicts`).
+    """Why one layer moved or not at one call (`RuleAnswer.verdicts`).
 
     deficit: how far the map in use is behind the fresh plan (share of the mean GPU load).
     noise_floor: what a plan fitted to a resampled window is behind it (same unit; 0 if not measured).
@@ -115,9 +114,63 @@ class LayerVerdict:
     reason: str
 
 
-@dataclass
+@dataclass(frozen=True)
+class RuleState:
+    """What the rule carries from one call to the next; `RebalanceRule.decide` reads one and returns the
+    next, and never writes into the one it read (an engine may plan twice from one state, vLLM's context
+    interface does until a plan is committed).
+
+    calls: calls answered so far (the resampling's seed takes it).
+    age: float64 `[L]`, steps each layer's load pattern has lasted (step 4).
+    share / total: the last window's load shares `[L, E]` and counts `[L, 1]` (the next call's
+        same-pattern test), None before the first call.
+    planned / rows / gap: the last call's fresh plan `[L, P]`, the map then in use `[L, P]` and how far
+        behind the plan it was `[L]` (the next call measures the retention on them), None before.
+    kept: `(realised, shown)` gain of each of the last `RETENTION_CALLS` calls that had a gap (step 4).
+    floors: float64 `[L, RETENTION_CALLS]`, the noise floors measured last per layer (nan: none yet).
+    estimate: the load estimate's state (`moe_place.online.estimate.EstimateState`).
+    scratch: float32 memory the next per-step window is copied into (a fresh 4 MB array a call costs its
+        page faults); what it holds is not state: no call reads what an earlier one left there.
+    """
+
+    calls: int
+    age: np.ndarray
+    share: np.ndarray | None
+    total: np.ndarray | None
+    planned: np.ndarray | None
+    rows: np.ndarray | None
+    gap: np.ndarray | None
+    kept: tuple[tuple[float, float], ...]
+    floors: np.ndarray
+    estimate: EstimateState
+    scratch: np.ndarray
+
+
+@dataclass(frozen=True)
+class RuleAnswer:
+    """One call's answer: the new map (`decision`; None keeps the map in use), the state the next call
+    reads, each layer's verdict and the retention step 4 used."""
+
+    decision: Decision | None
+    state: RuleState
+    verdicts: tuple[LayerVerdict, ...]
+    retention: float
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One call's window: `loads` as float (per-step float32 `[n, L, E]` or summed float64 `[L, E]`), its
+    counts summed `[L, E]` (float64) and the steps they cover."""
+
+    loads: np.ndarray
+    total: np.ndarray
+    steps: int
+
+
+@dataclass(frozen=True)
 class RebalanceRule:
-    """The rule of the module note, with its state (pattern ages, the previous window) between calls.
+    """The rule of the module note: settings and the cluster it prices on; the state between calls is a
+    `RuleState` (`create_state`), handed in and returned by `decide`.
 
     cost: the cluster and model (expert time, copies, migration model).
     num_groups: expert groups (hierarchical planning when a multiple of the cluster's nodes).
@@ -138,23 +191,6 @@ class RebalanceRule:
     max_bytes: int | None = None
     seed: int = 0
     estimate: str = "adaptive"
-    last_verdicts: tuple[LayerVerdict, ...] = field(default=(), init=False)
-    last_policy_s: float = field(default=0.0, init=False)   # CPU seconds of the last call (its thread)
-    _age: np.ndarray = field(init=False, repr=False)
-    _changed: np.ndarray = field(init=False, repr=False)
-    _previous: np.ndarray | None = field(default=None, init=False, repr=False)
-    _previous_total: np.ndarray | None = field(default=None, init=False, repr=False)
-    _last_planned: np.ndarray | None = field(default=None, init=False, repr=False)
-    _last_rows: np.ndarray | None = field(default=None, init=False, repr=False)   # map in use at the last call
-    _last_gap: np.ndarray | None = field(default=None, init=False, repr=False)    # its deficit then
-    _kept: list = field(default_factory=list, init=False, repr=False)             # (realised, shown) per call
-    last_retention: float = field(default=0.0, init=False)  # the retention the last call used (module note)
-    _calls: int = field(default=0, init=False, repr=False)
-    _num_physical: int = field(default=0, init=False, repr=False)
-    _estimate: LoadEstimate = field(init=False, repr=False)
-    _buffer: np.ndarray = field(default_factory=lambda: np.empty((0, 0, 0), dtype=np.float32), init=False,
-                                repr=False)   # the window in float32 (the estimate keeps it until the next call)
-    _floors: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "noise_margin"):
@@ -167,126 +203,65 @@ class RebalanceRule:
             raise InputError("max_bytes", "an integer >= 0 (or none)", self.max_bytes)
         if self.estimate not in ESTIMATES:
             raise InputError("estimate", f"one of {', '.join(ESTIMATES)}", self.estimate)
-        self._age = np.zeros(self.num_layers)
-        self._changed = np.ones(self.num_layers, dtype=bool)
-        self._estimate = LoadEstimate(self.num_layers, self.num_experts, adaptive=self.estimate == "adaptive")
-        self._floors = np.full((self.num_layers, RETENTION_CALLS), np.nan)   # the last floors measured per layer
+
+    @property
+    def load_estimate(self) -> LoadEstimate:
+        return LoadEstimate(self.num_layers, self.num_experts, adaptive=self.estimate == "adaptive")
+
+    def create_state(self) -> RuleState:
+        """The state before the first call: every layer's load new, nothing measured."""
+        layers = self.num_layers
+        return RuleState(0, np.zeros(layers), None, None, None, None, None, (),
+                         np.full((layers, RETENTION_CALLS), np.nan), self.load_estimate.create_state(),
+                         np.empty((0, 0, 0), dtype=np.float32))
 
     # ------------------------------------------------------------------ one engine call
-    def decide(self, window: np.ndarray, current: Placement, interval_steps: int,
-               window_steps: int | None = None) -> Decision | None:
-        """The answer to one engine call: a Decision, or None to keep `current`.
+    def decide(self, state: RuleState, window: np.ndarray, current: Placement, interval_steps: int,
+               window_steps: int | None = None) -> RuleAnswer:
+        """The answer to one engine call, from `state` (the last call's `RuleAnswer.state`, or `create_state()`).
 
         window: the engine's load window, float `[samples, layers, E]` per-step counts (SGLang's
             per-pass counts, vLLM's per-step window) or `[layers, E]` counts summed over
             `window_steps` steps (vLLM 0.33's policy argument).
-        interval_steps: steps until the engine asks again (the least life of a move's saving).
+        current: the map in use. interval_steps: steps until the engine asks again (the least life of a
+            move's saving).
         """
-        started = time.thread_time()
-        loads, total, steps = self._window(window, current, window_steps)
-        self._num_physical = current.num_physical
+        seen, scratch = self._read_window(state, window, current, window_steps)
         if interval_steps < 1:
             raise InputError("interval_steps", "an integer >= 1", interval_steps)
-        self._update_age(total, interval_steps, steps)
-        # layers whose load changed beyond noise start their estimate again from this window
-        lam = self._estimate.update(loads, steps, interval_steps, reset=self._changed, total=total)   # per step
-        calls, self._calls = self._calls, self._calls + 1
+        age, changed, share, total = self._pattern(state, seen, interval_steps)
+        # step 1; layers whose load changed beyond noise start their estimate again from this window
+        lam, estimate, draw = self.load_estimate.update(state.estimate, seen.loads, seen.steps, interval_steps,
+                                                        reset=changed, total=seen.total)   # per step
         gpus = current.num_gpus
         mean = np.maximum(lam.sum(axis=1) / gpus, 1e-12)
         cur_busy = even_split_gpu_loads(current.phy2log, lam, gpus).max(axis=1)
-        self.last_retention = retention = self._retention(lam, mean, gpus)
-        # step 2 for the layers whose map could gain more than `min_gain` (no plan beats the mean);
-        # the others keep their rows, which are then as good as a plan
-        need = np.flatnonzero((cur_busy - mean) / mean > self.min_gain)
-        planned, new_busy = np.array(current.phy2log), cur_busy.copy()
-        if need.size:
-            planned[need] = self._plan(lam[need])
-            new_busy[need] = even_split_gpu_loads(planned[need], lam[need], gpus).max(axis=1)
-        last_planned, self._last_planned = self._last_planned, planned
+        retention, kept = self._retention(state, lam, mean, gpus)
+        planned, new_busy = self._plan_where_it_could_gain(lam, current, cur_busy, mean)   # step 2
         deficit = (cur_busy - new_busy) / mean
-        self._last_rows, self._last_gap = current.phy2log, deficit          # the Placement's own read-only copy
-        floor = np.zeros(self.num_layers)
         open_layers = np.flatnonzero(deficit > self.min_gain)
-        if open_layers.size:
-            # step 3: noise can only explain a gap where the load has not changed beyond noise since the
-            # last call (a changed load is a real gap), and not a gap this large; its floor: the plans of
-            # resampled estimates and of the last call's, judged on this estimate
-            near = open_layers[(deficit[open_layers] < NOISE_CHECK_BELOW) & ~self._changed[open_layers]]
-            if near.size:
-                rng = np.random.default_rng([self.seed, calls])
-                replicas = self._plan(np.concatenate([self._estimate.resample(near, rng)
-                                                      for _ in range(NOISE_REPLICATES)]))
-                plans = np.concatenate([replicas, last_planned[near]])
-                busy = even_split_gpu_loads(plans, np.tile(lam[near], (NOISE_REPLICATES + 1, 1)), gpus).max(axis=1)
-                behind = (busy.reshape(NOISE_REPLICATES + 1, -1) - new_busy[near]) / mean[near]
-                floor[near] = np.maximum(behind.max(axis=0), 0.0)
-        # a floor is one measurement of the noise: the worst of the pattern's last few stands for it
-        self._floors[self._changed] = np.nan
-        measured = np.zeros(self.num_layers, dtype=bool)
-        if open_layers.size:
-            measured[near] = True
-        self._floors[measured] = np.column_stack([self._floors[measured, 1:], floor[measured]])
-        checked = measured & ~np.isnan(self._floors).all(axis=1)   # only where noise could explain the gap
-        floor[checked] = np.maximum(floor[checked], np.nanmax(self._floors[checked], axis=1))
-        kept_for = interval_steps / (1.0 - retention)                               # geometric life of a saving
-        horizon = np.minimum(np.maximum(np.maximum(interval_steps, self._age), kept_for),
-                             MAX_HORIZON_INTERVALS * interval_steps)
-        moves = self.cost.moves
-        cur_s = new_s = np.zeros(self.num_layers)   # priced only where a layer could move: the others are balanced
-        moved, copy_s = np.zeros(self.num_layers, dtype=np.int64), np.zeros(self.num_layers)
-        # the moves noise cannot explain are matched to the map in use and their copies priced (step 4);
-        # the others are held whatever they would copy
+        floor, floors = self._noise_floor(state, changed, open_layers, deficit, draw, lam, new_busy, mean, gpus,
+                                          current.num_physical)   # step 3
+        horizon = self._horizon(age, retention, interval_steps)
         explained = deficit <= self.noise_margin * floor + self.min_gain   # noise explains the gap (step 3)
         priced = open_layers[~explained[open_layers]]
-        fresh = current
-        if priced.size:
-            rows = np.array(current.phy2log)
-            keep_nodes = self.cost.topology.num_servers if self._hierarchical else 1
-            rows[priced] = align_slots(planned[priced], current.phy2log[priced], gpus, keep_nodes)
-            fresh = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers,
-                              allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
-            plan = moves.copy_plan(current, fresh, priced)
-            moved = np.bincount(plan.layer, minlength=self.num_layers)
-            copy_s = moves.copy_times_by_layer(plan, self.num_layers)
-        if open_layers.size:
-            # the busiest GPU's time of every layer on the map in use, and of the open layers on their plan
-            # (GPU loads do not depend on how its GPUs are numbered)
-            new_rows = np.where(np.isin(open_layers, priced)[:, None], fresh.phy2log[open_layers], planned[open_layers])
-            times = self.cost.rows_times_s(np.concatenate([current.phy2log, new_rows]),
-                                           np.concatenate([lam, lam[open_layers]]), gpus)
-            cur_s, new_s = times[:self.num_layers], times[:self.num_layers].copy()
-            new_s[open_layers] = times[self.num_layers:]
-
-        @cache
-        def step() -> tuple[float, float]:
-            """A step's expert and dispatch/combine seconds on the map in use (what asynchronous copies
-            run beside), worked out when the first layer is priced; a stalling engine's charge does
-            not use the link time."""
-            return float(cur_s.sum()), (moves.comm_time_s(current, lam) if moves.model == "async" else 0.0)
-
+        fresh, moved, copy_s = self._match_and_copy(current, planned, priced)   # step 4's copies
+        cur_s, new_s = self._layer_times(current, fresh, planned, lam, open_layers, priced)
+        step = self._step_times(current, lam, cur_s)
         verdicts = [self._judge(layer, int(moved[layer]), float(copy_s[layer]), step, float(deficit[layer]),
                                 float(floor[layer]), bool(explained[layer]), float(cur_s[layer] - new_s[layer]),
                                 float(horizon[layer]))
                     for layer in range(self.num_layers)]
         chosen = self._within_bytes([v for v in verdicts if v.moved], verdicts)
-        self.last_verdicts = tuple(verdicts)
-        self.last_policy_s = time.thread_time() - started
-        if not chosen:
-            return None
-        layers = sorted(v.layer for v in chosen)
-        if layers == priced.tolist():
-            new = fresh                          # every layer that could move does
-        else:
-            rows = np.array(current.phy2log)
-            rows[layers] = fresh.phy2log[layers]
-            new = Placement(rows, current.num_experts, gpus, self.cost.topology.num_servers, allow_colocated=True)
-        return Decision(new, tuple(layers), sum(v.saving_s for v in chosen),
-                        float(min(v.horizon_steps for v in chosen)), sum(v.charge_s for v in chosen))
+        new_state = RuleState(state.calls + 1, age, share, total, planned, current.phy2log, deficit, kept, floors,
+                              estimate, scratch)
+        return RuleAnswer(self._decision(chosen, current, fresh, priced), new_state, tuple(verdicts), retention)
 
     # ------------------------------------------------------------------ the steps
-    def _window(self, window: np.ndarray, current: Placement,
-                window_steps: int | None) -> tuple[np.ndarray, np.ndarray, int]:
-        """(the window as float, its counts summed `[layers, E]` in float64, the steps they cover)."""
+    def _read_window(self, state: RuleState, window: np.ndarray, current: Placement,
+                     window_steps: int | None) -> tuple[_Window, np.ndarray]:
+        """The window checked and converted once (for the checks, the sums and the estimate), and the
+        scratch memory it was copied into."""
         loads = np.asarray(window)
         shape = (current.num_layers, current.num_experts)
         if loads.shape[-2:] != shape or loads.ndim not in (2, 3) or 0 in loads.shape:
@@ -295,18 +270,19 @@ class RebalanceRule:
         if (current.num_layers, current.num_experts) != (self.num_layers, self.num_experts):
             raise InputError("current map", f"{self.num_layers} layers x {self.num_experts} experts",
                              f"{current.num_layers} x {current.num_experts}")
-        # converted once, for the checks, the sums and the estimate: per-step counts to float32 (exact for
-        # counts up to 2**24 a step, half float64's memory on a window of a thousand steps)
+        # per-step counts to float32 (exact for counts up to 2**24 a step, half float64's memory on a window
+        # of a thousand steps)
         counts = loads.dtype.kind in "iub"
         if counts and loads.min() < 0:
             raise InputError("load window", "finite counts >= 0", "a negative count")
+        scratch = state.scratch
         if loads.ndim == 2:
             loads = loads.astype(np.float64, copy=False)
-        elif loads.dtype != np.float32:   # into the last call's buffer: a fresh 4 MB array costs its page faults
-            if self._buffer.shape != loads.shape:
-                self._buffer = np.empty(loads.shape, dtype=np.float32)
-            np.copyto(self._buffer, loads, casting="unsafe")
-            loads = self._buffer
+        elif loads.dtype != np.float32:   # into the scratch memory: a fresh 4 MB array costs its page faults
+            if scratch.shape != loads.shape:
+                scratch = np.empty(loads.shape, dtype=np.float32)
+            np.copyto(scratch, loads, casting="unsafe")
+            loads = scratch
         if not counts and not (loads.min() >= 0 and np.isfinite(loads.max())):   # NaN fails the first, inf the second
             raise InputError("load window", "finite counts >= 0", "NaN, inf or a negative count")
         if loads.ndim == 3:   # per-step counts as the engine hands them
@@ -317,7 +293,23 @@ class RebalanceRule:
             total = loads
         if steps < 1:
             raise InputError("window_steps", "an integer >= 1", window_steps)
-        return loads, total, steps
+        return _Window(loads, total, steps), scratch
+
+    def _pattern(self, state: RuleState, seen: _Window,
+                 interval_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(each layer's pattern age, whether its load changed, the window's shares and counts per layer):
+        the age grows by the interval while two calls' windows agree up to noise (total variation within
+        `SAME_PATTERN_NOISE` widths, or `SAME_PATTERN_FLOOR`), else restarts at the window's length (the new
+        pattern is as old as what shows it)."""
+        sums = np.maximum(seen.total.sum(axis=1, keepdims=True), 1e-12)
+        share = seen.total / sums
+        if state.share is None:
+            same = np.zeros(self.num_layers, dtype=bool)
+        else:
+            tv = 0.5 * np.abs(share - state.share).sum(axis=1)
+            width = 0.5 * np.sqrt(2 / np.pi) * np.sqrt(share * (1 / sums + 1 / state.total)).sum(axis=1)
+            same = tv <= np.maximum(SAME_PATTERN_NOISE * width, SAME_PATTERN_FLOOR)
+        return np.where(same, state.age + interval_steps, float(seen.steps)), ~same, share, sums
 
     @property
     def _hierarchical(self) -> bool:
@@ -325,13 +317,101 @@ class RebalanceRule:
         return bool(self.num_groups and self.num_experts % self.num_groups == 0 and nodes > 1
                     and self.num_groups % nodes == 0)
 
-    def _plan(self, lam: np.ndarray) -> np.ndarray:
+    def _plan(self, lam: np.ndarray, num_physical: int) -> np.ndarray:
         """int64 `[layers, P]`: DeepSeek EPLB's plan of every layer of `lam` (step 2), hierarchical when
         expert groups span nodes."""
         nodes = self.cost.topology.num_servers
         if self._hierarchical:
-            return eplb_rebalance(lam, self._num_physical, self.num_groups, nodes, self.cost.num_gpus)
-        return eplb_rebalance(lam, self._num_physical, 1, 1, self.cost.num_gpus)
+            return eplb_rebalance(lam, num_physical, self.num_groups, nodes, self.cost.num_gpus)
+        return eplb_rebalance(lam, num_physical, 1, 1, self.cost.num_gpus)
+
+    def _plan_where_it_could_gain(self, lam: np.ndarray, current: Placement, cur_busy: np.ndarray,
+                                  mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Step 2 for the layers whose map could gain more than `min_gain` (no plan beats the mean): (the
+        plans `[L, P]`, their busiest GPU's load `[L]`); the other layers keep their rows, as good as a plan."""
+        need = np.flatnonzero((cur_busy - mean) / mean > self.min_gain)
+        planned, new_busy = np.array(current.phy2log), cur_busy.copy()
+        if need.size:
+            planned[need] = self._plan(lam[need], current.num_physical)
+            new_busy[need] = even_split_gpu_loads(planned[need], lam[need], current.num_gpus).max(axis=1)
+        return planned, new_busy
+
+    def _noise_floor(self, state: RuleState, changed: np.ndarray, open_layers: np.ndarray, deficit: np.ndarray,
+                     draw: Draw, lam: np.ndarray, new_busy: np.ndarray, mean: np.ndarray, gpus: int,
+                     num_physical: int) -> tuple[np.ndarray, np.ndarray]:
+        """Step 3: (each layer's noise floor `[L]`, the floors kept for the next calls `[L, RETENTION_CALLS]`).
+
+        Noise can only explain a gap where the load has not changed beyond noise since the last call (a
+        changed load is a real gap), and not a gap this large; its floor: the plans of resampled estimates
+        and of the last call's, judged on this estimate. A floor is one measurement of the noise: the worst
+        of the pattern's last few stands for it."""
+        floor = np.zeros(self.num_layers)
+        near = open_layers[(deficit[open_layers] < NOISE_CHECK_BELOW) & ~changed[open_layers]]
+        if near.size:
+            rng = np.random.default_rng([self.seed, state.calls])
+            replicas = self._plan(np.concatenate([draw.resample(near, rng) for _ in range(NOISE_REPLICATES)]),
+                                  num_physical)
+            plans = np.concatenate([replicas, state.planned[near]])
+            busy = even_split_gpu_loads(plans, np.tile(lam[near], (NOISE_REPLICATES + 1, 1)), gpus).max(axis=1)
+            behind = (busy.reshape(NOISE_REPLICATES + 1, -1) - new_busy[near]) / mean[near]
+            floor[near] = np.maximum(behind.max(axis=0), 0.0)
+        floors = state.floors.copy()
+        floors[changed] = np.nan
+        measured = np.zeros(self.num_layers, dtype=bool)
+        measured[near] = True
+        floors[measured] = np.column_stack([floors[measured, 1:], floor[measured]])
+        checked = measured & ~np.isnan(floors).all(axis=1)   # only where noise could explain the gap
+        floor[checked] = np.maximum(floor[checked], np.nanmax(floors[checked], axis=1))
+        return floor, floors
+
+    def _horizon(self, age: np.ndarray, retention: float, interval_steps: int) -> np.ndarray:
+        """Step 4: the steps each layer's saving is believed to last `[L]`."""
+        kept_for = interval_steps / (1.0 - retention)                               # geometric life of a saving
+        return np.minimum(np.maximum(np.maximum(interval_steps, age), kept_for), MAX_HORIZON_INTERVALS * interval_steps)
+
+    def _match_and_copy(self, current: Placement, planned: np.ndarray,
+                        priced: np.ndarray) -> tuple[Placement, np.ndarray, np.ndarray]:
+        """Step 4's copies: the layers noise cannot explain (`priced`) take their plan matched to the map in
+        use (`align_slots`); (that map, slots each layer changes `[L]`, their copy seconds `[L]`). The other
+        layers are held whatever they would copy."""
+        moved, copy_s = np.zeros(self.num_layers, dtype=np.int64), np.zeros(self.num_layers)
+        if not priced.size:
+            return current, moved, copy_s
+        gpus, servers = current.num_gpus, self.cost.topology.num_servers
+        rows = np.array(current.phy2log)
+        rows[priced] = align_slots(planned[priced], current.phy2log[priced], gpus, servers if self._hierarchical else 1)
+        fresh = Placement(rows, current.num_experts, gpus, servers,
+                          allow_colocated=True)   # EPLB's plans may co-locate replicas, as the engines' own do
+        plan = self.cost.moves.copy_plan(current, fresh, priced)
+        return fresh, np.bincount(plan.layer, minlength=self.num_layers), \
+            self.cost.moves.copy_times_by_layer(plan, self.num_layers)
+
+    def _layer_times(self, current: Placement, fresh: Placement, planned: np.ndarray, lam: np.ndarray,
+                     open_layers: np.ndarray, priced: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The busiest GPU's seconds `[L]` of every layer on the map in use and on its plan, priced only where
+        a layer could move (the others are balanced: 0 both); GPU loads do not depend on how its GPUs are
+        numbered, so a plan not matched to the map is priced as planned."""
+        if not open_layers.size:
+            zeros = np.zeros(self.num_layers)
+            return zeros, zeros
+        new_rows = np.where(np.isin(open_layers, priced)[:, None], fresh.phy2log[open_layers], planned[open_layers])
+        times = self.cost.rows_times_s(np.concatenate([current.phy2log, new_rows]),
+                                       np.concatenate([lam, lam[open_layers]]), current.num_gpus)
+        cur_s, new_s = times[:self.num_layers], times[:self.num_layers].copy()
+        new_s[open_layers] = times[self.num_layers:]
+        return cur_s, new_s
+
+    def _step_times(self, current: Placement, lam: np.ndarray, cur_s: np.ndarray) -> Callable[[], tuple[float, float]]:
+        """`step()`: a step's expert and dispatch/combine seconds on the map in use (what asynchronous copies run
+        beside), worked out when the first layer is priced; a stalling engine's charge does not use the link
+        time."""
+        moves = self.cost.moves
+
+        @cache
+        def step() -> tuple[float, float]:
+            return float(cur_s.sum()), (moves.comm_time_s(current, lam) if moves.model == "async" else 0.0)
+
+        return step
 
     def _judge(self, layer: int, moved: int, copy_s: float, step: Callable[[], tuple[float, float]], deficit: float,
                floor: float, noise: bool, saving_s: float, horizon: float) -> LayerVerdict:
@@ -359,7 +439,7 @@ class RebalanceRule:
         return verdict(True, "moves", charge.charged_s)
 
     def _within_bytes(self, chosen: list[LayerVerdict], verdicts: list[LayerVerdict]) -> list[LayerVerdict]:
-        """`chosen` within `max_bytes`, best net gain first; layers left out are marked "cap"."""
+        """`chosen` within `max_bytes`, best net gain first; layers left out are marked "cap" (in `verdicts`)."""
         if self.max_bytes is None:
             return chosen
         kept, spent = [], 0
@@ -372,39 +452,41 @@ class RebalanceRule:
                 verdicts[v.layer] = LayerVerdict(**{**v.__dict__, "moved": False, "reason": "cap"})
         return kept
 
-    def _retention(self, lam: np.ndarray, mean: np.ndarray, gpus: int) -> float:
-        """Step 4's retention: of the gap the last call's plan showed over the map then in use (on
-        its own window, layers with a gap over `min_gain`), the share it still shows on this
+    def _decision(self, chosen: list[LayerVerdict], current: Placement, fresh: Placement,
+                  priced: np.ndarray) -> Decision | None:
+        """The chosen layers' rows of `fresh` in the map in use (None: nothing moves)."""
+        if not chosen:
+            return None
+        layers = sorted(v.layer for v in chosen)
+        if layers == priced.tolist():
+            new = fresh                          # every layer that could move does
+        else:
+            rows = np.array(current.phy2log)
+            rows[layers] = fresh.phy2log[layers]
+            new = Placement(rows, current.num_experts, current.num_gpus, self.cost.topology.num_servers,
+                            allow_colocated=True)
+        return Decision(new, tuple(layers), sum(v.saving_s for v in chosen),
+                        float(min(v.horizon_steps for v in chosen)), sum(v.charge_s for v in chosen))
+
+    def _retention(self, state: RuleState, lam: np.ndarray, mean: np.ndarray,
+                   gpus: int) -> tuple[float, tuple[tuple[float, float], ...]]:
+        """Step 4's retention, and the calls it pools: of the gap the last call's plan showed over the map
+        then in use (on its own window, layers with a gap over `min_gain`), the share it still shows on this
         window; pooled over the layers and the last `RETENTION_CALLS` calls, clipped to
         [0, 1 - 1/MAX_HORIZON_INTERVALS]; 0 until a call has had a gap."""
-        if self._last_rows is not None:   # set with `_last_planned` and `_last_gap` by every call
-            had = np.flatnonzero(self._last_gap > self.min_gain)
+        kept = state.kept
+        if state.rows is not None:   # set with `planned` and `gap` by every call
+            had = np.flatnonzero(state.gap > self.min_gain)
             if had.size:
-                busy = even_split_gpu_loads(np.concatenate([self._last_rows[had], self._last_planned[had]]),
+                busy = even_split_gpu_loads(np.concatenate([state.rows[had], state.planned[had]]),
                                             np.tile(lam[had], (2, 1)), gpus).max(axis=1)
                 then, plan = busy[:had.size], busy[had.size:]
-                self._kept = (self._kept + [(float(((then - plan) / mean[had]).sum()),
-                                             float(self._last_gap[had].sum()))])[-RETENTION_CALLS:]
-        shown = sum(s for _, s in self._kept)
+                kept = (kept + ((float(((then - plan) / mean[had]).sum()), float(state.gap[had].sum())),))[
+                    -RETENTION_CALLS:]
+        shown = sum(s for _, s in kept)
         if shown <= 0:
-            return 0.0
-        return float(np.clip(sum(r for r, _ in self._kept) / shown, 0.0, 1.0 - 1.0 / MAX_HORIZON_INTERVALS))
-
-    def _update_age(self, total: np.ndarray, interval_steps: int, window_steps: int) -> None:
-        """Each layer's pattern age: grows by the interval while two calls' windows agree up to
-        noise (total variation within `SAME_PATTERN_NOISE` widths, or `SAME_PATTERN_FLOOR`),
-        else restarts at the window's length (the new pattern is as old as what shows it)."""
-        sums = np.maximum(total.sum(axis=1, keepdims=True), 1e-12)
-        share = total / sums
-        if self._previous is None:
-            same = np.zeros(self.num_layers, dtype=bool)
-        else:
-            tv = 0.5 * np.abs(share - self._previous).sum(axis=1)
-            width = 0.5 * np.sqrt(2 / np.pi) * np.sqrt(share * (1 / sums + 1 / self._previous_total)).sum(axis=1)
-            same = tv <= np.maximum(SAME_PATTERN_NOISE * width, SAME_PATTERN_FLOOR)
-        self._age = np.where(same, self._age + interval_steps, float(window_steps))
-        self._changed = ~same
-        self._previous, self._previous_total = share, sums
+            return 0.0, kept
+        return float(np.clip(sum(r for r, _ in kept) / shown, 0.0, 1.0 - 1.0 / MAX_HORIZON_INTERVALS)), kept
 
 
 def warm_up() -> None:
@@ -413,10 +495,11 @@ def warm_up() -> None:
     is paid when an engine installs the policy, not in its first rebalance, which the engine
     times as serving. The engines' own policies pay theirs at import."""
     rule = RebalanceRule(cluster_cost(2, 1, "H100", "Qwen3-30B-A3B", migration="async"), 2, 8)
+    state = rule.create_state()
     rng = np.random.default_rng(0)
     current = Placement(np.tile(np.arange(10) % 8, (2, 1)), 8, 2)   # the engines' start map, slot p -> p % E
     for _ in range(3):   # a first call, then calls with a "same" load: every step of the rule runs
         window = rng.multinomial(4096, np.linspace(1.0, 3.0, 8) / 16.0, size=(16, 2)).astype(np.float64)
-        decision = rule.decide(window, current, interval_steps=100)
-        current = current if decision is None else decision.placement
-
+        answer = rule.decide(state, window, current, interval_steps=100)
+        state = answer.state
+        current = current if answer.decision is None else answer.decision.placement

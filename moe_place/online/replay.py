@@ -31,13 +31,13 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from moe_place.eplb import plan_placement
+from moe_place.cost.cluster import ReplayCost
 from moe_place.errors import InputError, check_keys
 from moe_place.online.controller import Controller, StaticController
-from moe_place.online.costing import ReplayCost
 from moe_place.online.switch import MapSwitch
 from moe_place.placement import Placement, balancedness
 from moe_place.solvers.deepseek import eplb_rebalance
+from moe_place.solvers.engine_call import plan_placement
 from moe_place.traces.load import load_trace
 from moe_place.traces.synthetic import DEEPSEEK_R1, domain_mixture_counts
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.online.costing import ReplayCost
+from moe_place.cost.cluster import ReplayCost
 from moe_place.placement import Placement
 
 SPLIT_SAMPLES = 4       # batches priced per call (its CPU time is the policy call's)

@@ -10,9 +10,9 @@ sides per batch and layer):
   every set and whether the step plans or judges (seeded by `seed`, the step and the scenario);
 - prefill: the step's whole recorded batch, or `prefill_tokens` drawn as decode.
 Sets: the plan (`moe_place.solvers.offload.plan_held_out` on the planning steps' batches),
-sglang-kt's four rules (`moe_place.engines.sglang_kt`; `frequency` reads the planning steps'
+sglang-kt's four rules (`moe_place.solvers.offload_rules`; `frequency` reads the planning steps'
 counts, as a stats file recorded on them would give it), llama.cpp's `--n-cpu-moe N` and whole
-layers chosen from the trace (`-ot`, `moe_place.engines.llama_cpp`), and a plan made on the judged
+layers chosen from the trace (`-ot`, `moe_place.solvers.offload_rules`), and a plan made on the judged
 step's own batches (`plan_offload`: a reference no deployment has, it knows the future).
 """
 
@@ -24,12 +24,12 @@ import numpy as np
 
 from moe_place.cost.models import ExpertShape
 from moe_place.cost.offload import OffloadRates
-from moe_place.engines import llama_cpp, sglang_kt
 from moe_place.errors import InputError
 from moe_place.plotting import new_figure, png_bytes
 from moe_place.progress import ProgressBar
 from moe_place.solvers.offload import (HeldOutCurves, OffloadPlan, OffloadProblem, count_order, cpu_time_order,
                                        held_out_curves, plan_held_out, plan_offload, whole_layer_plan)
+from moe_place.solvers.offload_rules import STRATEGIES, n_cpu_moe_for, n_cpu_moe_mask, strategy_mask
 from moe_place.traces.model import Trace
 from moe_place.traces.synthetic import inclusion_probabilities, sample_token_ids
 
@@ -171,7 +171,7 @@ class PlanningData:
 
     def rule_sets(self, capacity: int) -> dict[str, np.ndarray]:
         """sglang-kt's rules at `capacity` experts on these counts."""
-        return {f"sglang-kt {s}": sglang_kt.strategy_mask(s, self.counts, capacity) for s in sglang_kt.STRATEGIES}
+        return {f"sglang-kt {s}": strategy_mask(s, self.counts, capacity) for s in STRATEGIES}
 
     def plan(self, capacity: int) -> OffloadPlan:
         """The planner's set (`plan_held_out`) under `capacity` experts, the rules its candidates."""
@@ -186,7 +186,7 @@ def candidate_sets(data: PlanningData, capacity: int, layer_ids: tuple[int, ...]
     rules = data.rule_sets(k)
     sets = {PLAN: data.plan(capacity).resident, **rules}
     gpu_layers = k // experts
-    sets[N_CPU_MOE] = llama_cpp.n_cpu_moe_mask(layer_ids, experts, llama_cpp.n_cpu_moe_for(layer_ids, gpu_layers))
+    sets[N_CPU_MOE] = n_cpu_moe_mask(layer_ids, experts, n_cpu_moe_for(layer_ids, gpu_layers))
     sets[LAYERS_FROM_TRACE] = whole_layer_plan(data.parts, gpu_layers)
     return sets
 

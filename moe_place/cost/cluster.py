@@ -33,7 +33,7 @@ DEFAULT_ALPHA_S = 5e-6
 DEFAULT_BLOCK_M = 64
 DEFAULT_BLOCK_N = 128
 
-__all__ = ["COPY_SCHEDULES", "MIGRATION_MODELS", "Copy", "ReplayCost", "cluster_cost"]
+__all__ = ["COPY_SCHEDULES", "MIGRATION_MODELS", "Copy", "ReplayCost", "cluster_cost", "cluster_topology"]
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,18 @@ class ReplayCost:
                             moves.comm_time_s(placement, expert_load))
 
 
+def cluster_topology(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H100",
+                     nic_gbit_per_s: float = 400.0) -> Topology:
+    """`num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware` (a catalog name, or a `GpuSpec` such as
+    `moe_place.cost.hardware.gpu_from_record`'s; NVLink and PCIe: the part's), joined by one NIC of
+    `nic_gbit_per_s` per GPU: the cluster every command assumes unless told otherwise."""
+    if num_nodes < 1 or num_gpus % num_nodes:
+        raise InputError("--nodes", f"a divisor of --gpus {num_gpus}", num_nodes)
+    gpu = hardware if isinstance(hardware, GpuSpec) else builtin_catalog().gpu(hardware)
+    return build_cluster(gpu, num_nodes, num_gpus // num_nodes,
+                         nic_bytes_per_s=gbit_per_s(nic_gbit_per_s) if num_nodes > 1 else 0.0)
+
+
 def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H100",
                  model: str | ExpertShape = "Qwen3-30B-A3B",
                  nic_gbit_per_s: float = 400.0, copy_schedule: str = "serial", alpha_s: float = DEFAULT_ALPHA_S,
@@ -175,11 +187,7 @@ def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H
                  split_solve_s: float = DEFAULT_SOLVE_S, split_allreduce_s: float | None = None) -> ReplayCost:
     """A `ReplayCost` for `num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware` (a catalog
     name, or a `GpuSpec` such as `moe_place.cost.hardware.gpu_from_record`'s)."""
-    if num_nodes < 1 or num_gpus % num_nodes:
-        raise InputError("--nodes", f"a divisor of --gpus {num_gpus}", num_nodes)
-    gpu = hardware if isinstance(hardware, GpuSpec) else builtin_catalog().gpu(hardware)
-    topology = build_cluster(gpu, num_nodes, num_gpus // num_nodes,
-                             nic_bytes_per_s=gbit_per_s(nic_gbit_per_s) if num_nodes > 1 else 0.0)
+    topology = cluster_topology(num_gpus, num_nodes, hardware, nic_gbit_per_s)
     shape = get_model(model) if isinstance(model, str) else model
     return ReplayCost(shape, topology, block_m=block_m, alpha_s=alpha_s, copy_schedule=copy_schedule,
                       migration=migration, replica_choice=replica_choice, split_solve_s=split_solve_s,

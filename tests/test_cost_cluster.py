@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.gemm import expert_time_s
 from moe_place.cost.migration import Copy, copy_time_s
-from moe_place.online.costing import cluster_cost
 from moe_place.placement import Placement
 
 

@@ -1,0 +1,54 @@
+"""The lines that run moe-place's rule in an engine at a given cadence, as `moe-place cadence` prints them.
+
+vLLM takes its cadence in `--eplb-config` (`step_interval`, `window_size`) and loads the policy through
+its plugin (`MOE_PLACE_VLLM_POLICY=default`, `moe_place.engines.vllm.register_plugin`); SGLang takes
+`--eplb-rebalance-num-iterations` and the recorder's buffer, and loads the hook with `MOE_PLACE_SGLANG=1`
+(`moe_place.engines.sglang_startup`). The rule's settings travel as the variables the adapters read
+(`moe_place.engines.config.ENV_VARIABLES`), only where they differ from the rule's defaults.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import fields
+
+from moe_place.engines import sglang_startup
+from moe_place.engines.config import ENV_VARIABLES
+from moe_place.engines.vllm import PLUGIN_ENV
+from moe_place.errors import InputError
+from moe_place.online.policy import RebalanceRule
+
+RULE_KEYS = ("min_gain", "noise_margin", "estimate", "max_moved_slots")   # the adapters' keys named as the rule's
+
+
+def rule_env(rule: dict) -> list[str]:
+    """The adapters' variables (`moe_place.engines.config`, the names it reads) for the rule settings `rule`
+    (keyword arguments of `RebalanceRule`) that differ from its defaults; `max_bytes` as `max_mib`,
+    `num_groups` left out (the engine passes its own)."""
+    defaults = {f.name: f.default for f in fields(RebalanceRule)}
+    env = [f"{ENV_VARIABLES[key]}={rule[key]}" for key in RULE_KEYS if rule.get(key, defaults[key]) != defaults[key]]
+    if rule.get("max_bytes") is not None:
+        env.append(f"{ENV_VARIABLES['max_mib']}={rule['max_bytes'] / 2**20:g}")
+    return env
+
+
+def engine_settings(engine: str, step_interval: int, window: int, redundant: int, use_async: bool = True,
+                    model: str | None = None, rule: dict | None = None) -> list[str]:
+    """The lines that give a cadence in the engine, with moe-place's rule running it (shell-quoted), its
+    settings `rule` (keyword arguments of `RebalanceRule`) as the adapters read them (`rule_env`)."""
+    env = [f"{ENV_VARIABLES['step_interval']}={step_interval}", f"{ENV_VARIABLES['window_steps']}={window}"]
+    if model:
+        env.append(f"{ENV_VARIABLES['model']}={shlex.quote(model)}")
+    env += rule_env(rule or {})
+    migration = ENV_VARIABLES["migration"]
+    if engine == "vllm":
+        config = (f'{{"step_interval": {step_interval}, "window_size": {window}, '
+                  f'"num_redundant_experts": {redundant}, "use_async": {"true" if use_async else "false"}}}')
+        return [f"{PLUGIN_ENV}=default {' '.join(env)} {migration}={'async' if use_async else 'stall'} \\",
+                f"  vllm serve MODEL --enable-expert-parallel --enable-eplb --eplb-config {shlex.quote(config)}"]
+    if engine == "sglang":
+        return [f"{sglang_startup.ENV}=1 {' '.join(env)} {migration}=stall \\",
+                f"  python -m sglang.launch_server --model-path MODEL --enable-eplb --ep-num-redundant-experts "
+                f"{redundant} --eplb-rebalance-num-iterations {step_interval} "
+                f"--expert-distribution-recorder-buffer-size {window}"]
+    raise InputError("--engine", "vllm or sglang", engine)

@@ -1,0 +1,55 @@
+"""One model's rebalance rule inside an engine: the rule, its state between the engine's calls, the cadence.
+
+Both adapters hold one `RuleSession` per model (vLLM's policy: in the policy state vLLM keeps, or with the
+policy class for vLLM 0.33's classmethod interface; SGLang's hook: on the hook) and answer each engine call
+with `RuleSession.decide`, which returns the map to run and the session the next call starts from. The
+session it read is left as it was, so an engine may plan twice from one session (vLLM's context interface
+plans from a state that changes only when a plan is committed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from moe_place.engines.config import EngineConfig, EngineModel, first_call_line, log_first_call
+from moe_place.online.policy import RebalanceRule, RuleState
+from moe_place.placement import Placement
+
+
+@dataclass(frozen=True)
+class RuleSession:
+    """The rule of one model, its state, and the cadence it runs at.
+
+    interval: steps (vLLM) or passes (SGLang) between the engine's calls. window_steps: steps in the
+    engine's load window. engine: what the engine said about the model (None: it did not say).
+    calls: calls answered.
+    """
+
+    rule: RebalanceRule
+    state: RuleState
+    interval: int
+    window_steps: int
+    engine: EngineModel | None = None
+    calls: int = 0
+
+    @classmethod
+    def start(cls, config: EngineConfig, engine_name: str, engine: EngineModel | None, interval: int, window: int,
+              cadence: str, num_gpus: int, num_nodes: int, num_layers: int, num_experts: int,
+              num_groups: int | None, migration: str | None) -> "RuleSession":
+        """A fresh session for one model (`EngineConfig.rule`), logging the line that says what the rule
+        understood of the engine's setting (`cadence`: how the engine calls it, in words)."""
+        rule = config.rule(num_gpus, num_nodes, num_layers, num_experts, num_groups, engine=engine,
+                           migration=migration)
+        log_first_call(first_call_line(engine_name, rule, engine, config, cadence))
+        return cls(rule, rule.create_state(), interval, window, engine)
+
+    def decide(self, window: np.ndarray, current: Placement,
+               window_steps: int | None = None) -> tuple[Placement, "RuleSession"]:
+        """(the map to run next: the rule's new map or `current`, the session after this call).
+
+        window: the engine's window (`RebalanceRule.decide`); window_steps: the steps a summed window covers."""
+        answer = self.rule.decide(self.state, window, current, self.interval, window_steps)
+        placement = current if answer.decision is None else answer.decision.placement
+        return placement, replace(self, state=answer.state, calls=self.calls + 1)
