@@ -14,12 +14,17 @@ start map at its own cadence, with its default policy and with moe-place's (`ins
 2. the replay's drifting traces (`--drift`, bench_replay.py SCENARIOS, `--steps` long, `--seed`), priced on
    the cost model (expert-layer time + what serving pays for migration under the engine's model, a layer's
    copies batched + the policy's CPU time where the engine waits for it: not in vLLM's async worker), both
-   policies at the engine's default cadence and at the best cadences the replay found for each of them on
-   that trace (`--replay-record`, bench/results/replay_{vllm,sglang}.json, written by bench_replay.py
-   with the engine's own default policy; window = interval). Targets: at the engine's default cadence
-   moe-place at most the default's total time with fewer bytes; at every cadence run, moe-place at most
+   policies at every cadence `moe-place cadence` tries (10 to 1000 steps, window = interval) and the engine's
+   default. Beside every engine run, the replay's prediction of it (`replay_total_s`, with expert, migration,
+   policy time and bytes: the same trace, cluster, policy, protocol and cadence through
+   `moe_place.online.cadence.sweep`, the default by the engine's own code), and per scenario what `moe-place
+   cadence` advises (`advised`: each policy's best cadence in that replay). Targets: at the engine's default
+   cadence moe-place at most the default's total time with fewer bytes; at every cadence run, moe-place at most
    `SAME_CADENCE` x the default; best against best (each policy's best of the cadences run) at most
-   `BEST_AGAINST_BEST` x the default's, on every trace.
+   `BEST_AGAINST_BEST` x the default's, on every trace; every prediction within `PREDICTION_TOLERANCE` of the
+   engine's total; the advised cadence within `ADVICE_TOLERANCE` of the best of the engine's sweep, each policy.
+   The policy's CPU time is measured in each run apart (the replay's and the engine's), so two runs differ by
+   that noise; `replay_model_error` gives the error without it.
 Each target is printed PASS/FAIL with its numbers; exit status 1 if any fails. `--out` writes the record
 (JSON, with the engine, torch and numpy versions, the commit it ran, whether the rule's files were as
 committed, and a digest of each of them, `engine_harness.RULE_FILES`: tests/test_engines_records.py fails
@@ -41,16 +46,22 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cli.output import interrupted, missed_targets
+from moe_place.engines.config import EngineConfig
 from moe_place.io import write_json_atomic
+from moe_place.online.cadence import DEFAULT_INTERVALS, CadenceSweep, sweep
+from moe_place.online.controller import initial_map
+from moe_place.online.policy import RebalanceRule
 from moe_place.progress import ProgressBar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_harness as harness  # noqa: E402  (bench/ is not a package)
+import engine_policies  # noqa: E402
 from engine_policies import machine  # noqa: E402
 
-REPLAY_RECORDS = {"vllm": "bench/results/replay_vllm.json", "sglang": "bench/results/replay_sglang.json"}
 VLLM_MODES = ("async", "sync")
 
 
@@ -129,50 +140,72 @@ def workload_table(label: str, size, workload, cadence: dict, rows: dict) -> str
     return "\n".join(lines)
 
 
-def protocol_of(engine: str, use_async: bool) -> str:
-    """bench_replay.py's protocol name for an engine run."""
-    return "sglang" if "sglang" in engine else ("vllm" if use_async else "vllm-sync")
-
-
-def replay_record(args, engine: str) -> Path:
-    """The replay record whose best cadences an engine's drift runs use (`--replay-record` or the committed one)."""
-    return args.replay_record or harness.ROOT / REPLAY_RECORDS["sglang" if "sglang" in engine else "vllm"]
+def replay_sweep(engine: str, use_async: bool, size, counts: np.ndarray, steps: int) -> CadenceSweep:
+    """What `moe-place cadence` runs for this trace, cluster and protocol (`moe_place.online.cadence.sweep` at its
+    intervals and the engine's default): both policies, the default by the engine's own code where the engine
+    is importable (the stand-ins: moe-place's numpy port), the rule as the adapters build it (EngineConfig's
+    defaults, the engine's groups). Its runs are the replay's predictions of the engine runs; its bests are the
+    advice."""
+    name = "sglang" if "sglang" in engine else "vllm"
+    groups = size.groups if name == "sglang" else size.vllm_groups
+    default_plan = engine_policies.default_plan(name, groups) if engine in engine_policies.ENGINES else None
+    config = EngineConfig()
+    start = initial_map(size.layers, size.experts, size.physical, size.gpus, size.nodes)
+    return sweep(counts, lambda cadence: size.cost(cadence.migration), start, name, DEFAULT_INTERVALS, use_async,
+                 groups, rule_of=lambda cost: RebalanceRule(cost, size.layers, size.experts, num_groups=groups,
+                                                            min_gain=config.min_gain, noise_margin=config.noise_margin,
+                                                            estimate=config.estimate),
+                 hindsight=False, default_plan=default_plan)
 
 
 def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[list, list]:
-    default_cadence = harness.default_cadence(engine)
     label = _label(engine, use_async)
-    protocol = protocol_of(engine, use_async)
-    record = replay_record(args, engine)
-    records, at_default, rows = [], [], []
+    records, at_default, rows, predictions, advice = [], [], [], [], []
     print(f"{label}: drifting traces, {args.steps} steps, seed {args.seed}; total = expert-layer time + migration "
           f"({'async' if use_async else 'stall'}) + the policy's CPU time"
-          f"{' (not paid: the async worker)' if use_async else ''}; best cadences from {record}")
-    print(f"{'scenario':<22} {'policy':<10} {'cadence':<20} {'expert s':>9} {'migr. s':>8} {'policy s':>9} "
-          f"{'total s':>9} {'GiB':>7} {'calls':>6} {'vs default':>10}")
+          f"{' (not paid: the async worker)' if use_async else ''}; every cadence of `moe-place cadence`, the replay's "
+          f"prediction beside each run (error: on the total; model: on expert + migration time, without the "
+          f"policy's CPU time, which two runs measure apart)")
+    print(f"{'scenario':<22} {'policy':<10} {'every':>6} {'expert s':>9} {'migr. s':>8} {'policy s':>9} "
+          f"{'total s':>9} {'GiB':>7} {'calls':>6} {'vs default':>10} {'replay s':>9} {'error':>7} {'model':>7}")
     for scenario in args.drift:
         size = harness.drift_size(scenario, scenarios)
         workload = harness.drift_workload(scenario, scenarios, args.steps, args.seed)
-        best = harness.replay_best_cadences(record, f"{scenario} seed {args.seed}", protocol)
-        cadences = {"default": default_cadence}
-        for policy, interval in best.items():
-            cadences.setdefault(f"{policy}'s best", dict(step_interval=interval, window=interval))
+        replay = replay_sweep(engine, use_async, size, workload.counts, args.steps)
+        advised = {policy: replay.best(policy).step_interval for policy in harness.POLICIES}
         priced = {}
-        for name, cadence in cadences.items():
+        for interval in replay.intervals():
+            predicted = {run.policy: run for run in replay.runs if run.step_interval == interval}
             for policy in harness.POLICIES:
+                cadence = dict(step_interval=interval, window=predicted[policy].window)
                 run = _run(engine, policy, size, workload.counts, cadence, use_async, args.quiet)
-                priced[(name, policy)] = {"scenario": scenario, "policy": policy, "cadence": run.cadence, "at": name,
-                                          **harness.price_run(run, workload.counts, size)}
-        for (name, _), p in priced.items():
-            base = priced[(name, "default")]["total_s"]
-            print(f"{scenario:<22} {p['policy']:<10} {name + ' ' + str(p['cadence']['step_interval']):<20} "
-                  f"{p['expert_s']:>9.3f} {p['migration_s']:>8.3f} {p['policy_s']:>9.3f} {p['total_s']:>9.3f} "
-                  f"{p['bytes_moved'] / 2**30:>7.2f} {p['calls']:>6} {p['total_s'] / base:>10.3f}")
-        at_default.append((priced[("default", "default")], priced[("default", "moe-place")]))
+                p = {"scenario": scenario, "policy": policy, "cadence": run.cadence,
+                     "at": "default" if interval == replay.default_interval else f"every {interval}",
+                     **harness.price_run(run, workload.counts, size)}
+                guess = predicted[policy]
+                p.update(replay_total_s=guess.total_s, replay_expert_s=guess.expert_s,
+                         replay_migration_s=guess.migration_s, replay_policy_s=guess.policy_s,
+                         replay_bytes_moved=guess.bytes_moved, replay_error=guess.total_s / p["total_s"] - 1.0,
+                         replay_model_error=(guess.expert_s + guess.migration_s) / p["model_s"] - 1.0)
+                priced[(interval, policy)] = p
+        for (interval, policy), p in priced.items():
+            base = priced[(interval, "default")]["total_s"]
+            print(f"{scenario:<22} {policy:<10} {interval:>6} {p['expert_s']:>9.3f} {p['migration_s']:>8.3f} "
+                  f"{p['policy_s']:>9.3f} {p['total_s']:>9.3f} {p['bytes_moved'] / 2**30:>7.2f} {p['calls']:>6} "
+                  f"{p['total_s'] / base:>10.3f} {p['replay_total_s']:>9.3f} {p['replay_error']:>+7.2%} "
+                  f"{p['replay_model_error']:>+7.2%}")
+        if replay.default_interval:
+            at_default.append((priced[(replay.default_interval, "default")],
+                               priced[(replay.default_interval, "moe-place")]))
         rows.append({"scenario": scenario, "runs": list(priced.values())})
+        predictions += [(scenario, interval, policy, p["replay_error"]) for (interval, policy), p in priced.items()]
+        for policy in harness.POLICIES:
+            best = min(p["total_s"] for (_, who), p in priced.items() if who == policy)
+            advice.append((scenario, policy, advised[policy], priced[(advised[policy], policy)]["total_s"] / best))
         records.append({"engine": engine, "async": use_async, "scenario": scenario, "workload": workload.description,
-                        "replay_best": best, "runs": list(priced.values())})
-    targets = harness.judge_drift(label, at_default) + harness.judge_cadences(label, rows)
+                        "advised": advised, "replay_intervals": replay.intervals(), "runs": list(priced.values())})
+    targets = (harness.judge_drift(label, at_default) + harness.judge_cadences(label, rows)
+               + harness.judge_predictions(label, predictions) + harness.judge_advice(label, advice))
     for target in targets:
         print("  " + target.line())
     print(flush=True)
@@ -211,9 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changed-calls", type=int, default=4, help="policy calls after the change")
     parser.add_argument("--drift", default="all", help="bench_replay scenarios (comma list), all or none")
     parser.add_argument("--steps", type=int, default=6000, help="steps of each drifting trace (default 6000)")
-    parser.add_argument("--replay-record", type=Path, default=None,
-                        help="the replay record whose best cadences the drift runs use (default: "
-                             f"{REPLAY_RECORDS['vllm']} or {REPLAY_RECORDS['sglang']})")
     parser.add_argument("--seed", type=int, default=0)
     add_record_options(parser, committed=("bench/results/engines_vllm.json", "bench/results/engines_sglang.json"))
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -227,11 +257,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("stationary_calls", "changed_calls", "steps"):
         if getattr(args, name) < (2 if name == "stationary_calls" else 1):
             parser.error(f"--{name.replace('_', '-')}: expected an integer >= {2 if name == 'stationary_calls' else 1}")
-    if args.drift:
-        for path in {replay_record(args, engine) for engine in args.engine}:
-            if not Path(path).is_file():
-                parser.error(f"--replay-record: expected the replay record of the best cadences ({path}: no such "
-                             "file; bench_replay.py writes it), or --drift none")
     missing = [e for e in args.engine if not harness.importable(e)]
     if missing:
         print(f"bench_engines: --engine {missing[0]}: not importable in this Python ({sys.executable})",

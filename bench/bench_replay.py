@@ -181,7 +181,7 @@ def run_trace(trace: dict, steps: int, protocols: tuple[str, ...], default_polic
         engine, use_async = PROTOCOLS[protocol]
         cost_of = lambda cadence: cluster_cost(gpus, nodes, "H100", cfg["model"], migration=cadence.migration,  # noqa: E731
                                                copy_schedule=cadence.copy_schedule)
-        plan = engine_policies.default_plan(engine) if default_policy == "engine" else None
+        plan = engine_policies.default_plan(engine, cfg.get("groups")) if default_policy == "engine" else None
         out["protocols"][protocol] = {**sweep(counts, cost_of, start, engine, use_async=use_async,
                                               num_groups=cfg.get("groups"), default_plan=plan).to_json(),
                                       "default_policy": (f"{engine} {engine_policies.version(engine)}'s own"

@@ -831,18 +831,6 @@ def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
             "calls": len(run.calls), "map_changes": int(np.count_nonzero(np.diff(run.map_of_step)))}
 
 
-def replay_best_cadences(record: Path | str, trace: str, protocol: str) -> dict[str, int]:
-    """`{"default": interval, "moe-place": interval}`: each policy's best interval on `trace` under `protocol`
-    in a bench_replay.py record."""
-    doc = json.loads(Path(record).read_text())
-    for t in doc["traces"]:
-        if t["name"] == trace and protocol in t["protocols"]:
-            best = t["protocols"][protocol]["best"]
-            return {policy: int(best[policy]["step_interval"]) for policy in ("default", "moe-place")}
-    raise ValueError(f"{record}: expected the trace {trace!r} under {protocol}, got "
-                     f"{[t['name'] for t in doc['traces']]}")
-
-
 # ---------------------------------------------------------------------- the targets of issue 21
 BALANCE_TOLERANCE = 1.01  # busiest/mean at most 1% above the default's, after every rebalance
 
@@ -925,3 +913,26 @@ def judge_cadences(label: str, rows: list[dict], time_key: str = "total_s") -> l
                    bool(best) and max(r for _, r in best) <= BEST_AGAINST_BEST,
                    ", ".join(f"{s} {r:.4f}" for s, r in best))]
 
+
+PREDICTION_TOLERANCE = 0.01   # the replay's total within 1% of the engine's own code's, every run (issue 46)
+ADVICE_TOLERANCE = 1.005      # in the engine's code, the advised cadence within 0.5% of the best of the sweep
+
+
+def judge_predictions(label: str, predictions: list[tuple[str, int, str, float]]) -> list[Target]:
+    """The replay's prediction of every engine run (`predictions`: scenario, interval, policy, relative error of
+    its total): within `PREDICTION_TOLERANCE`."""
+    worst = max(predictions, key=lambda p: abs(p[3])) if predictions else ("", 0, "", 0.0)
+    return [Target(f"{label}: drift, the replay's total within {PREDICTION_TOLERANCE:.0%} of the engine's code, every "
+                   "run", bool(predictions) and abs(worst[3]) <= PREDICTION_TOLERANCE,
+                   f"worst {worst[3]:+.2%} ({worst[0]}, {worst[2]} every {worst[1]}); {len(predictions)} runs, "
+                   f"{sum(abs(p[3]) <= PREDICTION_TOLERANCE for p in predictions)} within")]
+
+
+def judge_advice(label: str, advice: list[tuple[str, str, int, float]]) -> list[Target]:
+    """What `moe-place cadence` advises, judged in the engine's code (`advice`: scenario, policy, advised interval,
+    its total over the best of the engine's sweep): within `ADVICE_TOLERANCE`."""
+    worst = max(advice, key=lambda a: a[3]) if advice else ("", "", 0, 1.0)
+    return [Target(f"{label}: drift, the advised cadence within {ADVICE_TOLERANCE - 1:.1%} of the best of the sweep "
+                   "in the engine's code, each policy",
+                   bool(advice) and worst[3] <= ADVICE_TOLERANCE,
+                   "; ".join(f"{s} {p} every {i}: {r:.4f}" for s, p, i, r in advice))]

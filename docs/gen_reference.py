@@ -66,7 +66,7 @@ API_PAGES = {
                             "moe_place.kernels.dispatch", "moe_place.kernels.combine", "moe_place.kernels.alltoall",
                             "moe_place.kernels.aot", "moe_place.kernels.report"]),
     "online": ("Online", ["moe_place.online", "moe_place.online.window", "moe_place.online.estimate", "moe_place.online.policy",
-                          "moe_place.online.switch", "moe_place.online.controller",
+                          "moe_place.online.switch", "moe_place.online.splitting", "moe_place.online.controller",
                           "moe_place.online.replay", "moe_place.online.cadence", "moe_place.online.offload",
                           "moe_place.online.plot"]),
     "engines": ("Engines and the EPLB drop-in", ["moe_place.eplb", "moe_place.engines", "moe_place.engines.vllm",
@@ -75,7 +75,7 @@ API_PAGES = {
                                                  "moe_place.engines.sglang_managers", "moe_place.engines.config",
                                                  "moe_place.engines.session", "moe_place.engines.tensors",
                                                  "moe_place.engines.launch",
-                                                 "moe_place.engines.export", "moe_place.engines.sglang_kt",
+                                                 "moe_place.engines.export", "moe_place.engines.trtllm", "moe_place.engines.sglang_kt",
                                                  "moe_place.engines.llama_cpp"]),
 }
 

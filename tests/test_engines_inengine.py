@@ -653,7 +653,9 @@ def test_the_hook_plans_as_the_servers_algorithm_says():
     assert hook(tokens, 72, 9, 8, 2, "some_new_algorithm") == "sglang's" and len(calls) == 1
 
 
-def test_cadence_targets_judge_every_cadence_and_each_policys_best(tmp_path):
+
+
+def test_cadence_targets_judge_every_cadence_and_each_policys_best():
     runs = [{"at": at, "policy": policy, "total_s": total} for at, policy, total in
             (("default", "default", 10.0), ("default", "moe-place", 9.9), ("default's best", "default", 8.0),
              ("default's best", "moe-place", 8.1), ("moe-place's best", "default", 8.4),
@@ -661,9 +663,14 @@ def test_cadence_targets_judge_every_cadence_and_each_policys_best(tmp_path):
     same, best = harness.judge_cadences("x", [{"scenario": "s", "runs": runs}])
     assert not same.passed and "1.0125 (s, default's best)" in same.detail   # 8.1 / 8.0
     assert not best.passed and "s 0.9500" in best.detail                      # 7.6 / 8.0: each its own best
-    record = tmp_path / "replay.json"
-    record.write_text(json.dumps({"traces": [{"name": "s seed 0", "protocols": {"sglang": {"best": {
-        "default": {"step_interval": 50}, "moe-place": {"step_interval": 20}}}}}]}))
-    assert harness.replay_best_cadences(record, "s seed 0", "sglang") == {"default": 50, "moe-place": 20}
-    with pytest.raises(ValueError, match="vllm"):
-        harness.replay_best_cadences(record, "s seed 0", "vllm")
+
+
+def test_prediction_and_advice_targets():
+    within, = harness.judge_predictions("x", [("s", 10, "default", 0.004), ("s", 50, "moe-place", -0.009)])
+    assert within.passed and "worst -0.90% (s, moe-place every 50)" in within.detail
+    off, = harness.judge_predictions("x", [("s", 10, "default", 0.004), ("s", 20, "default", 0.0101)])
+    assert not off.passed and "1 within" in off.detail
+    assert not harness.judge_predictions("x", [])[0].passed
+    good, = harness.judge_advice("x", [("s", "default", 50, 1.0), ("s", "moe-place", 20, 1.0049)])
+    bad, = harness.judge_advice("x", [("s", "default", 50, 1.0), ("s", "moe-place", 10, 1.0302)])
+    assert good.passed and not bad.passed and "s moe-place every 10: 1.0302" in bad.detail
