@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 from moe_place.errors import InputError
-from moe_place.split import GOLDEN_PHASE, PHASE_UNITS, POLISH_SWEEPS, _colour_classes
+from moe_place.split import GOLDEN_PHASE, PHASE_UNITS, POLISH_SWEEPS, _colour_classes, _cumulative_shares
 
 UNITS = 256                 # a row is 256 units in the solve's real-number phase (step 1 of the note)
 MAX_DISPATCHES = (2**31 - 1) // UNITS - 1024   # a layer's dispatches (sum of counts) that keep units in int32
@@ -160,12 +160,10 @@ class SplitTable:
         leading = valid & (lead == np.arange(block_m))
         where = np.nonzero(leading)
         inverse[where[0], where[1], gpu[where]] = entry[where[2], where[3]]
-        width_w = int(logcnt.max())
-        log2phy = np.full((layers, experts, width_w), -1, dtype=np.int64)
+        log2phy = np.full((layers, experts, int(logcnt.max())), -1, dtype=np.int64)
         for layer, r in enumerate(rows):
-            order = np.argsort(r, kind="stable")
-            column = np.arange(physical) - (np.cumsum(logcnt[layer]) - logcnt[layer])[r[order]]
-            log2phy[layer, r[order], column] = order
+            own = _cumulative_shares(r, np.zeros_like(r), experts)[0]
+            log2phy[layer, :, :own.shape[1]] = own
         num_classes = [0 if t is None else t.shape[0] for t in classes]
 
         def tensor(a):
@@ -303,7 +301,8 @@ def _split_solve_kernel(
 
 
 def split_solve(table: SplitTable, counts: torch.Tensor, sweeps: int = SWEEPS, layer: int | None = None,
-                out: torch.Tensor | None = None, check_counts: bool = True, num_warps: int | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, check_counts: bool = True,
+                num_warps: int | None = None) -> torch.Tensor:
     """Whole rows per slot, like `counts` (int32 or int64): `[L, P]` for counts `[L, E]` of every layer of the
     table, or `[P]` for counts `[E]` of layer `layer` (default 0). One program per layer (module note).
 
@@ -436,7 +435,8 @@ def _water_fill_torch(level: torch.Tensor, amount: torch.Tensor, active: torch.T
     big = 1 << 40
     ascending = torch.where(inside, level, big).sort(dim=-1).values
     number = torch.arange(1, level.shape[-1] + 1, device=level.device)
-    floor = torch.where(ascending < big, (amount[..., None] + ascending.cumsum(dim=-1)) // number, big).min(dim=-1).values
+    candidates = torch.where(ascending < big, (amount[..., None] + ascending.cumsum(dim=-1)) // number, big)
+    floor = candidates.min(dim=-1).values
     at = inside & (level <= floor[..., None])
     fill = torch.where(at, floor[..., None] - level, 0)
     rest = amount - fill.sum(dim=-1)
