@@ -65,8 +65,8 @@ API_PAGES = {
                           "moe_place.online.replay", "moe_place.online.cadence", "moe_place.online.offload",
                           "moe_place.online.plot"]),
     "kernels": ("Kernels", ["moe_place.kernels", "moe_place.kernels.align", "moe_place.kernels.grouped_gemm",
-                            "moe_place.kernels.dispatch", "moe_place.kernels.combine", "moe_place.kernels.alltoall",
-                            "moe_place.kernels.aot", "moe_place.kernels.report"]),
+                            "moe_place.kernels.dispatch", "moe_place.kernels.combine", "moe_place.kernels.split",
+                            "moe_place.kernels.alltoall", "moe_place.kernels.aot", "moe_place.kernels.report"]),
 }
 
 
