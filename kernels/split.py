@@ -210,6 +210,15 @@ def _scatter_add(load, delta, inverse, BK: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
+def _scatter_add_all(load, values, inverse, BC: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, BG: tl.constexpr):
+    """int32 `[BG]`: `load` plus every class's `values [BC, BK, BM]` at its leading slot on each GPU (`inverse
+    [BC, BG]`, -1 where a class has none)."""
+    index = tl.where(inverse >= 0, tl.arange(0, BC)[:, None] * (BK * BM) + inverse, 0)
+    picked = tl.reshape(tl.gather(tl.reshape(values, (BC * BK * BM,)), tl.reshape(index, (BC * BG,)), 0), (BC, BG))
+    return load + tl.sum(tl.where(inverse >= 0, picked, 0), axis=0)
+
+
+@triton.jit
 def _split_solve_kernel(
     counts_ptr, shares_ptr,                       # counts [L, E] (int32/int64), shares [L, P] out
     phy2log_ptr, replicated_ptr, num_classes_ptr,  # the SplitTable's tensors
@@ -238,55 +247,49 @@ def _split_solve_kernel(
     k_idx = tl.arange(0, BK)
     m_idx = tl.arange(0, BM)
     entry = k_idx[:, None] * BM + m_idx[None, :]
-    units = tl.zeros((BC, BK, BM), dtype=tl.int32)                     # X: each class's units per leading slot
-    # 1. the even start
-    load = fixed * UNITS
-    for c in range(0, classes):
-        table = (layer * C + c).to(tl.int64)
-        experts = tl.load(expert_ptr + table * BK + k_idx)
-        rows = tl.load(counts_ptr + experts, mask=experts >= 0, other=0).to(tl.int32) * UNITS
-        lead = tl.load(lead_ptr + table * BK * BM + entry)
-        leading = lead == m_idx[None, :]
-        mult = tl.load(mult_ptr + table * BK * BM + entry)
-        replicas = tl.maximum(tl.sum((lead >= 0).to(tl.int32), axis=1), 1)
-        start = tl.where(leading, (rows // replicas)[:, None] * mult, 0) \
-            + tl.where(leading & (m_idx[None, :] == 0), (rows % replicas)[:, None], 0)
-        units = tl.where(c_idx[:, None, None] == c, start[None, :, :], units)
-        load = _scatter_add(load, start, tl.load(inverse_ptr + table * BG + g_idx), BK, BM)
-    # 2. Gauss-Seidel sweeps in units
+    # 1. every class's table at once (one trip to memory, not one per class), the even start, the GPU loads
+    in_table = c_idx < classes
+    tables = (layer * C + c_idx).to(tl.int64)
+    lead_all = tl.load(lead_ptr + tables[:, None, None] * (BK * BM) + entry[None, :, :], mask=in_table[:, None, None],
+                       other=-1)
+    mult_all = tl.load(mult_ptr + tables[:, None, None] * (BK * BM) + entry[None, :, :], mask=in_table[:, None, None],
+                       other=1)
+    experts = tl.load(expert_ptr + tables[:, None] * BK + k_idx[None, :], mask=in_table[:, None], other=-1)
+    rows = tl.load(counts_ptr + experts, mask=experts >= 0, other=0).to(tl.int32)             # [BC, BK]
+    inverse = tl.load(inverse_ptr + tables[:, None] * BG + g_idx[None, :], mask=in_table[:, None], other=-1)
+    leading_all = lead_all == m_idx[None, None, :]
+    replicas = tl.maximum(tl.sum((lead_all >= 0).to(tl.int32), axis=2), 1)
+    amount = rows * UNITS
+    units = tl.where(leading_all, (amount // replicas)[:, :, None] * mult_all, 0) \
+        + tl.where(leading_all & (m_idx[None, None, :] == 0), (amount % replicas)[:, :, None], 0)   # [BC, BK, BM]
+    load = _scatter_add_all(fixed * UNITS, units, inverse, BC, BK, BM, BG)
+    # 2. Gauss-Seidel sweeps in units, a class at a time (its table comes from the cache now)
     for step in range(0, sweeps * classes):
         c = step % classes
         table = (layer * C + c).to(tl.int64)
-        experts = tl.load(expert_ptr + table * BK + k_idx)
-        rows = tl.load(counts_ptr + experts, mask=experts >= 0, other=0).to(tl.int32) * UNITS
         leading = tl.load(lead_ptr + table * BK * BM + entry) == m_idx[None, :]
         gpu = tl.load(gpu_ptr + table * BK * BM + entry)
         mine = tl.sum(tl.where(c_idx[:, None, None] == c, units, 0), axis=0)
-        new = _water_fill(_gather_load(load, gpu, BK, BM) - mine, rows, leading)
-        load = _scatter_add(load, new - mine, tl.load(inverse_ptr + table * BG + g_idx), BK, BM)
+        new = _water_fill(_gather_load(load, gpu, BK, BM) - mine, tl.sum(tl.where(c_idx[:, None] == c, amount, 0), 0),
+                          leading)
+        load = _scatter_add(load, new - mine, tl.sum(tl.where(c_idx[:, None] == c, inverse, 0), axis=0), BK, BM)
         units = tl.where(c_idx[:, None, None] == c, new[None, :, :], units)
-    # 3. whole rows: the floors, then each expert's rows left poured onto the whole-row loads
+    # 3. whole rows: the floors, then each expert's rows left poured onto the whole-row loads, then the polish
     whole = units // UNITS
-    load = fixed
-    for c in range(0, classes):
-        table = (layer * C + c).to(tl.int64)
-        mine = tl.sum(tl.where(c_idx[:, None, None] == c, whole, 0), axis=0)
-        load = _scatter_add(load, mine, tl.load(inverse_ptr + table * BG + g_idx), BK, BM)
+    load = _scatter_add_all(fixed, whole, inverse, BC, BK, BM, BG)
     for step in range(0, (POLISH + 1) * classes):
         c = step % classes
         table = (layer * C + c).to(tl.int64)
-        experts = tl.load(expert_ptr + table * BK + k_idx)
-        rows = tl.load(counts_ptr + experts, mask=experts >= 0, other=0).to(tl.int32)
         lead = tl.load(lead_ptr + table * BK * BM + entry)
         leading = lead == m_idx[None, :]
         gpu = tl.load(gpu_ptr + table * BK * BM + entry)
-        inverse = tl.load(inverse_ptr + table * BG + g_idx)
         mine = tl.sum(tl.where(c_idx[:, None, None] == c, whole, 0), axis=0)
+        rows_c = tl.sum(tl.where(c_idx[:, None] == c, rows, 0), axis=0)
         if step < classes:   # rounding: the rows left on top of the floors
-            new = mine + _water_fill(_gather_load(load, gpu, BK, BM), rows - tl.sum(mine, axis=1), leading)
+            new = mine + _water_fill(_gather_load(load, gpu, BK, BM), rows_c - tl.sum(mine, axis=1), leading)
         else:                # polish: all of the expert's rows off and back
-            new = _water_fill(_gather_load(load, gpu, BK, BM) - mine, rows, leading)
-        load = _scatter_add(load, new - mine, inverse, BK, BM)
+            new = _water_fill(_gather_load(load, gpu, BK, BM) - mine, rows_c, leading)
+        load = _scatter_add(load, new - mine, tl.sum(tl.where(c_idx[:, None] == c, inverse, 0), axis=0), BK, BM)
         whole = tl.where(c_idx[:, None, None] == c, new[None, :, :], whole)
         if step >= POLISH * classes:   # the class's last pass: its slots' shares
             valid = lead >= 0
