@@ -445,7 +445,7 @@ def _water_fill_torch(level: torch.Tensor, amount: torch.Tensor, active: torch.T
     ascending = torch.where(inside, level, big).sort(dim=-1).values
     number = torch.arange(1, level.shape[-1] + 1, device=level.device)
     candidates = torch.where(ascending < big, (amount[..., None] + ascending.cumsum(dim=-1)) // number, big)
-    floor = candidates.min(dim=-1).values
+    floor = candidates.amin(dim=-1)
     at = inside & (level <= floor[..., None])
     fill = torch.where(at, floor[..., None] - level, 0)
     rest = amount - fill.sum(dim=-1)
