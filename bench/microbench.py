@@ -70,6 +70,7 @@ class Sizes:
     split_gpus: tuple[int, ...] = (8, 16, 32, 64, 144)
     split_redundant_per_gpu: tuple[int, ...] = (1, 2)
     split_tokens: tuple[int, ...] = (512, 4096, 16384)
+    split_more_sweeps: int = 16   # the solve also timed with this many sweeps (the default is 8): time vs balance
 
     @classmethod
     def full(cls) -> "Sizes":
@@ -721,8 +722,18 @@ def section_split(ctx: Context) -> dict:
                 row.update(_time_split(ctx, table, global_counts, ids, shares, slots, local, gpus, {
                     "kernels": (split_solve, count_dispatches, map_tokens),
                     "references": (split_solve_torch, count_dispatches_torch, map_tokens_torch)}))
+                # more sweeps: the solve's time and the busiest GPU it reaches (the kernel once against the reference)
+                more = split_solve(table, global_counts, sweeps=s.split_more_sweeps)
+                if not torch.equal(more, split_solve_torch(table, global_counts, sweeps=s.split_more_sweeps)):
+                    raise AssertionError(f"split solve with {s.split_more_sweeps} sweeps differs from its reference")
+                out = torch.empty_like(more)
+                row["busiest_kernel_more_sweeps"] = int(gpu_rows(more.cpu().numpy(), gpus).max())
+                row["solve_more_sweeps_s"] = ctx.timer(
+                    (lambda: split_solve(table, global_counts, sweeps=s.split_more_sweeps, out=out, check_counts=False))
+                    if ctx.on_gpu else (lambda: split_solve_torch(table, global_counts, sweeps=s.split_more_sweeps)))
                 cases.append(row)
-    return {"experts": s.split_experts, "top_k": s.split_top_k, "sweeps": SWEEPS, "units": UNITS,
+    return {"experts": s.split_experts, "top_k": s.split_top_k, "sweeps": SWEEPS,
+            "more_sweeps": s.split_more_sweeps, "units": UNITS,
             "goal_per_layer_s": SPLIT_GOAL_S, "lplb_cited_s": LPLB_CITED_S, "lplb_source": LPLB_SOURCE,
             "rank": 0, "cases": cases}
 

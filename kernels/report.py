@@ -210,7 +210,7 @@ def _split_markdown(split: dict, env: dict) -> list[str]:
              + ("" if on_gpu else " CPU timings are of the torch references, not the kernels."),
              _table(["EP", "slots", "tokens (rank)", "classes x K x M", "count us (base)", "solve us (base)",
                      "map us (base)", "layer us (base)", "layer eager us", "layer / base", "goal",
-                     "busiest: even / kernel / numpy / LP"],
+                     "busiest: even / kernel / numpy / LP", f"{split['more_sweeps']} sweeps: solve us, busiest"],
                     [[c["gpus"], c["slots"], f"{c['tokens']} ({c['tokens_per_rank']})",
                       " x ".join(str(v) for v in [c["classes"], *c["class_tile"][1:]]),
                       *(f"{c[f'{n}_s'] * 1e6:.1f} ({c[f'{n}_baseline_s'] * 1e6:.1f})" for n in ("count", "solve", "map",
@@ -218,7 +218,8 @@ def _split_markdown(split: dict, env: dict) -> list[str]:
                       f"{c['layer_eager_s'] * 1e6:.1f}", f"{c['layer_s'] / c['layer_baseline_s']:.2f}",
                       {True: "met", False: "**missed**", None: "-"}[c["goal_met"]],
                       f"{c['busiest_even']} / {c['busiest_kernel']} / {c['busiest_numpy']} / "
-                      f"{'-' if c['busiest_lp'] is None else c['busiest_lp']}"]
+                      f"{'-' if c['busiest_lp'] is None else c['busiest_lp']}",
+                      f"{c['solve_more_sweeps_s'] * 1e6:.1f}, {c['busiest_kernel_more_sweeps']}"]
                      for c in split["cases"]])]
     return lines
 

@@ -97,6 +97,7 @@ def test_dry_run_split_cases_are_checked_and_balanced(dry_run):
         assert case["busiest_lp"] is None or case["busiest_lp"] <= case["busiest_kernel"] <= case["busiest_numpy"] + 1
         assert case["goal_met"] is None                    # CPU timings: no verdict on the GPU goal
         assert all(case[f"{name}_s"] > 0 and case[f"{name}_baseline_s"] > 0 for name in ("count", "solve", "map", "layer"))
+        assert case["solve_more_sweeps_s"] > 0 and case["busiest_kernel_more_sweeps"] <= case["busiest_even"]
     assert split["lplb_cited_s"] == 100e-6 and "LPLB" in split["lplb_source"]
 
 
