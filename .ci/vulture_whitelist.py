@@ -7,6 +7,7 @@ section_gemm
 section_skew
 section_payback
 section_dispatch
+section_split
 
 # moe_place/cost/hardware.py: a field of the GPU part tables (parsed and validated, shown in `--help` parts)
 fp8_flops_per_s

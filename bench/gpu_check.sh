@@ -5,12 +5,13 @@
 #   bash bench/gpu_check.sh --dry-run    # on a CPU: Triton interpreter, tiny sizes (about a minute)
 #
 # Steps: (1) make `moe_place` importable (offline `pip install -e .` if needed), (2) record the
-# machine, (3) the grouped-GEMM kernel tests compiled for the GPU (skipped in a dry run), (4) the microbenchmarks
-# (`bench/microbench.py all`), (5) the markdown report with plots (`moe-place report`).
+# machine, (3) the grouped-GEMM and split kernel tests compiled for the GPU (skipped in a dry run), (4) the
+# microbenchmarks (`bench/microbench.py all`, the per-batch split's kernels at EP8-EP144 among them), (5) the
+# markdown report with plots (`moe-place report`).
 # Writes bench/results/<tag>.json, <tag>.md (+ PNGs) and <tag>.log; the tag names the GPU and time.
 # Environment: PYTHON (default: .venv/bin/python when present, else python3), RESULTS (default
-# bench/results), BENCH_TIMEOUT seconds for the microbenchmarks (default 180); the kernel tests get
-# 100 s, so the whole run stays under 5 minutes.
+# bench/results), BENCH_TIMEOUT seconds for the microbenchmarks (default 180); each kernel test file gets
+# at most 100 s.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -77,13 +78,17 @@ tag="${gpu}_$(date -u +%Y%m%dT%H%M%SZ)"
 log="$RESULTS/$tag.log"
 status=0
 
-# 3. kernel tests compiled for real (grouped GEMM bf16/fp8/fp32 and the @pytest.mark.gpu test); the
-#    gather/combine kernels are checked against torch inside the dispatch benchmark
+# 3. kernel tests compiled for real (grouped GEMM bf16/fp8/fp32 and the @pytest.mark.gpu test; the split's
+#    tri_ tests: solve and mapping exactly equal to their torch references); the gather/combine kernels are
+#    checked against torch inside the dispatch benchmark, the split's at the benchmark's shapes too
 if [ -z "$DRY" ]; then
   step "GPU kernel tests"
   (cd "$WORKDIR" && timeout 100 "$PYTHON" -m pytest -q -x --rootdir "$ROOT" -p no:cacheprovider \
     "$ROOT/tests/test_kernels_gemm.py") 2>&1 | tee -a "$log" >&2
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check.sh: kernel tests failed (continuing to the benchmarks)" >&2; status=1; }
+  (cd "$WORKDIR" && timeout 100 "$PYTHON" -m pytest -q -x --rootdir "$ROOT" -p no:cacheprovider -k tri_ \
+    "$ROOT/tests/test_kernels_split.py") 2>&1 | tee -a "$log" >&2
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check.sh: split kernel tests failed (continuing to the benchmarks)" >&2; status=1; }
 fi
 
 # 4. microbenchmarks

@@ -17,7 +17,8 @@ Usage:
     python bench/microbench.py all --output-json bench/results/run.json          # on a GPU (~3 min)
     python bench/microbench.py all --dry-run --output-json /tmp/dry.json         # CPU, seconds
     python bench/microbench.py padding --block-m 16,32,64,128 --gpu H200
-Sections: calibrate (always), padding, gemm, skew, payback, dispatch.
+Sections: calibrate (always), padding, gemm, skew, payback, dispatch, split (the per-batch split's kernels: no
+prediction, a speed goal against a copy of the same bytes).
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ class Sizes:
     block_n: int = 128
     block_k: int = 64
     reps: int = 10
+    # the per-batch split (issue 45): E experts top-k, EP sizes, redundant slots per GPU, global tokens per step
+    split_experts: int = 256
+    split_top_k: int = 8
+    split_gpus: tuple[int, ...] = (8, 16, 32, 64, 144)
+    split_redundant_per_gpu: tuple[int, ...] = (1, 2)
+    split_tokens: tuple[int, ...] = (512, 4096, 16384)
+    split_more_sweeps: int = 16   # the solve also timed with this many sweeps (the default is 8): time vs balance
 
     @classmethod
     def full(cls) -> "Sizes":
@@ -78,7 +86,8 @@ class Sizes:
         return cls(hidden=64, intermediate=128, padding_experts=4, padding_rows=(1, 17, 33),
                    block_ms=(16, 32), gemm_hidden=64, gemm_intermediate=128, gemm_rows=(16, 64),
                    skew_experts=16, skew_gpus=4, skew_total_rows=256, payback_rows=64, payback_block_m=32, dispatch_tokens=64,
-                   calib_matmul=256, calib_copy_bytes=1 << 22, block_k=64, reps=2)
+                   calib_matmul=256, calib_copy_bytes=1 << 22, block_k=64, reps=2, split_experts=37, split_top_k=4,
+                   split_gpus=(3, 8), split_redundant_per_gpu=(1,), split_tokens=(96,))
 
 
 # ---------------------------------------------------------------------------------------- timing
@@ -638,6 +647,163 @@ def section_dispatch(ctx: Context) -> dict:
             "traffic_matches_model": bytes_match, "dispatch_transfer_predicted_s": bound.time_s,
             "transfer_note": "NVLink all-to-all time is the model's formula 3 (needs 8 GPUs to measure)",
             "per_rank": per_rank}
+
+
+SPLIT_GOAL_S = 10e-6     # issue 45: the per-batch split per layer on an H200, a tenth of LPLB's
+LPLB_CITED_S = 100e-6    # cited, not measured: DeepSeek's LPLB, about 100 us per layer and batch
+LPLB_SOURCE = "DeepSeek's LPLB (github.com/deepseek-ai/LPLB: an interior-point LP on one SM), as quoted in issue 45"
+
+
+def split_layer(experts: int, gpus: int, redundant_per_gpu: int, tokens: int, top_k: int, seed: int) -> dict:
+    """One layer and batch of the split benchmark, in numpy: experts of log-normal popularity, an EPLB map planned
+    on an 8192-token interval, then a batch of `tokens` whose popularity drifted (x log-normal(0, 0.3) per expert).
+    Redundant slots: `redundant_per_gpu * gpus`, rounded up so that every GPU holds as many slots."""
+    from moe_place.solvers.deepseek import eplb_rebalance
+
+    rng = np.random.default_rng(seed)
+    popularity = rng.lognormal(0.0, 1.0, experts)
+
+    def routed(weights, count):      # top-k distinct experts per token, drawn by popularity (Gumbel top-k)
+        keys = np.log(weights)[None, :] + rng.gumbel(size=(count, experts))
+        return np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k].astype(np.int32)
+
+    physical = -(-(experts + redundant_per_gpu * gpus) // gpus) * gpus
+    interval = np.bincount(routed(popularity, 8192).ravel(), minlength=experts)
+    phy2log = eplb_rebalance(interval[None].astype(np.float64), physical, 1, 1, gpus)[0]
+    ids = routed(popularity * rng.lognormal(0.0, 0.3, experts), tokens)
+    return {"phy2log": phy2log, "topk_ids": ids, "counts": np.bincount(ids.ravel(), minlength=experts)}
+
+
+def section_split(ctx: Context) -> dict:
+    """The per-batch split's kernels (issue 45) per layer: count (rank 0's dispatches per expert, the all-reduce's
+    input), solve (whole rows per slot from the batch's global counts), map (rank 0's dispatches to slots), and the
+    three in one graph (the all-reduce between them needs the EP group: not timed). Baselines: the same launches as
+    torch elementwise kernels that read the bytes each kernel reads and write as many. Checked on every case: the
+    kernels against the torch references and numpy's map_tokens; the busiest GPU against the even split, numpy's
+    split_shares and the exact LP (when OR-Tools is installed). On a CPU the timings are of the torch references."""
+    torch = ctx.timer.torch
+    from moe_place.kernels.dispatch import split_tokens
+    from moe_place.kernels.split import (SWEEPS, UNITS, SplitTable, count_dispatches, count_dispatches_torch,
+                                         map_tokens, map_tokens_torch, split_solve, split_solve_torch)
+    from moe_place.split import even_shares, gpu_rows, split_shares
+    from moe_place.split import map_tokens as map_tokens_numpy
+
+    s = ctx.sizes
+    cases = []
+    for gpus in s.split_gpus:
+        for per_gpu in s.split_redundant_per_gpu:
+            for tokens in s.split_tokens:
+                case = split_layer(s.split_experts, gpus, per_gpu, tokens, s.split_top_k, seed=gpus * 100 + per_gpu)
+                phy2log, counts = case["phy2log"], case["counts"]
+                mine = case["topk_ids"][:int(split_tokens(tokens, gpus)[1])]          # rank 0's tokens
+                table = SplitTable.from_map(phy2log, gpus, s.split_experts, device=ctx.device)
+                global_counts = torch.tensor(counts, dtype=torch.int32, device=ctx.device)
+                ids = torch.tensor(mine, dtype=torch.int32, device=ctx.device)
+                # the kernels once (the interpreter on a CPU) against the references
+                shares = split_solve(table, global_counts)
+                local = count_dispatches(ids, s.split_experts)
+                slots = map_tokens(ids, 0, gpus, table, shares, local)
+                shares_np = shares.cpu().numpy()
+                want = map_tokens_numpy(mine, np.zeros(len(mine), dtype=np.int64), phy2log, shares_np, gpus)
+                ok = (torch.equal(shares, split_solve_torch(table, global_counts))
+                      and np.array_equal(local.counts.cpu().numpy(), np.bincount(mine.ravel(), minlength=s.split_experts))
+                      and np.array_equal(slots.cpu().numpy(), want))
+                ctx.checks.append({"what": f"split solve/count/map vs torch and numpy (EP{gpus}, {phy2log.size} slots, "
+                                           f"{tokens} tokens)", "ok": ok})
+                if not ok:
+                    raise AssertionError(f"split kernels differ from their references at EP{gpus}, {tokens} tokens")
+                row = {"gpus": gpus, "slots": int(phy2log.size), "redundant": int(phy2log.size) - s.split_experts,
+                       "tokens": tokens, "tokens_per_rank": len(mine),
+                       "classes": int(table.num_classes[0]), "class_tile": list(table.class_slot.shape[1:]),
+                       "max_replicas": int(table.logcnt.max()),
+                       "busiest_even": int(gpu_rows(even_shares(phy2log[None], counts[None])[0], gpus).max()),
+                       "busiest_kernel": int(gpu_rows(shares_np, gpus).max()),
+                       "busiest_numpy": int(gpu_rows(split_shares(phy2log, counts, gpus), gpus).max()),
+                       "busiest_lp": _split_lp(phy2log, counts, gpus)}
+                row.update(_time_split(ctx, table, global_counts, ids, shares, slots, local, gpus, {
+                    "kernels": (split_solve, count_dispatches, map_tokens),
+                    "references": (split_solve_torch, count_dispatches_torch, map_tokens_torch)}))
+                # more sweeps: the solve's time and the busiest GPU it reaches (the kernel once against the reference)
+                more = split_solve(table, global_counts, sweeps=s.split_more_sweeps)
+                if not torch.equal(more, split_solve_torch(table, global_counts, sweeps=s.split_more_sweeps)):
+                    raise AssertionError(f"split solve with {s.split_more_sweeps} sweeps differs from its reference")
+                out = torch.empty_like(more)
+                row["busiest_kernel_more_sweeps"] = int(gpu_rows(more.cpu().numpy(), gpus).max())
+                row["solve_more_sweeps_s"] = ctx.timer(
+                    (lambda: split_solve(table, global_counts, sweeps=s.split_more_sweeps, out=out, check_counts=False))
+                    if ctx.on_gpu else (lambda: split_solve_torch(table, global_counts, sweeps=s.split_more_sweeps)))
+                cases.append(row)
+    return {"experts": s.split_experts, "top_k": s.split_top_k, "sweeps": SWEEPS,
+            "more_sweeps": s.split_more_sweeps, "units": UNITS,
+            "goal_per_layer_s": SPLIT_GOAL_S, "lplb_cited_s": LPLB_CITED_S, "lplb_source": LPLB_SOURCE,
+            "rank": 0, "cases": cases}
+
+
+def _split_lp(phy2log: np.ndarray, counts: np.ndarray, gpus: int) -> int | None:
+    """The exact LP's busiest GPU rounded up (`solvers.evaluate.optimal_split`), None without OR-Tools."""
+    import importlib.util
+
+    from moe_place.solvers.evaluate import optimal_split
+
+    if importlib.util.find_spec("ortools") is None:
+        return None
+    return int(np.ceil(optimal_split(phy2log, counts, gpus)[0] - 1e-6))
+
+
+def _time_split(ctx: Context, table, counts, ids, shares, slots, local, gpus: int, functions: dict) -> dict:
+    """Graph (and eager) times of count, solve, map and the three together, and of their copy baselines."""
+    torch = ctx.timer.torch
+    experts = table.num_experts
+    split_solve, count_dispatches, map_tokens = functions["kernels"]
+    solve_ref, count_ref, map_ref = functions["references"]
+    shares_out, slots_out = torch.empty_like(shares), torch.empty_like(slots)
+    if ctx.on_gpu:  # the hot path: no range checks (host syncs), outputs in place
+        def solve():
+            split_solve(table, counts, out=shares_out, check_counts=False)
+
+        def count():
+            return count_dispatches(ids, experts, check_ids=False)
+
+        def mapping(counted=local):
+            map_tokens(ids, 0, gpus, table, shares_out, counted, out=slots_out, check=False)
+    else:
+        def solve():
+            solve_ref(table, counts)
+
+        def count():
+            return count_ref(ids, experts)
+
+        def mapping(counted=None):
+            map_ref(ids, 0, gpus, table.phy2log[0], shares)
+
+    def layer():
+        counted = count()
+        solve()
+        mapping(counted if ctx.on_gpu else None)
+
+    table_bytes = sum(t[0].numel() * t.element_size() for t in (
+        table.phy2log, table.replicated, table.class_expert, table.class_slot, table.class_gpu, table.class_lead,
+        table.class_mult, table.class_nth, table.class_inverse))
+    read = {"solve": counts.numel() * 4 + table_bytes,
+            "count": ids.numel() * 4 + local.block_start.numel() * 4,
+            "map": ids.numel() * 4 + local.block_start.numel() * 4 + (experts + shares.numel()) * 4
+            + (table.log2phy[0].numel() + table.logcnt[0].numel()) * 4}
+    copies = {name: (torch.zeros(max(1, -(-n // 4)), dtype=torch.int32, device=ctx.device),
+                     torch.empty(max(1, -(-n // 4)), dtype=torch.int32, device=ctx.device)) for name, n in read.items()}
+
+    def baseline(name):
+        src, dst = copies[name]
+        torch.neg(src, out=dst)
+
+    out = {f"{name}_bytes": n for name, n in read.items()}
+    for name, fn, floor in (("count", count, lambda: baseline("count")), ("solve", solve, lambda: baseline("solve")),
+                            ("map", mapping, lambda: baseline("map")),
+                            ("layer", layer, lambda: [baseline(n) for n in ("count", "solve", "map")])):
+        out[f"{name}_s"] = ctx.timer(fn)
+        out[f"{name}_eager_s"] = ctx.timer.last_eager_s
+        out[f"{name}_baseline_s"] = ctx.timer(floor)
+    out["goal_met"] = out["layer_s"] <= SPLIT_GOAL_S if ctx.on_gpu else None
+    return out
 
 
 # ---------------------------------------------------------------------------------------- tables

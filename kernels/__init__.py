@@ -4,6 +4,7 @@
     grouped_gemm  expert MLP: gate+up fused with SiLU*mul, then down; BF16 or FP8, fp32 accumulation
     dispatch      row gather into expert order; replica choice (split policy) and per-rank send plans
     combine       scatter back and top-k weighted sum
+    split         the per-batch split: whole rows per replica from the batch's counts, each rank's dispatches to slots
     alltoall      multi-rank dispatch/combine over torch.distributed all_to_all_single (gloo, NCCL)
     aot           compile the kernels for sm_90 without a GPU (instruction selection, smem, spills)
 

@@ -23,6 +23,8 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+from moe_place.split import GOLDEN_PHASE, PHASE_UNITS, POLISH_SWEEPS
+
 HOPPER_SMEM_BYTES = 227 * 1024  # usable shared memory per block on sm_90
 
 
@@ -94,8 +96,15 @@ def grouped_gemm_configs(quick: bool) -> list[dict]:
             for d, m, g, u in combos]
 
 
+def split_configs(quick: bool) -> list[dict]:
+    """Class tiles of the per-batch split's solve (`moe_place.kernels.split`) that the benchmark launches: EP144 with
+    two redundant slots per GPU (the largest, 8 warps); the full run adds EP8 with one (the smallest)."""
+    largest = {"BC": 8, "BK": 64, "BM": 16, "BG": 256, "BS": 4, "num_warps": 8}
+    return [largest] if quick else [{"BC": 4, "BK": 4, "BM": 4, "BG": 8, "BS": 64, "num_warps": 4}, largest]
+
+
 def compile_all(arch: int = 90, quick: bool = False) -> list[CompiledKernel]:
-    """Compile the grouped GEMM, gather and combine kernels for `sm_{arch}`."""
+    """Compile the grouped GEMM, gather, combine and split kernels for `sm_{arch}`."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter patches triton.language and cannot compile")
     # the kernel modules are imported only now, on purpose: importing them with TRITON_INTERPRET set
@@ -103,6 +112,7 @@ def compile_all(arch: int = 90, quick: bool = False) -> list[CompiledKernel]:
     from moe_place.kernels.combine import _combine_kernel
     from moe_place.kernels.dispatch import _gather_rows_kernel
     from moe_place.kernels.grouped_gemm import _grouped_gemm_kernel, default_num_warps
+    from moe_place.kernels.split import UNITS, _count_kernel, _map_kernel, _scan_kernel, _split_solve_kernel
 
     results = []
     for cfg in grouped_gemm_configs(quick):
@@ -124,6 +134,25 @@ def compile_all(arch: int = 90, quick: bool = False) -> list[CompiledKernel]:
                      ["num_tokens", "H", "stride_y", "stride_out", "stride_wt"],
                      {"TOP_K": 8, "BLOCK_T": 8, "BLOCK_H": 1024}, arch, 4, 1)
     results.append(_summary("combine", {"TOP_K": 8, "BLOCK_T": 8, "BLOCK_H": 1024}, merge))
+    tables = ["counts_ptr", "shares_ptr", "phy2log_ptr", "replicated_ptr", "num_classes_ptr", "expert_ptr", "slot_ptr",
+              "gpu_ptr", "lead_ptr", "mult_ptr", "nth_ptr", "inverse_ptr"]
+    for cfg in split_configs(quick):
+        tiles = {k: v for k, v in cfg.items() if k != "num_warps"}
+        solve = _compile(_split_solve_kernel, {name: "*i32" for name in tables},
+                         ["layer0", "C", "P", "S", "G", "sweeps", "stride_counts", "stride_shares"],
+                         {"UNITS": UNITS, "POLISH": POLISH_SWEEPS, **tiles}, arch, cfg["num_warps"], 1)
+        results.append(_summary("split_solve", cfg, solve))
+    count = _compile(_count_kernel, {"ids_ptr": "*i32", "block_counts_ptr": "*i32"},
+                     ["num_dispatches", "top_k", "stride_t", "stride_j", "E"], {"BLOCK": 128, "BE": 256}, arch, 4, 1)
+    results.append(_summary("split_count", {"BLOCK": 128, "BE": 256}, count))
+    scan = _compile(_scan_kernel, {"block_counts_ptr": "*i32", "block_start_ptr": "*i32", "counts_ptr": "*i32"},
+                    ["num_blocks", "E"], {"BLOCK_B": 32, "BLOCK_E": 32}, arch, 4, 1)
+    results.append(_summary("split_scan", {"BLOCK_B": 32, "BLOCK_E": 32}, scan))
+    mapping = _compile(_map_kernel, {name: "*i32" for name in ["ids_ptr", "slots_ptr", "block_start_ptr", "counts_ptr",
+                                                              "shares_ptr", "log2phy_ptr", "logcnt_ptr"]},
+                       ["num_dispatches", "top_k", "stride_t", "stride_j", "stride_out_t", "stride_out_j", "E", "W",
+                        "phase0"], {"PHASE_UNITS": PHASE_UNITS, "GOLDEN": GOLDEN_PHASE, "BLOCK": 128, "BW": 16}, arch, 4, 1)
+    results.append(_summary("split_map", {"BLOCK": 128, "BW": 16}, mapping))
     return results
 
 

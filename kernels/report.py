@@ -2,8 +2,9 @@
 
 For each result: the environment, the calibration, and predicted vs measured tables (padding
 staircase, grouped GEMM vs dense, skew, replica payback, dispatch/combine), every ratio outside
-+-15% flagged; PNGs of the padding staircase, skew bars per rank (measured vs predicted), the
-payback curve and a predicted-vs-measured scatter. `moe-place report` and the microbenchmark's
++-15% flagged; the per-batch split's kernels against their copy baselines and their 10 us goal;
+PNGs of the padding staircase, skew bars per rank (measured vs predicted), the payback curve and
+a predicted-vs-measured scatter. `moe-place report` and the microbenchmark's
 own console output both render through here.
 """
 
@@ -18,7 +19,7 @@ from moe_place.plotting import new_figure, png_bytes
 
 KIND = "moe-place-microbench"
 TOLERANCE = 0.15
-SECTIONS = ("padding", "gemm", "skew", "payback", "dispatch")  # the microbenchmark's sections, in run order
+SECTIONS = ("padding", "gemm", "skew", "payback", "dispatch", "split")  # the microbenchmark's sections, in run order
 
 
 def render_report(results: list[tuple[Path, dict]], out: Path, plots: bool = True) -> str:
@@ -181,6 +182,8 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
               f"{r['pack_measured_s'] * 1e6:.1f} / {r['pack_predicted_s'] * 1e6:.1f}", _ratio_cell(r["pack_ratio"]),
               f"{r['combine_measured_s'] * 1e6:.1f} / {r['combine_predicted_s'] * 1e6:.1f}", _ratio_cell(r["combine_ratio"])]
              for r in d["per_rank"]]))
+    if "split" in sec:
+        parts.extend(_split_markdown(sec["split"], env))
     for name, why in result.get("skipped", {}).items():
         parts.append(f"Section `{name}` was skipped: {why}.")
     checks = result.get("checks", [])
@@ -190,6 +193,35 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
     for title, name in plots.items():
         parts.append(f"![{title}]({name})")
     return "\n\n".join(parts)
+
+
+def _split_markdown(split: dict, env: dict) -> list[str]:
+    """The per-batch split's section: the kernels' times per layer beside their copy baselines and the goal."""
+    on_gpu = env.get("timing") == "gpu"
+    goal_us, lplb_us = split["goal_per_layer_s"] * 1e6, split["lplb_cited_s"] * 1e6
+    lines = [f"### Per-batch split kernels (issue 45: {split['experts']} experts top-{split['top_k']}, "
+             f"{split['sweeps']} sweeps, rank {split['rank']}'s tokens)",
+             f"Per layer: count (the rank's dispatches per expert, the all-reduce's input), solve (whole rows per slot "
+             f"from the global counts), map (the rank's dispatches to slots) and all three in one graph (`layer`; the "
+             f"all-reduce between them needs the EP group and is not timed). Each beside its baseline (`base`): the "
+             f"same launches as torch elementwise kernels moving the bytes it reads. Goal: layer at most "
+             f"{goal_us:.0f} us on an H200. Cited for comparison, not measured: about {lplb_us:.0f} us per layer and "
+             f"batch for {split['lplb_source']}."
+             + ("" if on_gpu else " CPU timings are of the torch references, not the kernels."),
+             _table(["EP", "slots", "tokens (rank)", "classes x K x M", "count us (base)", "solve us (base)",
+                     "map us (base)", "layer us (base)", "layer eager us", "layer / base", "goal",
+                     "busiest: even / kernel / numpy / LP", f"{split['more_sweeps']} sweeps: solve us, busiest"],
+                    [[c["gpus"], c["slots"], f"{c['tokens']} ({c['tokens_per_rank']})",
+                      " x ".join(str(v) for v in [c["classes"], *c["class_tile"][1:]]),
+                      *(f"{c[f'{n}_s'] * 1e6:.1f} ({c[f'{n}_baseline_s'] * 1e6:.1f})" for n in ("count", "solve", "map",
+                                                                                                "layer")),
+                      f"{c['layer_eager_s'] * 1e6:.1f}", f"{c['layer_s'] / c['layer_baseline_s']:.2f}",
+                      {True: "met", False: "**missed**", None: "-"}[c["goal_met"]],
+                      f"{c['busiest_even']} / {c['busiest_kernel']} / {c['busiest_numpy']} / "
+                      f"{'-' if c['busiest_lp'] is None else c['busiest_lp']}",
+                      f"{c['solve_more_sweeps_s'] * 1e6:.1f}, {c['busiest_kernel_more_sweeps']}"]
+                     for c in split["cases"]])]
+    return lines
 
 
 # ---------------------------------------------------------------------------------------- plots

@@ -41,4 +41,8 @@ def test_kernels_compile_for_hopper():
             assert r["wgmma"] > 0, r  # Hopper warp-group MMA
         else:
             assert r["mma_sync"] > 0, r
-    assert {r["kernel"] for r in results} == {"grouped_gemm", "gather_rows", "combine"}
+    assert {r["kernel"] for r in results} == {"grouped_gemm", "gather_rows", "combine", "split_solve", "split_count",
+                                              "split_scan", "split_map"}
+    for r in results:
+        if r["kernel"].startswith("split_"):   # the per-batch split keeps its state in registers: no spills
+            assert r["spill_bytes"] in (0, -1) and r["shared_bytes"] <= 227 * 1024, r

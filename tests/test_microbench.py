@@ -35,7 +35,7 @@ def test_dry_run_records_environment_and_kernel_checks(dry_run):
     assert result["kind"] == "moe-place-microbench"
     assert result["env"]["timing"].startswith("CPU timings")  # CPU numbers are labelled as such
     assert {"torch", "triton", "gpu_part"} <= set(result["env"])
-    assert set(result["sections"]) == {"padding", "gemm", "skew", "payback", "dispatch"}
+    assert set(result["sections"]) == {"padding", "gemm", "skew", "payback", "dispatch", "split"}
     assert result["checks"] and all(c["ok"] for c in result["checks"])
     assert "### Padding staircase" in stdout and "### Replica payback" in stdout
 
@@ -84,10 +84,28 @@ def test_dry_run_skew_payback_and_dispatch_are_consistent(dry_run):
 
 
 @pytest.mark.slow  # the GPU script's dry run in the Triton interpreter: ~15 s
+def test_dry_run_split_cases_are_checked_and_balanced(dry_run):
+    _, result, _, _ = dry_run
+    split = result["sections"]["split"]
+    sizes = result["sizes"]
+    assert len(split["cases"]) == len(sizes["split_gpus"]) * len(sizes["split_redundant_per_gpu"]) \
+        * len(sizes["split_tokens"])
+    assert sum(1 for c in result["checks"] if c["what"].startswith("split ")) == len(split["cases"])
+    for case in split["cases"]:
+        assert case["slots"] % case["gpus"] == 0 and case["redundant"] >= case["gpus"]
+        assert case["busiest_kernel"] <= case["busiest_even"]
+        assert case["busiest_lp"] is None or case["busiest_lp"] <= case["busiest_kernel"] <= case["busiest_numpy"] + 1
+        assert case["goal_met"] is None                    # CPU timings: no verdict on the GPU goal
+        assert all(case[f"{name}_s"] > 0 and case[f"{name}_baseline_s"] > 0 for name in ("count", "solve", "map", "layer"))
+        assert case["solve_more_sweeps_s"] > 0 and case["busiest_kernel_more_sweeps"] <= case["busiest_even"]
+    assert split["lplb_cited_s"] == 100e-6 and "LPLB" in split["lplb_source"]
+
+
+@pytest.mark.slow  # the GPU script's dry run in the Triton interpreter: ~15 s
 def test_dry_run_report_markdown_and_plots(dry_run):
     out, _, markdown, _ = dry_run
     for heading in ("Padding staircase", "Grouped GEMM vs dense", "Skew at equal total rows", "Replica payback",
-                    "Dispatch/combine per rank"):
+                    "Dispatch/combine per rank", "Per-batch split kernels"):
         assert heading in markdown
     pngs = sorted(p.name.rsplit("_", 1)[-1] for p in out.glob("*.png"))
     assert {"padding.png", "skew.png", "payback.png", "measured.png"} <= set(pngs)
