@@ -12,7 +12,7 @@ Per MoE layer and batch, the engine does (every rank, the same way):
 
 `SplitTable.from_map` builds, once per map and on the host, what the kernels read: the replicated experts in
 colour classes (experts of one class share no GPU, so a class is worked at once: `moe_place.split`'s
-`_colour_classes`), each slot's GPU, and the slots of each expert (`log2phy`).
+`colour_classes`), each slot's GPU, and the slots of each expert (`log2phy`).
 
 The solve (`split_solve`): one program per layer, latency-bound; its state lives in registers.
 1. Units. Rows are counted in integer units of 1/`UNITS` row (int32), not in float32: every step below is
@@ -71,7 +71,7 @@ import triton
 import triton.language as tl
 
 from moe_place.errors import InputError
-from moe_place.split import GOLDEN_PHASE, PHASE_UNITS, POLISH_SWEEPS, _colour_classes, _cumulative_shares
+from moe_place.split import GOLDEN_PHASE, PHASE_UNITS, POLISH_SWEEPS, colour_classes, cumulative_shares
 
 UNITS = 256                 # a row is 256 units in the solve's real-number phase (step 1 of the note)
 MAX_DISPATCHES = (2**31 - 1) // UNITS - 1024   # a layer's dispatches (sum of counts) that keep units in int32
@@ -143,7 +143,7 @@ class SplitTable:
             raise InputError("phy2log", f"expert ids in [0, {experts})", int(rows[(rows < 0) | (rows >= experts)][0]))
         per_gpu = physical // num_gpus
         logcnt = np.stack([np.bincount(r, minlength=experts) for r in rows])
-        classes = [_colour_classes(r, experts, per_gpu) for r in rows]
+        classes = [colour_classes(r, experts, per_gpu) for r in rows]
         width_c = max([1] + [t.shape[0] for t in classes if t is not None])
         block_k = triton.next_power_of_2(max([1] + [t.shape[1] for t in classes if t is not None]))
         block_m = triton.next_power_of_2(max([1] + [t.shape[2] for t in classes if t is not None]))
@@ -168,7 +168,7 @@ class SplitTable:
         inverse[where[0], where[1], gpu[where]] = entry[where[2], where[3]]
         log2phy = np.full((layers, experts, int(logcnt.max())), -1, dtype=np.int64)
         for layer, r in enumerate(rows):
-            own = _cumulative_shares(r, np.zeros_like(r), experts)[0]
+            own = cumulative_shares(r, np.zeros_like(r), experts)[0]
             log2phy[layer, :, :own.shape[1]] = own
         num_classes = [0 if t is None else t.shape[0] for t in classes]
 

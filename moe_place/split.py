@@ -10,14 +10,16 @@ rows per slot `shares [P] >= 0` with `sum_{p holds e} shares[p] = counts[e]`, mi
 The method (`split_shares`), deterministic, so every rank computes the same shares from the same counts:
 1. Start even: replica `i` of expert `e` takes `counts[e] // logcnt[e]`, plus one for the first
    `counts[e] % logcnt[e]` replicas (the engines' average split).
-2. Sweep the replicated experts, hottest of the batch first (ties: the lower id). For each, take its
-   rows off its GPUs and pour them back by water-filling: the GPUs it is on are raised, lowest first,
-   to one common level (in whole rows: the rows left after the level's floors go one each to the
-   lowest GPUs, ties to the lower slot). Each such step is the exact best for that expert with the
-   others held (block coordinate descent on the sum of squared GPU loads, whose minimiser also
-   minimises the busiest GPU), so the busiest GPU never rises.
-3. Stop a row when its busiest GPU is within `tolerance` (plus one row, for whole rows) of the lower
-   bound below, or after `max_sweeps` sweeps. No clock decides anything.
+2. Sweep the replicated experts in colour classes (`colour_classes`: experts with the most replicas first,
+   ties to the lower id, each into the first class none of whose experts shares one of its GPUs; a class's
+   experts are independent, so it is poured at once, exactly as one after another). For each expert, take
+   its rows off its GPUs and pour them back by water-filling: the GPUs it is on are raised, lowest first, to
+   one common level. Each such step is the exact best for that expert with the others held (block
+   coordinate descent on the sum of squared GPU loads, whose minimiser also minimises the busiest GPU), so
+   the busiest GPU never rises. This runs in real numbers.
+3. Stop a row when its busiest GPU is within `tolerance` of the lower bound below, or after `max_sweeps`
+   sweeps; then round to whole rows (the floors, the rows left one at a time to the expert's least loaded
+   GPU) and polish with `POLISH_SWEEPS` sweeps in whole rows. No clock decides anything.
 
 The lower bound (`split_lower_bound`), valid for any split, fractional ones included (Hall's condition):
 for any set `U` of GPUs, the experts all of whose replicas are on `U` must be served inside `U`, so
@@ -189,7 +191,7 @@ def _replica_table(rows: np.ndarray, load: np.ndarray, num_gpus: int):
     experts = load.shape[1]
     maps, which = np.unique(rows, axis=0, return_inverse=True)
     which = which.reshape(-1)
-    tables = [_colour_classes(m, experts, physical // num_gpus) for m in maps]
+    tables = [colour_classes(m, experts, physical // num_gpus) for m in maps]
     if all(t is None for t in tables):
         return None
     width_c = max(t.shape[0] for t in tables if t is not None)
@@ -212,7 +214,7 @@ def _replica_table(rows: np.ndarray, load: np.ndarray, num_gpus: int):
     return table, gpu, first, multiplicity, nth, amount
 
 
-def _colour_classes(phy2log: np.ndarray, num_experts: int, slots_per_gpu: int) -> np.ndarray | None:
+def colour_classes(phy2log: np.ndarray, num_experts: int, slots_per_gpu: int) -> np.ndarray | None:
     """int64 `[C, K, M]`: the slots of one map's replicated experts (-1 padded), `K` experts per class `c`
     sharing no GPU. Greedy: experts by most replicas first (ties: the lower id), each into the first
     class none of whose experts is on one of its GPUs. None when no expert is replicated."""
@@ -417,7 +419,7 @@ def map_tokens(topk_ids: np.ndarray, rank: np.ndarray, phy2log: np.ndarray, shar
         return ids.copy()
     if ids.min() < 0 or ids.max() >= experts:
         raise InputError("topk_ids", f"expert ids in [0, {experts})", int(ids[(ids < 0) | (ids >= experts)][0]))
-    log2phy, cumulative = _cumulative_shares(row, share, experts)                  # [E, W], [E, W]
+    log2phy, cumulative = cumulative_shares(row, share, experts)                  # [E, W], [E, W]
     total = cumulative[:, -1]
     flat_e, flat_r = ids.ravel(), np.repeat(rank, k)
     key = flat_r * experts + flat_e
@@ -438,7 +440,7 @@ def map_tokens(topk_ids: np.ndarray, rank: np.ndarray, phy2log: np.ndarray, shar
     return log2phy[flat_e, np.minimum(index, log2phy.shape[1] - 1)].reshape(tokens, k)
 
 
-def _cumulative_shares(phy2log: np.ndarray, shares: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
+def cumulative_shares(phy2log: np.ndarray, shares: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
     """(slots of each expert ascending, -1 padded int64 `[E, W]`; the cumulative shares over them `[E, W]`, the
     last column repeated into the padding)."""
     order = np.argsort(phy2log, kind="stable")
