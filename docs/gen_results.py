@@ -334,6 +334,33 @@ def _drift_rows(data: dict) -> list[list]:
     return rows
 
 
+def _cadence_rows(data: dict) -> tuple[list[list], list[list]]:
+    """From a record of every cadence (bench_engines.py since issue 46): per drifting trace and engine mode, each
+    policy's best cadence in the engine's code and the cadence `moe-place cadence` advises with its total over
+    that best, best against best; and the replay's prediction of each run (its error on the total and on expert
+    + migration time)."""
+    best_rows, prediction_rows = [], []
+    for d in data["drift"]:
+        runs = d["runs"]
+        label = f"{d['engine']} {'async' if d['async'] else 'sync'}" if d["engine"] == "vllm" else d["engine"]
+        cells, best = [], {}
+        for policy in ("default", "moe-place"):
+            mine = [r for r in runs if r["policy"] == policy]
+            top = min(mine, key=lambda r: r["total_s"])
+            advised = next(r for r in mine if r["cadence"]["step_interval"] == d["advised"][policy])
+            best[policy] = top["total_s"]
+            cells += [f"every {top['cadence']['step_interval']}",
+                      f"every {d['advised'][policy]} ({f(advised['total_s'] / top['total_s'], 4)})"]
+        best_rows.append([label, d["scenario"], *cells, f(best["moe-place"] / best["default"], 4)])
+        errors = [r["replay_error"] for r in runs]
+        model = [r["replay_model_error"] for r in runs]
+        worst = max(runs, key=lambda r: abs(r["replay_error"]))
+        prediction_rows.append([label, d["scenario"], len(runs), pct(max(errors, key=abs), 2),
+                                f"{worst['policy']} every {worst['cadence']['step_interval']}",
+                                pct(max(model, key=abs), 2), sum(abs(e) <= 0.01 for e in errors)])
+    return best_rows, prediction_rows
+
+
 def _machines(*records: dict) -> str:
     """The sentence naming the CPU each record was measured on (records made before they named it add none)."""
     seen = []
@@ -351,7 +378,11 @@ def engines() -> str:
     ties = record("eplb_ties.json")
     cadence = vllm["settings"]
     workload_rows = _workload_rows(vllm) + _workload_rows(sglang)
-    drift_rows = _drift_rows(vllm) + _drift_rows(sglang)
+    every_cadence = all("advised" in d for data in (vllm, sglang) for d in data["drift"])
+    if every_cadence:
+        best_rows, prediction_rows = (a + b for a, b in zip(_cadence_rows(vllm), _cadence_rows(sglang)))
+    else:
+        drift_rows = _drift_rows(vllm) + _drift_rows(sglang)
     cpu_rows = []
     for data in (vllm, sglang):
         for w in data["workloads"]:
@@ -385,15 +416,16 @@ def engines() -> str:
                 table(["engine (mode)", "size", "busiest/mean, worst judged call: moe-place (default)",
                        "slots moved over the run: moe-place / default", "slots moved on noise alone (calls 2-6)",
                        "targets met"], workload_rows),
-                "## Drifting traces\n\nThe replay's drifting traces (`bench/bench_replay.py` SCENARIOS, seed "
-                f"{cadence['seed']}, {cadence['steps']} steps) in the engines' code, priced on the cost model: "
-                "expert-layer time + what serving pays for migration + the policy's CPU time where the engine "
-                "waits for it (not in vLLM's async worker), both policies at the engine's default cadence and at "
-                "each one's best cadence in the replay record (window = interval); best against best: each "
-                "policy's best of these runs.",
-                table(["engine (mode)", "trace", "moe-place / default at the engine's default cadence",
-                       "... at the default's best cadence", "... at moe-place's best cadence",
-                       "best against best"], drift_rows),
+                *(_drift_section(cadence, best_rows, prediction_rows) if every_cadence else
+                  ("## Drifting traces\n\nThe replay's drifting traces (`bench/bench_replay.py` SCENARIOS, seed "
+                   f"{cadence['seed']}, {cadence['steps']} steps) in the engines' code, priced on the cost model: "
+                   "expert-layer time + what serving pays for migration + the policy's CPU time where the engine "
+                   "waits for it (not in vLLM's async worker), both policies at the engine's default cadence and at "
+                   "each one's best cadence in the replay record (window = interval); best against best: each "
+                   "policy's best of these runs.",
+                   table(["engine (mode)", "trace", "moe-place / default at the engine's default cadence",
+                          "... at the default's best cadence", "... at moe-place's best cadence",
+                          "best against best"], drift_rows))),
                 "## CPU time per call\n\nThe policy's CPU seconds per call on the workload runs above (the calling "
                 "thread's: vLLM's async worker, the serving thread otherwise; median over the run's calls): the "
                 "engine's own default policy code and moe-place's rule, on the same calls of the same engine. In "
@@ -412,6 +444,23 @@ def engines() -> str:
                 "is the planner's EPLB with numpy's argsort as its order, `stable` with its own stable order, "
                 "`standin` the CI stand-in of vLLM's policy. " + source("eplb_ties.json"),
                 table(["variant", "with the map in use", "maps exactly vLLM's", "same experts per GPU"], tie_rows))
+
+
+def _drift_section(cadence: dict, best_rows: list[list], prediction_rows: list[list]) -> tuple[str, str, str, str]:
+    return ("## Drifting traces\n\nThe replay's drifting traces (`bench/bench_replay.py` SCENARIOS, seed "
+            f"{cadence['seed']}, {cadence['steps']} steps) in the engines' code, priced on the cost model: expert-layer "
+            "time + what serving pays for migration + the policy's CPU time where the engine waits for it (not in "
+            "vLLM's async worker), both policies at every cadence `moe-place cadence` tries (window = interval) and "
+            "at the engine's default. Each policy's best cadence in the engine's code, the cadence `moe-place "
+            "cadence` advises for it (its replay of the same trace, cluster and protocol) with that cadence's total "
+            "over the best, and best against best:",
+            table(["engine (mode)", "trace", "default: best", "default: advised", "moe-place: best",
+                   "moe-place: advised", "best against best"], best_rows),
+            "The replay's prediction of every run beside it: the replay's total over the engine's, the worst run, "
+            "the same without the policy's CPU time (expert + migration, which does not depend on the machine), "
+            "and how many runs are within 1%:",
+            table(["engine (mode)", "trace", "runs", "worst error on the total", "where",
+                   "worst on expert + migration", "within 1%"], prediction_rows))
 
 
 def replay() -> str:
