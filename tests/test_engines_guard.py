@@ -204,7 +204,7 @@ def test_vllm_a_raise_at_the_commit_keeps_vllms_commit_and_the_flags(monkeypatch
             FLAGS.offer((LAYERS, EXPERTS), [True, True])
             monkeypatch.setattr(FLAGS, "adopt", lambda *a: 1 / 0)
             new = phy2log.flip(1).contiguous()
-            tree["vllm.distributed.eplb.eplb_state"]._commit_eplb_maps(state, new)
+            tree["vllm.distributed.eplb.eplb_state"]._commit_eplb_maps(state, new_physical_to_logical_map=new)
             assert torch.equal(state.physical_to_logical_map, new)   # vLLM's own commit ran
             assert not FLAGS.is_on((LAYERS, EXPERTS), 0)
             assert len(_warnings(caplog)) == 1 and "vllm.commit" in _warnings(caplog)[0]

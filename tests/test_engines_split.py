@@ -82,11 +82,12 @@ class _VllmRun:
         """Offer `flags` (the rule's choice) and commit the map in use, as vLLM does after a rearrangement."""
         FLAGS.offer((LAYERS, EXPERTS), flags)
         module = self.tree["vllm.distributed.eplb.eplb_state"]
-        if per_layer:
+        if per_layer:   # as vLLM calls them: the maps (and the layer) by keyword
             for layer in range(LAYERS):
-                module._commit_eplb_maps_for_layer(self.state, PHY2LOG[layer].clone(), layer)
+                module._commit_eplb_maps_for_layer(self.state, new_physical_to_logical_map=PHY2LOG[layer].clone(),
+                                                   layer=layer)
         else:
-            module._commit_eplb_maps(self.state, PHY2LOG.clone())
+            module._commit_eplb_maps(self.state, new_physical_to_logical_map=PHY2LOG.clone())
 
     def route(self, layer: int, ids: torch.Tensor, unpadded: int | None = None) -> torch.Tensor:
         """The layer's router on a batch whose top-k is `ids` (logits that rank them first), as vLLM's forward."""
@@ -179,7 +180,7 @@ def test_the_policy_call_offers_the_rules_split_choice(monkeypatch):
             assert torch.equal(new, PHY2LOG)
             assert FLAGS.pending[(LAYERS, EXPERTS)].tolist() == expected
             assert not FLAGS.is_on((LAYERS, EXPERTS), 0)
-            run.tree["vllm.distributed.eplb.eplb_state"]._commit_eplb_maps(run.state, new)
+            run.tree["vllm.distributed.eplb.eplb_state"]._commit_eplb_maps(run.state, new_physical_to_logical_map=new)
             assert [FLAGS.is_on((LAYERS, EXPERTS), layer) for layer in range(LAYERS)] == expected
 
 

@@ -176,16 +176,25 @@ def install_split(split: VllmSplit, router_module=None, state_module=None) -> Vl
     for name, layer_argument in zip(COMMITS, (False, True)):
         commit = getattr(state_module, name)
 
-        def committed(model_state, new_map, *args, _commit=commit, _per_layer=layer_argument, **kwargs):
-            _commit(model_state, new_map, *args, **kwargs)   # vLLM's own commit, as it is
-            layer = kwargs.get("layer", args[0] if args else None) if _per_layer else None
-            split.adopt(model_state, None if layer is None else [int(layer)])
+        def committed(*args, _commit=commit, _per_layer=layer_argument, **kwargs):
+            _commit(*args, **kwargs)   # vLLM's own commit, as vLLM called it (it passes the maps by keyword)
+            split.adopt(*_commit_arguments(args, kwargs, _per_layer))
 
         committed.moe_place_entry = "vllm.commit"
         committed.moe_place_wraps = commit
         split.patches.append((state_module, name, commit))
         setattr(state_module, name, committed)
     return split
+
+
+def _commit_arguments(args: tuple, kwargs: dict, per_layer: bool) -> tuple[Any, list[int] | None]:
+    """(model_state, the layers committed: None for all) of a call `_commit_eplb_maps[_for_layer](model_state,
+    new_physical_to_logical_map[, layer])`, positional or by keyword."""
+    model_state = args[0] if args else kwargs.get("model_state")
+    if not per_layer:
+        return model_state, None
+    layer = args[2] if len(args) > 2 else kwargs.get("layer")
+    return model_state, None if layer is None else [int(layer)]
 
 
 def uninstall_split(split: VllmSplit) -> None:
