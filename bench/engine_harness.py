@@ -88,8 +88,11 @@ ENGINES = ("vllm", "sglang", "standin-vllm", "standin-sglang")
 RULE_FILES = (
     "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/vllm_policy.py",
     "moe_place/engines/sglang.py", "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py",
-    "moe_place/engines/session.py", "moe_place/engines/tensors.py", "moe_place/online/policy.py",
-    "moe_place/online/estimate.py",
+    "moe_place/engines/session.py", "moe_place/engines/tensors.py", "moe_place/engines/guard.py",
+    "moe_place/engines/batch_split.py", "moe_place/online/policy.py", "moe_place/online/estimate.py",
+    # the per-batch split's (MOE_PLACE_SPLIT=per-batch): its per-layer choice at the call, and the forward pass's
+    "moe_place/engines/vllm_split.py", "moe_place/engines/sglang_split.py", "moe_place/online/splitting.py",
+    "moe_place/split.py",
     "moe_place/cost/cluster.py", "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/gemm_profile.py",
     "moe_place/cost/replicas.py",
     "moe_place/cost/hardware.py", "moe_place/cost/migration.py", "moe_place/cost/models.py", "moe_place/cost/payback.py",

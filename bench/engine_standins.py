@@ -436,13 +436,15 @@ class StandinVllmEplb:
     router checks); if set, add the pass's physical counts with `add_pass_load`; after the pass call
     `step()`. `physical_to_logical_map` is the map in use `[layers, P]`. model: the expert shape the model's
     registered weights have (a preset name or shape; default Qwen3-30B-A3B), named `model_name`.
-    log_stats / log_interval: vLLM's `log_balancedness` and `log_balancedness_interval`.
+    log_stats / log_interval: vLLM's `log_balancedness` and `log_balancedness_interval`. forward: the forward
+    pass's state (`EplbModelState`), whose MoE layers the model registers (`model.moe_layers`), or None.
     """
 
     def __init__(self, policies: dict, num_layers: int, num_experts: int, num_redundant: int, num_gpus: int,
                  num_nodes: int, num_groups: int, step_interval: int = 3000, window_size: int = 1000,
                  use_async: bool = True, policy: str = "default", model: str | ExpertShape | None = None,
-                 model_name: str | None = None, log_stats: bool = False, log_interval: int = 1):
+                 model_name: str | None = None, log_stats: bool = False, log_interval: int = 1,
+                 forward: "EplbModelState | None" = None):
         self.policies, self.policy_name = policies, policy
         self.parallel_config = types.SimpleNamespace(eplb_config=types.SimpleNamespace(
             step_interval=step_interval, window_size=window_size, use_async=use_async, policy=policy,
@@ -456,7 +458,8 @@ class StandinVllmEplb:
         layer = expert_weight_tensors(shape, physical // num_gpus)
         standin = types.SimpleNamespace(num_moe_layers=num_layers, num_logical_experts=num_experts,
                                         num_routed_experts=num_experts, num_redundant_experts=num_redundant,
-                                        num_physical_experts=physical, expert_weights=[layer] * num_layers)
+                                        num_physical_experts=physical, expert_weights=[layer] * num_layers,
+                                        moe_layers=[] if forward is None else forward.model.moe_layers)
         config = types.SimpleNamespace(model=model_name or shape.name, hf_text_config=hf_config_of(shape))
         self.add_model(standin, config)
 
@@ -603,3 +606,341 @@ class StandinSglangEplb:
         self.calls += 1
         self.metadata.physical_to_logical_map_cpu = phy2log.to(torch.int64).cpu().clone()
         self.metadata.logical_to_all_physical_map_cpu = log2phy.to(torch.int64).cpu().clone()
+
+
+# ---------------------------------------------------------------------- the replica choice (per-batch split)
+# vLLM 0.33's router and EPLB map commits, and SGLang 0.5.23's `lp` dispatch path, as far as the split touches
+# them (read in `fused_moe/router/base_router.py`, `distributed/eplb/eplb_state.py`; `srt/eplb/lplb_solver.py`,
+# `srt/model_executor/model_runner_components/moe_ep_setup.py`, `srt/eplb/expert_location_dispatch.py`,
+# `srt/layers/moe/topk.py`). The LP itself (SGLang's CUDA interior-point solver) is stood in for by the even
+# split: what the stand-in keeps is where SGLang calls what, with which arguments, and the collective.
+KNUTH_MULTIPLIER = 2654435769
+
+
+@dataclass
+class EplbLayerState:
+    """vLLM's `EplbLayerState`: one MoE layer's views of the model's EPLB tensors (`set_layer_state`) and the
+    shared record flag and unpadded-token counts."""
+
+    expert_load_view: torch.Tensor | None = None
+    logical_to_physical_map: torch.Tensor | None = None
+    logical_replica_count: torch.Tensor | None = None
+    should_record_tensor: torch.Tensor | None = None
+    num_unpadded_tokens_tensors: list | None = None
+
+    def set_layer_state(self, moe_layer_idx: int, expert_load_view, logical_to_physical_map,
+                        logical_replica_count) -> None:
+        self.expert_load_view = expert_load_view[moe_layer_idx]
+        self.logical_to_physical_map = logical_to_physical_map[moe_layer_idx]
+        self.logical_replica_count = logical_replica_count[moe_layer_idx]
+
+
+def eplb_map_to_physical_and_record(topk_ids, expert_load_view, logical_to_physical_map, logical_replica_count,
+                                    record_enabled, num_unpadded_tokens=None):
+    """vLLM's mapping as its CUDA kernel computes it: replica `hash(token index) % replicas` (Knuth), and one
+    added to the chosen slot per dispatch of an unpadded token while `record_enabled`."""
+    flat = topk_ids.reshape(-1).long()
+    k = topk_ids.shape[-1] if topk_ids.dim() > 1 else 1
+    index = torch.arange(flat.numel())
+    valid = (flat >= 0) & (flat < logical_replica_count.shape[0])
+    safe = torch.where(valid, flat, 0)
+    replicas = logical_replica_count[safe].long().clamp(min=1)
+    replica = ((index // k) * KNUTH_MULTIPLIER & 0xFFFFFFFF) % replicas
+    physical = torch.where(valid, logical_to_physical_map[safe, replica].long(), -1)
+    keep = valid & (physical >= 0) & (physical < expert_load_view.shape[0]) & record_enabled.bool()
+    if num_unpadded_tokens is not None:
+        keep &= index < num_unpadded_tokens * k
+    expert_load_view.index_add_(0, physical.clamp(min=0), keep.to(expert_load_view.dtype))
+    return physical.to(topk_ids.dtype).reshape(topk_ids.shape)
+
+
+class BaseRouter:
+    """vLLM's `BaseRouter` as its forward pass runs it: routing (here a plain softmax top-k), then
+    `_apply_eplb_mapping`, which calls the module's `eplb_map_to_physical_and_record` with the layer's state."""
+
+    def __init__(self, top_k: int, global_num_experts: int, eplb_state: EplbLayerState | None = None):
+        self.top_k, self.global_num_experts, self.eplb_state = top_k, global_num_experts, eplb_state
+
+    def _apply_eplb_mapping(self, topk_ids):
+        state = self.eplb_state
+        if state is None:
+            return topk_ids
+        mapping = sys.modules["vllm.model_executor.layers.fused_moe.router.base_router"].eplb_map_to_physical_and_record
+        return mapping(topk_ids=topk_ids, logical_to_physical_map=state.logical_to_physical_map,
+                       logical_replica_count=state.logical_replica_count, expert_load_view=state.expert_load_view,
+                       record_enabled=state.should_record_tensor,
+                       num_unpadded_tokens=state.num_unpadded_tokens_tensors[0])
+
+    def select_experts(self, hidden_states, router_logits):
+        weights, ids = torch.softmax(router_logits.float(), dim=-1).topk(self.top_k, dim=-1)
+        return weights.to(hidden_states.dtype), self._apply_eplb_mapping(ids.to(torch.int32))
+
+
+def compute_logical_maps(phy2log: torch.Tensor, num_experts: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's `compute_logical_maps` of `phy2log [layers, P]` (slots ascending, -1 padded to `width`)."""
+    layers, physical = phy2log.shape
+    log2phy = torch.full((layers, num_experts, width), -1, dtype=torch.int64)
+    count = torch.zeros((layers, num_experts), dtype=torch.int64)
+    for slot in range(physical):
+        rows = torch.arange(layers)
+        experts = phy2log[:, slot].long()
+        ok = experts >= 0
+        log2phy[rows[ok], experts[ok], count[rows[ok], experts[ok]]] = slot
+        count[rows[ok], experts[ok]] += 1
+    return log2phy, count
+
+
+class EplbModelState:
+    """vLLM's `EplbModelState` for the forward pass: the maps the routers read (`[layers, ...]`), the pass's
+    load, the shared record flag, and a model whose `moe_layers` hold each layer's `BaseRouter` (the class of the
+    router module in `sys.modules`: `standin_vllm_forward`)."""
+
+    def __init__(self, phy2log: torch.Tensor, num_experts: int, top_k: int, num_redundant: int):
+        layers, physical = phy2log.shape
+        router_class = sys.modules["vllm.model_executor.layers.fused_moe.router.base_router"].BaseRouter
+        self.physical_to_logical_map = phy2log.clone().long()
+        self.logical_to_physical_map, self.logical_replica_count = compute_logical_maps(
+            self.physical_to_logical_map, num_experts, num_redundant + 1)
+        self.expert_load_pass = torch.zeros((layers, physical), dtype=torch.int32)
+        self.should_record_tensor = torch.ones((), dtype=torch.bool)
+        self.num_unpadded_tokens_tensors = [torch.tensor(0)]
+        routers = []
+        for layer in range(layers):
+            state = EplbLayerState(should_record_tensor=self.should_record_tensor,
+                                   num_unpadded_tokens_tensors=self.num_unpadded_tokens_tensors)
+            state.set_layer_state(layer, self.expert_load_pass, self.logical_to_physical_map,
+                                  self.logical_replica_count)
+            routers.append(router_class(top_k, num_experts, state))
+        self.model = types.SimpleNamespace(num_moe_layers=layers, num_logical_experts=num_experts,
+                                           moe_layers=[types.SimpleNamespace(router=r, eplb_state=r.eplb_state)
+                                                       for r in routers])
+
+
+def _commit_eplb_maps(model_state: EplbModelState, new_physical_to_logical_map: torch.Tensor) -> None:
+    """vLLM's `_commit_eplb_maps`: every layer's maps at once (sync mode)."""
+    model_state.physical_to_logical_map.copy_(new_physical_to_logical_map)
+    log2phy, count = compute_logical_maps(model_state.physical_to_logical_map, model_state.model.num_logical_experts,
+                                          model_state.logical_to_physical_map.shape[-1])
+    model_state.logical_to_physical_map.copy_(log2phy)
+    model_state.logical_replica_count.copy_(count)
+
+
+def _commit_eplb_maps_for_layer(model_state: EplbModelState, new_physical_to_logical_map: torch.Tensor,
+                                layer: int) -> None:
+    """vLLM's `_commit_eplb_maps_for_layer`: one layer's maps (async mode, one layer per step)."""
+    model_state.physical_to_logical_map[layer].copy_(new_physical_to_logical_map)
+    log2phy, count = compute_logical_maps(new_physical_to_logical_map[None], model_state.model.num_logical_experts,
+                                          model_state.logical_to_physical_map.shape[-1])
+    model_state.logical_to_physical_map[layer].copy_(log2phy[0])
+    model_state.logical_replica_count[layer].copy_(count[0])
+
+
+@dataclass
+class GroupCoordinator:
+    """The part of vLLM's and SGLang's `GroupCoordinator` the split uses, over a torch.distributed group (gloo in
+    the tests): `device_group`, `cpu_group`, `rank_in_group`, `world_size`, `all_reduce` (a sum, returned)."""
+
+    device_group: object = None
+    cpu_group: object = None
+    rank_in_group: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def world(cls) -> "GroupCoordinator":
+        import torch.distributed as dist
+
+        group = dist.group.WORLD
+        return cls(group, group, dist.get_rank(), dist.get_world_size())
+
+    def all_reduce(self, tensor):
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, group=self.device_group)
+        return tensor
+
+
+def _vllm_forward_modules(group: GroupCoordinator) -> dict[str, types.ModuleType]:
+    router = types.ModuleType("vllm.model_executor.layers.fused_moe.router.base_router")
+    router.BaseRouter = type("BaseRouter", (BaseRouter,), {})   # a class per tree: the split patches its own
+    router.eplb_map_to_physical_and_record = eplb_map_to_physical_and_record
+    router.dbo_current_ubatch_id = lambda: 0
+    parallel = types.ModuleType("vllm.distributed.parallel_state")
+    parallel.get_ep_group = lambda: group
+    return {"vllm.model_executor.layers.fused_moe.router.base_router": router,
+            "vllm.distributed.parallel_state": parallel}
+
+
+@contextmanager
+def standin_vllm_forward(group: GroupCoordinator | None = None) -> Iterator[dict]:
+    """`standin_vllm_modules()` plus the forward pass's modules: the router (`BaseRouter`, its mapping) and
+    `get_ep_group()` returning `group` (default: one rank), with the commit functions in the EPLB state module.
+    Yields the module tree (by name)."""
+    group = group or GroupCoordinator()
+    with standin_vllm_modules():
+        state = sys.modules["vllm.distributed.eplb.eplb_state"]
+        state._commit_eplb_maps, state._commit_eplb_maps_for_layer = _commit_eplb_maps, _commit_eplb_maps_for_layer
+        state.EplbLayerState = EplbLayerState
+        tree = _vllm_forward_modules(group)
+        tree.update({name: types.ModuleType(name) for name in (
+            "vllm.model_executor", "vllm.model_executor.layers", "vllm.model_executor.layers.fused_moe",
+            "vllm.model_executor.layers.fused_moe.router")})
+        with _modules(tree):
+            yield {name: sys.modules[name] for name in (*tree, "vllm.distributed.eplb.eplb_state",
+                                                        "vllm.distributed.eplb.policy")}
+
+
+# SGLang's lp path
+LPLB_SUPPORTED_MODEL_ARCHS = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})   # part of SGLang's list
+
+
+def assert_lplb_supported_model(architecture: str) -> None:
+    """SGLang's gate: `lp` only for the model classes whose empty-token ranks still call `solve`."""
+    if architecture not in LPLB_SUPPORTED_MODEL_ARCHS:
+        raise NotImplementedError(f"{architecture} does not support --ep-dispatch-algorithm lp")
+
+
+class LPLBSolver:
+    """SGLang's `LPLBSolver` as the top-k calls it: `solve(topk_ids)` counts this rank's dispatches, all-reduces
+    them over `ep_group` (every rank, an empty batch too) and returns `log2phy_prob [E, X]`. The LP on the GPU is
+    stood in for by the even split (1 / replicas)."""
+
+    def __init__(self, phy2log, log2phy, num_gpus, ep_group=None, logical_to_all_physical_map_num_valid=None):
+        if phy2log.shape[0] % num_gpus:
+            raise ValueError("LPLBSolver requires num_phy to be divisible by num_gpus")
+        self.num_gpus, self.ep_group, self.log2phy = num_gpus, ep_group, log2phy.long()
+        self.num_logical = log2phy.shape[0]
+
+    def solve(self, topk_ids):
+        local = torch.zeros(self.num_logical, dtype=torch.int32)
+        local.scatter_add_(0, topk_ids.flatten().long(), torch.ones(topk_ids.numel(), dtype=torch.int32))
+        counts = local.float()
+        if self.ep_group is not None:
+            counts = self.ep_group.all_reduce(counts)
+        valid = (self.log2phy >= 0).float()
+        return valid / valid.sum(dim=1, keepdim=True).clamp(min=1)
+
+
+@dataclass
+class ExpertLocationMetadata:
+    """The part of SGLang's `ExpertLocationMetadata` the lp path reads (`[layers, ...]`; X = P, -1 padded)."""
+
+    physical_to_logical_map: torch.Tensor
+    logical_to_all_physical_map: torch.Tensor
+    logical_to_all_physical_map_num_valid: torch.Tensor
+    ep_size: int
+
+    @classmethod
+    def of(cls, phy2log: torch.Tensor, num_experts: int, ep_size: int) -> "ExpertLocationMetadata":
+        log2phy, count = compute_logical_maps(phy2log, num_experts, phy2log.shape[1])
+        return cls(phy2log.long(), log2phy, count, ep_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.physical_to_logical_map.shape[0])
+
+
+@dataclass
+class ExpertLocationDispatchInfo:
+    """SGLang's per-layer dispatch info (`ExpertLocationDispatchInfo.init_new(layer_id)`), the fields the lp path
+    reads (no static table: SGLang builds none with `lp`)."""
+
+    ep_dispatch_algorithm: str
+    partial_logical_to_all_physical_map: torch.Tensor
+    partial_logical_to_all_physical_map_num_valid: torch.Tensor
+    num_physical_experts: int
+
+    @classmethod
+    def of(cls, metadata: ExpertLocationMetadata, layer: int) -> "ExpertLocationDispatchInfo":
+        return cls("lp", metadata.logical_to_all_physical_map[layer],
+                   metadata.logical_to_all_physical_map_num_valid[layer],
+                   int(metadata.physical_to_logical_map.shape[1]))
+
+
+def _topk_ids_logical_to_physical_dynamic(topk_ids, info):
+    """SGLang's dynamic dispatch: a uniform replica per dispatch (its random draw; by row when rank-invariant)."""
+    flat = topk_ids.flatten().long()
+    valid = info.partial_logical_to_all_physical_map_num_valid[flat]
+    pick = torch.randint(0, 65536, flat.shape) % valid
+    return info.partial_logical_to_all_physical_map[flat, pick].to(topk_ids.dtype).view(topk_ids.shape)
+
+
+def _topk_ids_logical_to_physical_probability(topk_ids, info, log2phy_prob):
+    """SGLang's probability dispatch (a CUDA kernel there): a replica drawn per dispatch with the probabilities."""
+    flat = topk_ids.flatten().long()
+    if flat.numel() == 0:
+        return topk_ids
+    pick = torch.multinomial(log2phy_prob[flat].clamp(min=0) + 1e-12, 1)[:, 0]
+    return info.partial_logical_to_all_physical_map[flat, pick].to(topk_ids.dtype).view(topk_ids.shape)
+
+
+def _sglang_lp_tree(group: GroupCoordinator, attn_dp: bool) -> dict[str, types.ModuleType]:
+    resources = types.SimpleNamespace(lplb_solvers={}, expert_location_metadata=None)
+    solver = types.ModuleType("sglang.srt.eplb.lplb_solver")
+    solver.LPLBSolver = LPLBSolver
+    solver.assert_lplb_supported_model = assert_lplb_supported_model
+    solver.get_resources = lambda: resources
+    solver.get_global_lplb_solver = lambda layer_id: resources.lplb_solvers.get(layer_id)
+    setup = types.ModuleType("sglang.srt.model_executor.model_runner_components.moe_ep_setup")
+    setup.LPLBSolver = LPLBSolver
+    setup.assert_lplb_supported_model = assert_lplb_supported_model
+    parallel = types.SimpleNamespace(moe_ep_group=group, attn_dp_enabled=attn_dp)
+
+    def init_lplb_solvers(*, model_config) -> None:   # SGLang's, reading its module's names at call time
+        architectures = getattr(model_config.hf_config, "architectures", None)
+        if architectures:
+            setup.assert_lplb_supported_model(architectures[0])
+        metadata = resources.expert_location_metadata
+        if metadata is None:
+            return
+        resources.lplb_solvers.clear()
+        for layer in range(metadata.num_layers):
+            resources.lplb_solvers[layer] = setup.LPLBSolver(
+                phy2log=metadata.physical_to_logical_map[layer], log2phy=metadata.logical_to_all_physical_map[layer],
+                num_gpus=metadata.ep_size, ep_group=parallel.moe_ep_group,
+                logical_to_all_physical_map_num_valid=metadata.logical_to_all_physical_map_num_valid[layer])
+
+    setup.init_lplb_solvers = init_lplb_solvers
+    dispatch = types.ModuleType("sglang.srt.eplb.expert_location_dispatch")
+    dispatch.ExpertLocationDispatchInfo = ExpertLocationDispatchInfo
+    dispatch._topk_ids_logical_to_physical_dynamic = _topk_ids_logical_to_physical_dynamic
+    dispatch._topk_ids_logical_to_physical_probability = _topk_ids_logical_to_physical_probability
+
+    def topk_ids_logical_to_physical(topk_ids, info, log2phy_prob=None):   # SGLang's, for "lp"
+        if log2phy_prob is None:
+            raise RuntimeError("ep_dispatch_algorithm='lp' but log2phy_prob is None at dispatch time")
+        return dispatch._topk_ids_logical_to_physical_probability(topk_ids, info, log2phy_prob)
+
+    dispatch.topk_ids_logical_to_physical = topk_ids_logical_to_physical
+    runtime = types.ModuleType("sglang.srt.runtime_context")
+    runtime.get_parallel = lambda: parallel
+    runtime.get_resources = lambda: resources
+    runtime.get_exec = lambda: types.SimpleNamespace(moe=types.SimpleNamespace(
+        ep_dispatch_algorithm="lp", eplb_rebalance_num_iterations=1000, eplb_rebalance_layers_per_chunk=None))
+    tree = {name: types.ModuleType(name) for name in ("sglang", "sglang.srt", "sglang.srt.eplb",
+                                                      "sglang.srt.model_executor",
+                                                      "sglang.srt.model_executor.model_runner_components")}
+    tree.update({"sglang.srt.eplb.lplb_solver": solver, setup.__name__: setup, dispatch.__name__: dispatch,
+                 "sglang.srt.runtime_context": runtime})
+    return tree
+
+
+@contextmanager
+def standin_sglang_lp(group: GroupCoordinator | None = None, attn_dp: bool = False) -> Iterator[dict]:
+    """SGLang's lp path for the block (module note above): the solver module (with the resources holding the
+    metadata and the solvers), `moe_ep_setup.init_lplb_solvers`, the dispatch module, and `get_parallel()` with
+    `moe_ep_group = group` (default one rank) and `attn_dp_enabled`. Yields the modules by name."""
+    tree = _sglang_lp_tree(group or GroupCoordinator(), attn_dp)
+    with _modules(tree):
+        yield tree
+
+
+def sglang_topk(tree: dict, layer_id: int, topk_ids, info: ExpertLocationDispatchInfo):
+    """SGLang's top-k post-processing on the lp path (`_post_process_topk_ids`, CUDA branch): the layer's solver
+    solves the batch, then `topk_ids_logical_to_physical` maps it; an empty batch calls `solve` alone
+    (`TopK.empty_topk_output`)."""
+    solver = tree["sglang.srt.eplb.lplb_solver"].get_global_lplb_solver(layer_id)
+    prob = solver.solve(topk_ids)
+    if topk_ids.numel() == 0:
+        return topk_ids
+    return tree["sglang.srt.eplb.expert_location_dispatch"].topk_ids_logical_to_physical(topk_ids, info, prob)

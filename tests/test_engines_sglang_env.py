@@ -90,9 +90,10 @@ def _spawn(tmp_path, monkeypatch, value: str | None) -> dict:
 
 def test_a_spawned_scheduler_runs_the_rule_with_the_variable(tmp_path, monkeypatch):
     report = _spawn(tmp_path, monkeypatch, "1")
-    # at start only the hook's own small module; the adapter when SGLang builds its EPLB manager
-    assert report["at_start"] == ["moe_place", "moe_place.engines", "moe_place.engines.sglang_managers",
-                                  "moe_place.engines.sglang_startup"]
+    # at start only the hook's own small modules (the guard: standard library only); the adapter when SGLang
+    # builds its EPLB manager
+    assert report["at_start"] == ["moe_place", "moe_place.engines", "moe_place.engines.guard",
+                                  "moe_place.engines.sglang_managers", "moe_place.engines.sglang_startup"]
     assert report["adapter_at_manager"] and report["rule"] == "PaybackRebalance"
     assert report["sessions"] == 1 and report["shape"] == [2, 20]
     assert report["expert_bytes"] == [6 * 1024 * 2]   # the engine's tensors, not a preset's

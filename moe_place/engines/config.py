@@ -39,7 +39,6 @@ its time limit come from `MOE_PLACE_SOLVER` and `MOE_PLACE_TIME_LIMIT` (`solver_
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -47,8 +46,10 @@ from typing import Any, Mapping
 
 from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.files import read_table_file
+from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS
 from moe_place.cost.models import ExpertShape, get_model, infer_model_name, model_from_table
+from moe_place.engines.guard import LOG, ensure_handler
 from moe_place.errors import InputError, check_keys
 from moe_place.online.policy import ESTIMATES, RebalanceRule
 from moe_place.solvers.engine_call import DEFAULT_SOLVER
@@ -58,7 +59,6 @@ MODEL_ENV = "MOE_PLACE_MODEL"
 DEFAULT_MODEL = "Qwen3-30B-A3B"   # the expert dimensions where neither the engine nor the config says
 DEFAULT_CADENCE = (3000, 1000)    # vLLM 0.33's EPLBConfig step_interval / window_size, where the engine does not say
 EXPERT_BYTES_TOLERANCE = 0.05     # a preset's bytes are weights only; the engine's include scales and padding
-LOG = logging.getLogger("moe_place.engines")
 SOLVER_ENV = "MOE_PLACE_SOLVER"
 TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"
 
@@ -150,6 +150,7 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
                 raise InputError(name, "a finite number >= 0", value)
         self.expert_shape()  # an unknown preset or a bad [model] table fails here, once
+        builtin_catalog().gpu(self.hardware)   # ... and an unknown GPU part
 
     def configured_shape(self) -> ExpertShape | None:
         """The `model` the config names (a preset or a [model] table), or None."""
@@ -231,12 +232,7 @@ def first_call_line(engine_name: str, rule: RebalanceRule, engine: EngineModel |
 def log_first_call(line: str) -> None:
     """Log `line` at INFO on "moe_place.engines"; to stderr when nothing is set up to show it (vLLM
     configures only its own loggers)."""
-    if not LOG.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        LOG.addHandler(handler)
-    if LOG.getEffectiveLevel() > logging.INFO:
-        LOG.setLevel(logging.INFO)
+    ensure_handler()
     LOG.info(line)
 
 

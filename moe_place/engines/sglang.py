@@ -43,6 +43,15 @@ or `MOE_PLACE_*`), where a model, cadence or migration model that disagrees with
 InputError naming both. The rule's first call logs one line
 (`moe_place.engines.config.first_call_line`).
 
+Never a server down (`moe_place.engines.guard`): an exception inside the hook (the rule, the estimate, the
+probes of SGLang's state) logs one warning with the reason and SGLang's own `rebalance_experts` answers the
+call; the rule's sessions stay as they were. A model whose layers register no expert weight tensors counts as
+unknown (the rule prices copies with the configured model). The settings (`MOE_PLACE_*`) are read and checked
+when the hook installs, at the scheduler's start (a bad value stops it there, with one line), with SGLang's
+`--eplb-rebalance-num-iterations` and migration where SGLang has published them.
+With `MOE_PLACE_SPLIT=per-batch` each call also offers the rule's per-layer split choice to SGLang's `lp`
+dispatch path (`moe_place.engines.sglang_split`).
+
 Two ways in: `MOE_PLACE_SGLANG=1` in the server's environment (`moe_place.engines.sglang_startup`:
 every SGLang process of the environment, the spawned schedulers included, no user code), or
 `install_rebalance_hook()` in the process that runs the EPLB manager (in-process use: tests, a
@@ -62,9 +71,12 @@ from typing import Any, Callable
 import numpy as np
 
 from moe_place.engines import sglang_managers
+from moe_place.engines.batch_split import FLAGS, SPLIT_ENV, check_split_setting
 from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, load_engine_config,
                                       solver_settings)
+from moe_place.engines.guard import Guard
 from moe_place.engines.session import RuleSession
+from moe_place.engines.sglang_split import sglang_dispatch_algorithm
 from moe_place.engines.tensors import placement_tensors
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
@@ -230,7 +242,8 @@ def sglang_engine_model(num_layers: int, num_experts: int, local_slots: int) -> 
     """What SGLang serves, from the newest `EPLBManager` of SGLang's current class whose model fits the call
     (MoE layer ids below `num_layers`, `local_slots` experts per GPU): its name (`model_path`), one expert's
     bytes (the tensors of `routed_experts_weights_of_layer`, `[local experts, ...]` each), its MoE layers;
-    None when no such manager was recorded (`sglang_managers.MANAGERS`)."""
+    None when no such manager was recorded (`sglang_managers.MANAGERS`) or its layers hold no expert weight
+    tensors (nothing to price a copy with: the rule then uses the configured model)."""
     module = sys.modules.get(sglang_managers.MANAGER_MODULE)
     current = getattr(module, "EPLBManager", None)
     for cls, model_config, get_model in reversed(sglang_managers.MANAGERS):
@@ -239,10 +252,13 @@ def sglang_engine_model(num_layers: int, num_experts: int, local_slots: int) -> 
         weights = getattr(get_model(), "routed_experts_weights_of_layer", None)
         if not weights or max(weights) >= num_layers or any(int(t.shape[0]) != local_slots for t in weights[min(weights)]):
             continue
+        expert_bytes = expert_bytes_of(weights[min(weights)])
+        if expert_bytes <= 0:
+            continue
         hf_config = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
         name = getattr(model_config, "model_path", None) or "an unnamed model"
-        return EngineModel(str(name), expert_bytes_of(weights[min(weights)]), len(weights), num_experts,
-                           **config_dims(hf_config), source="SGLang's routed expert weights")
+        return EngineModel(str(name), expert_bytes, len(weights), num_experts, **config_dims(hf_config),
+                           source="SGLang's routed expert weights")
     return None
 
 
@@ -256,6 +272,7 @@ class PaybackRebalance:
     calls the rule hands back (an elastic call with a rank down, an algorithm it does not know; set by
     `install_rebalance_hook`). engine_model / active_ranks / interval: what SGLang says (defaults: read from
     the running SGLang). The rule's state lives here, one per model shape, between SGLang's calls.
+    guard: the reasons logged where the rule failed and SGLang's own function answered (module note).
     Returns `(phy2log, log2phy, logcnt)` CPU int64 tensors, as SGLang's own algorithms do.
     """
 
@@ -268,17 +285,38 @@ class PaybackRebalance:
     migration: Callable[[], str | None] = sglang_migration
     sessions: dict = field(default_factory=dict)
     handed_back: int = 0
+    guard: Guard = field(default_factory=lambda: Guard("SGLang"))
 
     def __call__(self, tokens_per_expert, num_physical_experts: int, num_local_physical_experts: int,
                  num_groups: int | None, num_nodes: int, algorithm: Any = None):
+        arguments = (tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups, num_nodes,
+                     algorithm)
+        fallback = self.fallback   # None outside SGLang: nothing to fall back to
+        # which calls SGLang answers itself (probes of its state: where they fail, SGLang answers too); SGLang's own
+        # function runs outside the guard, so its own errors stay SGLang's
+        name = self.guard.call("sglang.rebalance", lambda: self._rule_algorithm(*arguments),
+                               None if fallback is None else lambda: None)
+        if name is None:
+            return self._hand_back(*arguments)
+        return self.guard.call("sglang.rebalance", lambda: self._answer(name, *arguments),
+                               None if fallback is None else lambda: fallback(*arguments))
+
+    def _rule_algorithm(self, tokens_per_expert, num_physical_experts: int, num_local_physical_experts: int,
+                        num_groups: int | None, num_nodes: int, algorithm: Any = None) -> str | None:
+        """The name of the algorithm the rule answers for, or None where the call goes back to SGLang (module
+        note: an algorithm the rule does not know, an elastic one with a rank down)."""
         name = getattr(algorithm, "name", algorithm)   # SGLang passes its EplbAlgorithm enum
         gpus = num_physical_experts // num_local_physical_experts
         if name is None:
             name = "deepseek_hierarchical" if num_groups is not None and num_groups % max(num_nodes, 1) == 0 \
                 else "deepseek"   # what SGLang's "auto" resolves to
         if name not in RULE_ALGORITHMS or (str(name).startswith("elasticity_aware") and self._ranks_down(gpus)):
-            return self._hand_back(tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups,
-                                   num_nodes, algorithm)
+            return None
+        return name
+
+    def _answer(self, name: str, tokens_per_expert, num_physical_experts: int, num_local_physical_experts: int,
+                num_groups: int | None, num_nodes: int, algorithm: Any = None):
+        gpus = num_physical_experts // num_local_physical_experts
         loads = tokens_per_expert.detach().to("cpu").numpy() if hasattr(tokens_per_expert, "detach") \
             else np.asarray(tokens_per_expert)   # the rule checks and converts the counts once
         if loads.ndim == 2:
@@ -302,7 +340,12 @@ class PaybackRebalance:
             if session is None:   # the settings are read once per model, with its rule
                 session = self._new_session(num_layers, num_experts, gpus, nodes, groups, len(loads),
                                             num_local_physical_experts)
-            placement, self.sessions[key] = session.decide(loads, current)
+            placement, session = session.decide(loads, current)
+            answer = placement_tensors(placement)
+            if session.split_layers is not None:
+                FLAGS.offer((num_layers, num_experts), session.split_layers)
+            self.sessions[key] = session   # only a call that answered advances the rule
+            return answer
         return placement_tensors(placement)
 
     def _ranks_down(self, gpus: int) -> bool:
@@ -325,7 +368,8 @@ class PaybackRebalance:
         where = "SGLang's --eplb-rebalance-num-iterations" if said is not None else "the config: SGLang did not say"
         return RuleSession.start(config, "SGLang", engine, interval, window,
                                  f"every {interval} passes, window {window} passes ({where})", gpus, nodes,
-                                 num_layers, num_experts, groups, self.migration())
+                                 num_layers, num_experts, groups, self.migration(),
+                                 split="sglang-dynamic" if check_split_setting(True, "MOE_PLACE_SGLANG") else None)
 
 
 @dataclass
@@ -342,13 +386,15 @@ class RebalanceHook:
 def install_rebalance_hook(hook: PaybackRebalance | None = None) -> RebalanceHook:
     """Make SGLang's EPLB rebalance run `hook` (default: `PaybackRebalance()`), with SGLang's own function
     as its fallback, and record the EPLB managers SGLang builds from now on (for the expert size);
-    InputError without SGLang."""
+    InputError without SGLang. The settings are checked here (`check_settings`): a bad one is an InputError now,
+    at the scheduler's start."""
     try:
         module = importlib.import_module(ALGORITHMS_MODULE)
     except ImportError:
         raise InputError("sglang", f"an importable SGLang with {ALGORITHMS_MODULE}", "not importable") from None
-    warm_up()   # the rule's one-time costs now, not in SGLang's first rebalance
     hook = hook or PaybackRebalance()
+    check_settings(hook)
+    warm_up()   # the rule's one-time costs now, not in SGLang's first rebalance
     if hook.fallback is None:
         hook.fallback = module.rebalance_experts
     handle = RebalanceHook(module, module.rebalance_experts, hook)
@@ -364,6 +410,20 @@ def install_rebalance_hook(hook: PaybackRebalance | None = None) -> RebalanceHoo
             handle.manager_patch = (manager_module.EPLBManager, init)
     module.rebalance_experts = handle.hook
     return handle
+
+
+def check_settings(hook: PaybackRebalance) -> None:
+    """The hook's settings against what SGLang says now (InputError naming the field): the `MOE_PLACE_*` values,
+    `MOE_PLACE_SPLIT` (per-batch only with `--ep-dispatch-algorithm lp`, the path it takes), and, where the
+    running SGLang has published them, its rebalance interval and migration (the model is checked at the first
+    call: its weights load later)."""
+    config = hook.config or load_engine_config()
+    algorithm = sglang_dispatch_algorithm()
+    if check_split_setting(True, "MOE_PLACE_SGLANG") and algorithm is not None and algorithm != "lp":
+        raise InputError(SPLIT_ENV, "per-batch with --ep-dispatch-algorithm lp (the dispatch path the split takes)",
+                         f"--ep-dispatch-algorithm {algorithm}")
+    config.cadence(hook.interval())
+    config.resolved_migration(hook.migration())
 
 
 def uninstall_rebalance_hook(handle: RebalanceHook) -> None:

@@ -11,10 +11,14 @@ finder). Then, when SGLang imports
   each manager SGLang builds (with `--enable-eplb` only) is recorded (`sglang_managers.MANAGERS`: its class, model
   config and model getter: where the rule reads the expert size) and imports SGLang's EPLB algorithms at
   once, so the rule is set up and warmed up at start, not in the first rebalance;
-- `sglang.srt.eplb.eplb_algorithms`: `moe_place.engines.sglang.install_rebalance_hook()` runs on it.
+- `sglang.srt.eplb.eplb_algorithms`: `moe_place.engines.sglang.install_rebalance_hook()` runs on it (it checks
+  the `MOE_PLACE_*` settings: a bad one stops the scheduler at its start);
+- with `MOE_PLACE_SPLIT=per-batch`, SGLang's `lp` path as its modules load (`moe_place.engines.sglang_split`):
+  `...model_runner_components.moe_ep_setup` (the solver, before SGLang's model runner imports
+  `init_lplb_solvers`) and `sglang.srt.eplb.expert_location_dispatch` (the dispatch).
 Only then is the rest of moe-place imported. `MOE_PLACE_SGLANG=0` or unset: SGLang's own algorithm.
-This module imports nothing of SGLang, and of moe-place only `sglang_managers` (no imports of its own),
-at import time.
+This module imports nothing of SGLang, and of moe-place only `sglang_managers` (and its guard: standard
+library only), at import time.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import importlib.abc
 import os
 import sys
 
-from moe_place.engines.sglang_managers import ALGORITHMS_MODULE, MANAGER_MODULE, watch_managers
+from moe_place.engines.sglang_managers import (ALGORITHMS_MODULE, DISPATCH_MODULE, MANAGER_MODULE, SETUP_MODULE,
+                                               watch_managers)
 
 ENV = "MOE_PLACE_SGLANG"
 
@@ -59,7 +64,25 @@ def _on_algorithms_module(module) -> None:
         install_rebalance_hook()
 
 
-WATCHED = {MANAGER_MODULE: _on_manager_module, ALGORITHMS_MODULE: _on_algorithms_module}
+def _on_setup_module(module) -> None:
+    # late on purpose, as above; MOE_PLACE_SPLIT set to a bad value raises here, as SGLang's runner starts
+    from moe_place.engines.batch_split import split_enabled
+    from moe_place.engines.sglang_split import SglangSplit, install_setup
+
+    if split_enabled():
+        install_setup(SglangSplit(), module)
+
+
+def _on_dispatch_module(module) -> None:
+    from moe_place.engines.batch_split import split_enabled
+    from moe_place.engines.sglang_split import SglangSplit, install_dispatch
+
+    if split_enabled():
+        install_dispatch(SglangSplit(), module)
+
+
+WATCHED = {MANAGER_MODULE: _on_manager_module, ALGORITHMS_MODULE: _on_algorithms_module,
+           SETUP_MODULE: _on_setup_module, DISPATCH_MODULE: _on_dispatch_module}
 
 
 class _Finder(importlib.abc.MetaPathFinder):

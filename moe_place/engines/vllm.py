@@ -14,6 +14,14 @@ so that what vLLM registers for each model reaches the policy (`record_vllm_mode
 vLLM starts worker processes that must patch too: put the call in every process through vLLM's
 plugin entry point group `vllm.general_plugins` (`register_plugin`, enabled by setting
 `MOE_PLACE_VLLM_POLICY=default`). vLLM and pydantic are imported lazily.
+
+Start-up checks: `install` reads the rule's settings (`moe_place.engines.config.load_engine_config`) and
+`MOE_PLACE_SPLIT` at once, so a bad `MOE_PLACE_*` value stops vLLM in its plugin loading, before it serves
+(vLLM does not catch a plugin's exception); a model or cadence that disagrees with vLLM's stops it in
+`add_model`. What the wrapped `add_model` reads of vLLM (the expert weights) is a probe: where it fails, or
+vLLM registers no expert weight tensors, one warning, and the model counts as unknown (the rule prices copies
+with the configured model). With `MOE_PLACE_SPLIT=per-batch`, `add_model` also installs the per-batch split
+into vLLM's router (`moe_place.engines.vllm_split`).
 """
 
 from __future__ import annotations
@@ -27,9 +35,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from moe_place.engines.config import EngineModel, config_dims, expert_bytes_of
+from moe_place.engines.batch_split import FLAGS, check_split_setting
+from moe_place.engines.config import EngineModel, config_dims, expert_bytes_of, load_engine_config
+from moe_place.engines.guard import Guard
 from moe_place.engines.vllm_policy import (ENGINE_MODELS, STATIC_PLAN_ENV, VllmModel, PolicyCore, make_policy,
                                            policy_module)
+from moe_place.engines.vllm_split import VllmSplit, install_split, uninstall_split
 from moe_place.errors import InputError
 from moe_place.online.policy import warm_up
 
@@ -56,6 +67,8 @@ class Registration:
     rebuilt: list[Any] = field(default_factory=list)
     recorded: list[tuple[int, int]] = field(default_factory=list)   # ENGINE_MODELS keys its add_model wrote
     active: bool = True
+    guard: Guard = field(default_factory=lambda: Guard("vLLM"))     # the add_model probe's warnings
+    split: VllmSplit | None = None   # the per-batch split (MOE_PLACE_SPLIT=per-batch), installed at add_model
 
 
 def install(policy: type | None = None, name: str = "default", policies: dict | None = None) -> Registration:
@@ -67,7 +80,11 @@ def install(policy: type | None = None, name: str = "default", policies: dict | 
     `--eplb-config '{"policy": NAME}'` is accepted, but only with `use_async` off: vLLM 0.33
     refuses async EPLB with any policy but "default". `policies`: the registry dict to patch
     (tests; default: vLLM's). The dict is changed in place: modules that imported it see it.
+    The rule's settings and `MOE_PLACE_SPLIT` are read here: a bad value is an InputError now, not in a
+    rebalance.
     """
+    load_engine_config()
+    split = check_split_setting(True, PLUGIN_ENV)
     module = None
     if policies is None:
         module = policy_module()
@@ -78,7 +95,7 @@ def install(policy: type | None = None, name: str = "default", policies: dict | 
     policy = policy or make_policy()
     warm_up()   # the rule's one-time costs now, not in vLLM's first (timed) rebalance
     handle = Registration(name=name, policy=policy, policies=policies,
-                          previous_policy=policies.get(name, _MISSING))
+                          previous_policy=policies.get(name, _MISSING), split=VllmSplit() if split else None)
     policies[name] = policy
     if name != "default" and module is not None:
         _widen_policy_option(name, handle)
@@ -103,37 +120,73 @@ def _watch_add_model(handle: Registration) -> None:
         @functools.wraps(original)
         def add_model(self, model, model_config, *args, _original=original, **kwargs):
             result = _original(self, model, model_config, *args, **kwargs)
-            seen = record_vllm_model(self, model, model_config, kwargs.get("model_name", args[0] if args else None))
-            handle.recorded.append((seen.model.num_moe_layers, seen.model.num_experts))
+            key = record_vllm_model(self, model, model_config, kwargs.get("model_name", args[0] if args else None),
+                                    guard=handle.guard)
+            if key is not None:
+                handle.recorded.append(key)
+            if handle.split is not None and _is_ours(getattr(self, "policy", None)):
+                handle.guard.call("vllm.add_model", lambda: _split_model(handle.split, model), lambda: None)
             return result
 
         add_model.moe_place_wraps = original
+        add_model.moe_place_entry = "vllm.add_model"
         handle.option_patches.append((state, "add_model", original))
         state.add_model = add_model
 
 
-def record_vllm_model(state, model, model_config, model_name: str | None = None) -> VllmModel:
-    """What `EplbState.add_model` registered: the model's name, one expert's bytes (the tensors of
-    `model.expert_weights[0]`, `[local experts, ...]` each), its MoE layers and experts, and the state's
-    `step_interval` / `window_size`; checked against the config when the state's policy is ours."""
+def vllm_engine_model(model, model_config, model_name: str | None = None) -> EngineModel | None:
+    """What vLLM serves: the model's name, one expert's bytes (the tensors of `model.expert_weights[0]`,
+    `[local experts, ...]` each), its MoE layers and experts; None where vLLM registers no expert weight
+    tensors (or none with bytes)."""
     hf_config = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
     name = model_name or getattr(model_config, "model", None) or "an unnamed model"
-    engine = EngineModel(str(name), expert_bytes_of(model.expert_weights[0]), int(model.num_moe_layers),
-                         int(model.num_logical_experts), **config_dims(hf_config),
-                         source="the expert weights vLLM registers with EplbState")
+    weights = list(getattr(model, "expert_weights", None) or [])
+    expert_bytes = expert_bytes_of(weights[0]) if weights else 0
+    if expert_bytes <= 0:
+        return None
+    return EngineModel(str(name), expert_bytes, int(model.num_moe_layers), int(model.num_logical_experts),
+                       **config_dims(hf_config), source="the expert weights vLLM registers with EplbState")
+
+
+def record_vllm_model(state, model, model_config, model_name: str | None = None,
+                      guard: Guard | None = None) -> tuple[int, int] | None:
+    """Record what `EplbState.add_model` registered (`ENGINE_MODELS`, keyed by MoE layers and experts): the
+    model (`vllm_engine_model`) and the state's `step_interval` / `window_size` / `use_async`; checked against
+    the config when the state's policy is ours (an InputError: vLLM does not start). Returns the key.
+
+    guard: where the probe of vLLM's model fails (or finds no expert weights), one warning and the model
+    counts as unknown (None: the probe's exception propagates, as outside an engine)."""
+    def probe():
+        engine = vllm_engine_model(model, model_config, model_name)
+        if engine is None and guard is not None:
+            guard.warn("vllm.add_model", "vLLM registers no expert weight tensors for this model")
+        return engine, (int(model.num_moe_layers), int(model.num_logical_experts))
+
+    engine, key = probe() if guard is None else guard.call("vllm.add_model", probe, lambda: (None, None))
     eplb = getattr(getattr(state, "parallel_config", None), "eplb_config", None)
     use_async = getattr(eplb, "use_async", None)
     seen = VllmModel(engine, getattr(eplb, "step_interval", None), getattr(eplb, "window_size", None),
                      None if use_async is None else bool(use_async))
-    ENGINE_MODELS[(engine.num_moe_layers, engine.num_experts)] = seen
+    if key is not None:
+        ENGINE_MODELS[key] = seen
     policy = getattr(state, "policy", None)
-    if isinstance(policy, type) and issubclass(policy, PolicyCore) \
-            and not (policy.static_plan or os.environ.get(STATIC_PLAN_ENV)):
+    if _is_ours(policy) and not (policy.static_plan or os.environ.get(STATIC_PLAN_ENV)):
         config = policy.engine_config()
-        config.expert_shape(engine)
+        if engine is not None:
+            config.expert_shape(engine)
         config.cadence(seen.step_interval, seen.window_size)
         config.resolved_migration(None if seen.use_async is None else "async" if seen.use_async else "stall")
-    return seen
+    return key
+
+
+def _is_ours(policy) -> bool:
+    return isinstance(policy, type) and issubclass(policy, PolicyCore)
+
+
+def _split_model(split: VllmSplit, model) -> None:
+    """Install the per-batch split into vLLM's router (once) and learn the model's layers."""
+    install_split(split)
+    FLAGS.clear(split.tag_layers(model))
 
 
 def uninstall(handle: Registration) -> None:
@@ -148,6 +201,8 @@ def uninstall(handle: Registration) -> None:
         setattr(owner, attr, old)
     for key in handle.recorded:
         ENGINE_MODELS.pop(key, None)
+    if handle.split is not None:
+        uninstall_split(handle.split)
     for cls in handle.rebuilt:
         _rebuild_pydantic(cls)
     handle.active = False
@@ -167,10 +222,15 @@ def register_plugin() -> None:
     """Entry point for vLLM's `vllm.general_plugins` group: installs when `MOE_PLACE_VLLM_POLICY` is set.
 
     Loaded by vLLM in every process it starts (possibly more than once: installing twice is a no-op).
+    A bad `MOE_PLACE_*` value raises here (vLLM stops before serving), `MOE_PLACE_SPLIT=per-batch` without
+    the policy's variable too.
     """
     name = os.environ.get(PLUGIN_ENV)
+    if not name:
+        check_split_setting(False, PLUGIN_ENV)
+        return
     module = policy_module()
-    if not name or module is None:
+    if module is None:
         return
     current = module.EPLB_POLICIES.get(name)
     if isinstance(current, type) and issubclass(current, PolicyCore):

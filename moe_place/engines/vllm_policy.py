@@ -37,6 +37,11 @@ cadence that disagrees with vLLM's is an InputError naming both, raised in `add_
 does not start). The first call logs one line (`moe_place.engines.config.first_call_line`).
 With `MOE_PLACE_STATIC_PLAN=FILE` (a plan file, e.g. from `moe-place export --engine vllm`) the
 policy returns that placement at every rebalance instead: vLLM moves to it once.
+An exception inside the policy never reaches vLLM (`moe_place.engines.guard`): the call logs one warning with
+the reason and vLLM's own default policy answers it (the context interface: the map in use, unchanged); the
+rule's sessions stay as they were, so the next call starts from the last good one. With the per-batch split
+on (`MOE_PLACE_SPLIT=per-batch`), each call also offers the rule's per-layer split choice to vLLM's router
+(`moe_place.engines.batch_split`, `moe_place.engines.vllm_split`).
 
 torch and vLLM are imported lazily.
 """
@@ -53,7 +58,9 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
+from moe_place.engines.batch_split import FLAGS, split_enabled
 from moe_place.engines.config import EngineConfig, EngineModel, load_engine_config, solver_settings
+from moe_place.engines.guard import Guard
 from moe_place.engines.session import RuleSession
 from moe_place.engines.tensors import placement_tensors, weight_to_numpy
 from moe_place.errors import InputError
@@ -72,9 +79,10 @@ POLICY_MODULES = ("vllm.distributed.eplb.policy", "vllm.backends.distributed.epl
 
 @dataclass(frozen=True)
 class VllmModel:
-    """What vLLM's `EplbState.add_model` was given for one model: the model and vLLM's cadence."""
+    """What vLLM's `EplbState.add_model` was given for one model: the model (None: vLLM registered no expert
+    weights) and vLLM's cadence."""
 
-    model: EngineModel
+    model: EngineModel | None
     step_interval: int | None
     window_size: int | None
     use_async: bool | None = None
@@ -145,6 +153,8 @@ class PolicyCore:
             window_steps = session.window_steps if session.calls else min(session.window_steps,
                                                                            max(1, session.interval // 4))
         placement, session = session.decide(loads, current, window_steps)
+        if session.split_layers is not None:
+            FLAGS.offer((num_layers, num_experts), session.split_layers)
         return placement, {**sessions, key: session}
 
     @classmethod
@@ -161,7 +171,8 @@ class PolicyCore:
         where = "vLLM's EPLB config" if seen is not None else "vLLM's defaults: vLLM did not say"
         return RuleSession.start(config, "vLLM", engine, interval, window,
                                  f"every {interval} steps, window {window} steps ({where})", num_ranks, nodes,
-                                 num_layers, num_experts, groups, migration)
+                                 num_layers, num_experts, groups, migration,
+                                 split="vllm" if split_enabled() else None)
 
 
 # ---------------------------------------------------------------------- the legacy interface
@@ -169,10 +180,12 @@ class MoePlaceEplbPolicy(PolicyCore):
     """An EPLB policy with vLLM's classmethod interface; configure by subclassing (`make_policy`) or env vars.
 
     vLLM 0.33's interface is a classmethod and hands the policy no state, so the rule's sessions live with
-    the class (`_sessions`, one per model shape; each `make_policy` class has its own).
+    the class (`_sessions`, one per model shape; each `make_policy` class has its own), as does its guard
+    (`_guard`: the reasons it has logged).
     """
 
     _sessions: ClassVar[Mapping] = {}
+    _guard: ClassVar[Guard] = Guard("vLLM")
 
     @classmethod
     def rebalance_experts(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
@@ -182,15 +195,26 @@ class MoePlaceEplbPolicy(PolicyCore):
         old_global_expert_indices: int `[layers, num_replicas]`, the map in use (optional); slots
             holding -1 (ranks being added or removed) make it unusable and it is ignored.
         Returns `phy2log` or `(phy2log, log2phy, logcnt)` (CPU int64 tensors), per `returns`.
-        Bad arguments: `moe_place.errors.ParameterError` (an AssertionError, as vLLM's own policy raises).
+        Any exception: one warning, and vLLM's default policy's answer (module note).
         """
-        placement, cls._sessions = cls.decide(weight_to_numpy(weight), num_replicas, num_groups, num_nodes, num_ranks,
-                                              old_global_expert_indices, cls._sessions)
+        arguments = (weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices)
+        default = _vllm_class("DefaultEplbPolicy")   # None outside vLLM: nothing to fall back to
+        return cls._guard.call("vllm.policy", lambda: cls._rebalance(*arguments),
+                               None if default is None else lambda: default.rebalance_experts(*arguments))
+
+    @classmethod
+    def _rebalance(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+                   old_global_expert_indices):
+        placement, sessions = cls.decide(weight_to_numpy(weight), num_replicas, num_groups, num_nodes, num_ranks,
+                                         old_global_expert_indices, cls._sessions)
         if return_style(cls.returns) == "phy2log":   # vLLM 0.33 takes the map alone
             import torch  # lazy, as in placement_tensors: vLLM has it
 
-            return torch.from_numpy(np.array(placement.phy2log, dtype=np.int64))
-        return placement_tensors(placement, log2phy_width=num_replicas - placement.num_experts + 1)
+            answer = torch.from_numpy(np.array(placement.phy2log, dtype=np.int64))
+        else:
+            answer = placement_tensors(placement, log2phy_width=num_replicas - placement.num_experts + 1)
+        cls._sessions = sessions   # only a call that answered advances the rule
+        return answer
 
 
 # ---------------------------------------------------------------------- the context interface
@@ -209,6 +233,8 @@ class MoePlaceContextPolicy(PolicyCore):
     left as it was); `on_layer_committed` adopts it, so the state moves only when vLLM commits the plan.
     """
 
+    _guard: ClassVar[Guard] = Guard("vLLM")
+
     def create_state(self, num_moe_layers: int):
         base = _vllm_class("EplbPolicyState")
         if base is None:
@@ -218,7 +244,12 @@ class MoePlaceContextPolicy(PolicyCore):
         return state
 
     def rebalance_experts(self, context, policy_state):
-        """An `EplbPlan` (CPU int64 `[layers, P]`) for the context; `policy_state` is only read."""
+        """An `EplbPlan` (CPU int64 `[layers, P]`) for the context; `policy_state` is only read. Any exception:
+        one warning, and the map in use unchanged (vLLM moves nothing)."""
+        return type(self)._guard.call("vllm.policy", lambda: self._plan(context, policy_state),
+                                      lambda: make_plan(context.physical_to_logical_map_cpu, None))
+
+    def _plan(self, context, policy_state):
         ours = _our_state(policy_state)
         loads = context.load_window_cpu.detach().to("cpu").double().numpy()
         if loads.ndim == 2:
@@ -230,7 +261,12 @@ class MoePlaceContextPolicy(PolicyCore):
         return make_plan(placement_tensors(placement)[0], MoePlaceState(ours.num_moe_layers, sessions))
 
     def on_layer_committed(self, policy_state, plan, layer_idx: int) -> None:
-        """Adopt the state the plan was made with (once per plan, whichever layer commits first)."""
+        """Adopt the state the plan was made with (once per plan, whichever layer commits first); any exception:
+        one warning, and the state stays as it was."""
+        type(self)._guard.call("vllm.policy", lambda: self._adopt(policy_state, plan), lambda: None)
+
+    @staticmethod
+    def _adopt(policy_state, plan) -> None:
         advanced = getattr(plan, "moe_place_state", None)
         if advanced is None:
             return
@@ -258,8 +294,9 @@ def _our_state(policy_state) -> MoePlaceState:
     return ours
 
 
-def make_plan(phy2log, state: MoePlaceState):
-    """vLLM's `EplbPlan` for `phy2log`, carrying the advanced state for `on_layer_committed`."""
+def make_plan(phy2log, state: MoePlaceState | None):
+    """vLLM's `EplbPlan` for `phy2log`, carrying the advanced state for `on_layer_committed` (None: the state
+    stays as it was)."""
     base = _vllm_class("EplbPlan")
     if base is None:
         return _Plan(phy2log, state)
@@ -273,7 +310,7 @@ class _Plan:
     """Stand-in for vLLM's `EplbPlan` when vLLM is not importable."""
 
     physical_to_logical_map: Any
-    moe_place_state: MoePlaceState
+    moe_place_state: MoePlaceState | None
 
 
 def make_policy(name: str = "MoePlaceEplbPolicy", interface: str = "auto", **settings: Any) -> type:
@@ -297,6 +334,7 @@ def make_policy(name: str = "MoePlaceEplbPolicy", interface: str = "auto", **set
             "context": MoePlaceContextPolicy}[interface]
     bases: tuple[type, ...] = (ours,) if abstract is None else (ours, abstract)
     namespace = dict(settings)
+    namespace["_guard"] = Guard("vLLM")   # the reasons this class has logged (moe_place.engines.guard)
     if interface != "context":
         namespace["_sessions"] = {}  # the controller state of this class's legacy calls
     return type(name, bases, namespace)
