@@ -19,8 +19,9 @@ experts with one replica) sits on them. `plan_for_split` refines whole-model pla
    (`python bench/bench_split_placement.py --tune`, bench/results/split_placement_tuning.json). A trace
    of one step has no deviation: the step itself is planned for.
 2. Start. Per layer, the best of the given starting plans (EPLB's, the solver's) under the objective
-   (ties: the first). A start that puts two replicas of one expert on one GPU is skipped unless
-   `allow_colocated` (such a pair never helps the split: both replicas sit on one GPU).
+   (ties: the first). A start that puts two replicas of one expert on one GPU (EPLB's often does) is
+   first pulled apart unless `allow_colocated` (`separate_replicas`: such a pair is no use to the split,
+   both replicas sit on one GPU); where that fails the start is skipped.
 3. Local search, all layers in lockstep (one batched evaluation per round for every layer's
    candidates). Each round, per layer, `CANDIDATES` moves drawn (seeded) around the GPUs that are
    busiest at the most steps (hot) and those with the most room (cool): swap a slot of a hot GPU
@@ -273,6 +274,8 @@ def plan_for_split(starts: np.ndarray, step_loads: np.ndarray, num_gpus: int, *,
     if not deviation_gain >= 0:
         raise InputError("deviation_gain", "a number >= 0", deviation_gain)
     steps = widened_steps(loads, deviation_gain)[sample]
+    if not allow_colocated:
+        plans = np.stack([separate_replicas(plan, loads.mean(axis=0), num_gpus) for plan in plans])
     colocated = np.stack([[colocated_gpus(row, num_gpus).any() for row in plan] for plan in plans])  # [n, layers]
     if not allow_colocated and colocated.all(axis=0).any():
         raise InputError("starts", "on every layer a plan with no expert twice on one GPU (or allow_colocated)",
@@ -289,6 +292,33 @@ def plan_for_split(starts: np.ndarray, step_loads: np.ndarray, num_gpus: int, *,
     return SplitPlacement(np.where(keep[:, None], maps, start), chosen.astype(np.int64), before,
                           np.where(keep, after, before), np.where(keep, moves, 0), len(loads), len(sample),
                           float(deviation_gain))
+
+
+def separate_replicas(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np.ndarray:
+    """int64 `[layers, P]`: the plans with every second replica of an expert on one GPU swapped with a slot of
+    another GPU that holds neither expert, the one whose even-split piece (`loads[e] / logcnt[e]`) is nearest
+    in load (ties: the lower slot), so the GPUs' even-split loads barely move. A repeat with no such slot stays.
+
+    phy2log: int `[layers, P]`; loads: `[layers, E]` (the planning steps' mean)."""
+    rows = np.array(phy2log, dtype=np.int64)
+    slots_per_gpu = rows.shape[1] // num_gpus
+    gpu = np.arange(rows.shape[1]) // slots_per_gpu
+    for layer, row in enumerate(rows):
+        if not colocated_gpus(row, num_gpus).any():
+            continue
+        piece = loads[layer][row] / np.bincount(row, minlength=loads.shape[1])[row]
+        for slot in range(rows.shape[1]):
+            here = row[gpu == gpu[slot]]
+            if (here == row[slot]).sum() < 2 or (row[gpu[slot] * slots_per_gpu:slot] != row[slot]).all():
+                continue                                                   # not the second replica on its GPU
+            holds = np.zeros((num_gpus, loads.shape[1]), dtype=bool)
+            holds[gpu, row] = True
+            ok = ~holds[gpu, row[slot]] & ~holds[gpu[slot], row]            # the other GPU lacks e, this one f
+            if ok.any():
+                other = np.flatnonzero(ok)[np.argmin(np.abs(piece[ok] - piece[slot]))]
+                row[slot], row[other] = row[other], row[slot]
+                piece[slot], piece[other] = piece[other], piece[slot]
+    return rows
 
 
 def _search(start: np.ndarray, steps: np.ndarray, num_gpus: int, rng: np.random.Generator, rounds: int,

@@ -19,8 +19,8 @@ from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import optimal_split
 from moe_place.solvers.sizing import ReplicaMemory, busiest_over_mean, size_redundancy
 from moe_place.solvers.split_placement import (MIN_PIECES, plan_for_split, planning_pieces, planning_sample,
-                                               relaxed_split_loads, split_busiest, split_busiest_over_mean,
-                                               widened_steps)
+                                               relaxed_split_loads, separate_replicas, split_busiest,
+                                               split_busiest_over_mean, widened_steps)
 from moe_place.split import gpu_rows, split_shares
 from moe_place.traces.load import load_trace
 
@@ -128,14 +128,28 @@ def test_plans_are_valid_repeat_and_never_worse_than_their_start():
     assert plan.gain == pytest.approx(after.sum() / before.sum() - 1) and (plan.moves > 0).all()
 
 
-def test_colocated_starts_are_skipped_unless_allowed():
+def test_colocated_starts_are_pulled_apart_unless_allowed():
     steps = load_trace(BUNDLED).step_counts()[:, :2]
     eplb = eplb_rebalance(steps.sum(axis=0).astype(np.float64), 128 + 32, 1, 1, 16)
     assert has_colocation(eplb[0], 16) or has_colocation(eplb[1], 16)
+    apart = separate_replicas(eplb, steps.mean(axis=0), 16)
+    Placement(apart, 128, 16)                          # no expert twice on a GPU any more
+    for before, after in zip(eplb, apart):             # the same replica counts, few slots changed
+        assert np.array_equal(np.bincount(before, minlength=128), np.bincount(after, minlength=128))
+        assert 0 < (before != after).sum() <= 12 or not has_colocation(before, 16)
+    plan = plan_for_split(eplb, steps, 16, rounds=2)
+    Placement(plan.phy2log, 128, 16)
+    kept = plan_for_split(eplb, steps, 16, allow_colocated=True, rounds=0)
+    assert np.array_equal(kept.phy2log, eplb)          # allowed: the start as it is (no rounds, no move)
+    # three replicas of expert 0 on 2 GPUs cannot be pulled apart: no start left for that layer
     with pytest.raises(InputError, match="starts"):
-        plan_for_split(eplb, steps, 16)
-    plan = plan_for_split(eplb, steps, 16, allow_colocated=True, rounds=2)
-    Placement(plan.phy2log, 128, 16, allow_colocated=True)
+        plan_for_split(np.array([[0, 0, 0, 1]]), np.ones((2, 1, 2)), 2)
+
+
+def test_separating_a_hand_worked_pair():
+    # GPU 0 holds expert 0 twice; of the slots on GPU 1 (experts 1, 2, 3) expert 2's piece (5) is nearest 0's (6)
+    row = separate_replicas(np.array([[0, 0, 4, 1, 2, 3]]), np.array([[12.0, 1.0, 5.0, 9.0, 2.0]]), 2)
+    assert row.tolist() == [[0, 2, 4, 1, 0, 3]]
 
 
 @pytest.mark.parametrize("kwargs, where", [({"rounds": -1}, "rounds"), ({"candidates": 0}, "candidates"),

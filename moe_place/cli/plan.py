@@ -47,8 +47,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool 
                              "stderr says so); default: no limit (auto is then fast only)")
     parser.add_argument("--split", choices=("even", "local", "optimal") + (("per-batch",) if split_planning else ()),
                         default="even",
-                        help="token split among replicas: even, local, optimal only change the report (the solvers "
-                             "plan on even)" + ("; per-batch plans for the per-batch split (each batch's rows "
+                        help="token split among replicas in the report (the solvers plan on even)"
+                             + ("; per-batch plans for the per-batch split (each batch's rows "
                                                 "split among the replicas so that the busiest GPU is least): the "
                                                 "solver's plan or EPLB's, whichever the split makes less busy, "
                                                 "refined by a local search on the trace's steps "
