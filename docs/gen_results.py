@@ -75,6 +75,10 @@ RECORDS = {
     "cpu_this_machine.toml": ("the same command", "offload"),
     "offload_replay.json": ("python bench/bench_offload_replay.py --steps 2000 --output-json "
                             "bench/results/offload_replay.json --force", "offload"),
+    "split_placement.json": ("python bench/bench_split_placement.py --out bench/results/split_placement.json --force",
+                             "split-placement"),
+    "split_placement_tuning.json": ("python bench/bench_split_placement.py --tune --out "
+                                    "bench/results/split_placement_tuning.json --force", "split-placement"),
     "NVIDIA_*Z.json": ("bash bench/gpu_check.sh (on the GPU; its .md, .log and PNGs beside it)", "gpu"),
     "NVIDIA_*_gemm_configs.json": ("python bench/gemm_configs.py --rows 2048 --output-json FILE (same lease)", "gpu"),
 }
@@ -83,6 +87,7 @@ TITLES = {
     "plan-quality": "Plan quality", "sizing": "Redundancy sizing", "scale": "Scale", "dropin": "Drop-in timing",
     "windows": "Planning on windows", "throughput": "Trace throughput", "engines": "In the engines' own code",
     "replay": "Online rebalancing, best against best", "multinode": "Multi-node EP", "offload": "Offloaded serving", "gpu": "GPU microbenchmarks",
+    "split-placement": "Placement for the per-batch split",
 }
 
 
@@ -553,6 +558,55 @@ def multinode() -> str:
                 "![layer time per method](../records/comm.png)")
 
 
+def split_placement() -> str:
+    data = record("split_placement.json")
+    rows, kept = [], []
+    for r in data["rows"]:
+        case = "Qwen3-30B-A3B" if r["case"] == "real" else f"drift, seeds {span(data['drift_seeds'], 0)}"
+        rows.append([case, f"EP{r['ep']}+{r['redundant']}", r["protocol"], len(r["folds"]), f(r["eplb_held_out"]),
+                     f(r["fast_held_out"]), f(r["split_held_out"]),
+                     f"{pct(r['split_vs_eplb'], 2)} ({pct(r['split_vs_eplb_best_fold'], 2)} / "
+                     f"{pct(r['split_vs_eplb_worst_fold'], 2)})", pct(r["fast_vs_eplb"], 2),
+                     pct(r["split_in_sample_vs_eplb"], 2), f"{r['split_plan_s']:.1f}"])
+        kept.append(r["split_vs_eplb"] < 0)
+    real = [r["split_vs_eplb"] for r in data["rows"] if r["case"] == "real"]
+    drift = [r["split_vs_eplb"] for r in data["rows"] if r["case"] == "drift"]
+    verdict = (f"The split's placement is less busy than EPLB's held out on {sum(kept)} of {len(kept)} rows (mean "
+               f"change {pct(sum(real) / len(real), 2)} on the real rows, {pct(sum(drift) / len(drift), 2)} on the "
+               "drift rows)" if real and drift else f"less busy held out on {sum(kept)} of {len(kept)} rows")
+    return page("split-placement",
+                "Plans made for the per-batch split (`moe-place plan --split per-batch`, "
+                "`moe_place.solvers.split_placement`) against EPLB's and `fast`'s plans from the same planning "
+                "steps, all judged with the same per-batch split (`split_shares`) on steps none was made on: the "
+                "busiest GPU's rows summed over layers over the mean GPU's rows, averaged over the held-out steps "
+                "(1 = perfect balance). \"vs EPLB\" is the relative change of that figure, mean over folds (best / "
+                "worst fold); in sample: on the planning steps. The real rows plan on the bundled trace's recorded "
+                f"batches ({TRACE}); the drift rows on the first {data['drift_window']} steps of drifting synthetic "
+                f"traces (256 experts, top-8, {data['drift_layers']} layers; seeds {span(data['drift_seeds'], 0)}, "
+                f"the planner's constants were tuned on seeds {data['tuning_seeds']}). "
+                "[Plan replicas offline](../plan.md#plan-for-the-per-batch-split-split-per-batch) says how to use "
+                "it, its [design notes](../design/split-placement.md) what was tried.",
+                source("split_placement.json", "split_placement_tuning.json"),
+                table(["trace", "config", "protocol", "folds", "EPLB", "fast", "split's", "split's vs EPLB",
+                       "fast vs EPLB", "in sample vs EPLB", "plan s"], rows),
+                verdict + ".",
+                "## Tuning the deviation gain\n\n" + _split_tuning(record("split_placement_tuning.json")))
+
+
+def _split_tuning(data: dict) -> str:
+    """The tuning record's table: the split's placement against EPLB's held out, mean over the tuning seeds."""
+    gains = list(dict.fromkeys(r["deviation_gain"] for r in data["rows"]))
+    configs = list(dict.fromkeys((r["ep"], r["redundant"]) for r in data["rows"]))
+    rows = [[f"EP{ep}+{redundant}"] + [pct(statistics.mean(r["split_vs_eplb"] for r in data["rows"] if (
+        r["ep"], r["redundant"], r["deviation_gain"]) == (ep, redundant, g)), 2) for g in gains]
+            for ep, redundant in configs]
+    return (f"The planner's one tuned constant, the scale of the planning steps' deviations from their mean "
+            f"(`DEVIATION_GAIN`), on the tuning seeds {span(data['seeds'], 0)} only (never the reported ones): the "
+            f"split's placement against EPLB's, held-out busiest/mean under the per-batch split on the "
+            f"{data['drift_judged']} steps after a {data['drift_window']}-step window, {data['drift_layers']} layers, "
+            "mean over seeds.\n\n" + table(["config"] + [f"gain {g:g}" for g in gains], rows))
+
+
 OFFLOAD_METHODS = ["moe-place", "sglang-kt uniform", "sglang-kt frequency", "sglang-kt front-loading",
                    "sglang-kt random", "llama.cpp --n-cpu-moe", "llama.cpp -ot (layers from the trace)"]
 
@@ -674,7 +728,7 @@ def gpu() -> str:
 
 PAGES = {"plan-quality": plan_quality, "sizing": sizing, "scale": scale, "dropin": dropin, "windows": windows,
          "throughput": throughput, "engines": engines, "replay": replay, "multinode": multinode, "offload": offload,
-         "gpu": gpu}
+         "gpu": gpu, "split-placement": split_placement}
 
 
 def index() -> str:

@@ -23,7 +23,8 @@ and `budget` (present only in a budget-mode plan):
       "report": {
         "solver": "auto", "status": "optimal|feasible|heuristic", "wall_s": 1.2, "split": "even",
         "layers": [{"layer": id, "max_gpu_load": .., "mean_gpu_load": .., "balancedness": ..,
-                    "lower_bound": .., "gap": .., "status": ..}, ...]
+                    "lower_bound": .., "gap": .., "status": ..}, ...],
+        "split_placement": {..}         # `plan --split per-batch` only: the search's figures per layer
       },
       "inputs": {"trace": "path", "trace_sha256": "hex", "options": {...}, "seed": 0},
       "budget": {                       # budget mode: per-layer slot counts under one memory budget
@@ -36,6 +37,11 @@ and `budget` (present only in a budget-mode plan):
 Engines give every layer the same number of slots, so they run `phy2log` (in budget mode the same
 budget spread evenly over the layers); `budget.phy2log` is the per-layer plan the budget buys,
 validated like any placement (`PlanFile.budget`), for tools that can run per-layer slot counts.
+
+`inputs.options.split` is the split the plan was made with: `per-batch` means the replicas were
+placed for the per-batch split (`moe_place.solvers.split_placement`), and `evaluate` judges the plan
+with that split unless its command line names another; `even`, `local` and `optimal` were the
+report's split only.
 
 `write_plan` validates (builds a `Placement`) before writing and writes atomically;
 `read_plan` checks the version, the keys (a key the format does not have is an error naming it and

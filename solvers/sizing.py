@@ -16,7 +16,8 @@ measures, for each candidate `R`, what the plans buy out of sample and what they
    step of the fold. A one-step token-level trace is split into its two halves of tokens
    (`held_out_steps`); one step of counts cannot be judged out of sample (InputError).
 3. Held-out busiest/mean of a plan on one step: summed over layers, the busiest GPU's load under
-   the even split over the mean GPU's load; the step's expert compute against a perfect balance
+   the even split (with `split="per-batch"`: the per-batch split of that step, and the judged plans are
+   placed for it, `moe_place.solvers.split_placement`) over the mean GPU's load; the step's expert compute against a perfect balance
    (formula 1 of docs/MODEL.md: the busiest GPU sets each layer's time, and layers run one after
    another). A top-k trace gives every layer the same load, so this is also the mean over layers
    of each layer's busiest/mean. A candidate's figure is the mean over all held-out steps.
@@ -49,6 +50,8 @@ from moe_place.placement import even_split_gpu_loads
 from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
 from moe_place.solvers import solve
+from moe_place.solvers.deepseek import eplb_rebalance
+from moe_place.solvers.split_placement import plan_for_split, split_busiest_over_mean
 from moe_place.traces.model import Trace, count_dispatches
 
 MAX_FOLDS = 3        # held-out folds at most (as the time planner's cross-validation, solvers/comm/decision.py)
@@ -129,6 +132,7 @@ class Sizing:
 
     rows: candidates in increasing `R`. recommended: the `R` of one of them. reason: one sentence.
     folds: how the held-out steps were formed. solver: the solver of the judged plans.
+    split: the split the plans are placed for and judged with (`even` or `per-batch`).
     """
 
     num_experts: int
@@ -140,6 +144,7 @@ class Sizing:
     memory: ReplicaMemory
     folds: str
     solver: str
+    split: str = "even"
 
     def __post_init__(self) -> None:
         if not self.rows or [r.redundant for r in self.rows] != sorted({r.redundant for r in self.rows}):
@@ -151,7 +156,7 @@ class Sizing:
         return {"recommended_redundant": self.recommended, "reason": self.reason,
                 "rule": {"min_gain_per_gib": self.min_gain_per_gib},
                 "num_experts": self.num_experts, "num_gpus": self.num_gpus, "folds": self.folds,
-                "solver": self.solver,
+                "solver": self.solver, "split": self.split,
                 "memory": {"expert_bytes": self.memory.expert_bytes, "moe_layers": self.memory.moe_layers,
                            "kv_bytes_per_token": self.memory.kv_bytes_per_token, "source": self.memory.source},
                 "candidates": [r.to_dict() for r in self.rows]}
@@ -161,7 +166,7 @@ class Sizing:
         first = self.rows[0].held_out
         kv = self.memory.kv_bytes_per_token
         lines = [f"redundancy sizing: E = {self.num_experts} on {self.num_gpus} GPUs, {self.folds}, "
-                 f"{self.solver} plans",
+                 f"{self.solver} plans" + (", placed for and judged with the per-batch split" if self.split == "per-batch" else ""),
                  f"memory: {self.memory.source}, W_e {self.memory.expert_bytes / MIB_BYTES:.2f} MiB x "
                  f"{self.memory.moe_layers} MoE layers, KV cache "
                  + (f"{kv:,} bytes/token" if kv is not None else "bytes/token unknown"),
@@ -283,14 +288,18 @@ def size_redundancy(step_loads: np.ndarray, num_gpus: int, memory: ReplicaMemory
                     max_redundant: int | None = None, max_replica_bytes: int | None = None,
                     min_gain_per_gib: float = DEFAULT_MIN_GAIN_PER_GIB, num_nodes: int = 1,
                     num_groups: int | None = None, allow_colocated: bool = False, seed: int = 0, jobs: int = 1,
-                    folds: str = "", progress: bool = False) -> Sizing:
+                    folds: str = "", progress: bool = False, split: str = "even") -> Sizing:
     """Size `R` for `num_gpus` GPUs on held-out steps (module docstring).
 
     step_loads: `[steps, layers, E]`, at least two steps (`held_out_steps` makes them from a trace).
     solver: the solver of the judged plans (`fast` or `eplb`, no time limit: deterministic).
     max_replica_bytes: the most replica bytes per GPU a candidate may take (None: no cap).
     folds: how the steps were formed, for the report (default: from the fold count).
+    split: `even`, or `per-batch`: each fold's plan placed for the per-batch split from the better of the
+        solver's plan and EPLB's on the fold's training steps (`plan_for_split`), judged with that split.
     """
+    if split not in ("even", "per-batch"):
+        raise InputError("split", "even or per-batch", split)
     loads = np.asarray(step_loads, dtype=np.float64)
     if loads.ndim != 3:
         raise InputError("step_loads", "a 3-D array [steps, layers, experts]", f"shape {loads.shape}")
@@ -312,7 +321,13 @@ def size_redundancy(step_loads: np.ndarray, num_gpus: int, memory: ReplicaMemory
             problem = PlacementProblem(train[None], num_gpus, experts + redundant, num_nodes=num_nodes,
                                        num_groups=num_groups, seed=seed, allow_colocated=allow_colocated)
             plan = solve(problem, solver, jobs=jobs).placement.phy2log
-            per_fold.append(busiest_over_mean(plan, loads[fold.start:fold.stop], num_gpus))
+            if split == "per-batch":
+                starts = np.stack([plan, eplb_rebalance(train, experts + redundant, 1, 1, num_gpus)])
+                plan = plan_for_split(starts, np.delete(loads, list(fold), axis=0), num_gpus,
+                                      allow_colocated=allow_colocated, seed=seed).phy2log
+                per_fold.append(split_busiest_over_mean(plan, loads[fold.start:fold.stop], num_gpus))
+            else:
+                per_fold.append(busiest_over_mean(plan, loads[fold.start:fold.stop], num_gpus))
             if bar:
                 bar.advance(1)
         held.append(per_fold)
@@ -326,4 +341,4 @@ def size_redundancy(step_loads: np.ndarray, num_gpus: int, memory: ReplicaMemory
                            tuple(float(v.mean()) for v in held[i]), memory_bytes[i], memory.kv_tokens(memory_bytes[i]),
                            i in hull) for i, r in enumerate(candidates))
     return Sizing(experts, num_gpus, rows, recommended, reason, min_gain_per_gib, memory,
-                  folds or f"{len(slices)} held-out folds of {steps} steps", solver)
+                  folds or f"{len(slices)} held-out folds of {steps} steps", solver, split)

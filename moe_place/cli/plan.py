@@ -19,9 +19,10 @@ HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, e
 SOLVER_CHOICES = ("auto", "cpsat", "eplb", "fast", "trtllm")
 
 
-def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool = False) -> None:
+def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool = False,
+                          split_planning: bool = False) -> None:
     """Options shared by `plan` and `compare`: the trace and the machine (`redundant_auto`: `--redundant`
-    also takes `auto`)."""
+    also takes `auto`; `split_planning`: `--split` also takes `per-batch`, which plans for that split)."""
     parser.add_argument("trace", metavar="TRACE", help="routing trace file (.npz, SGLang/vLLM dump, CSV/JSON counts)")
     add_trace_options(parser)
     parser.add_argument("--gpus", type=positive_int, required=True, metavar="G", help="EP size over all nodes")
@@ -44,8 +45,16 @@ def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool 
                              "fast, then (auto, cpsat) CP-SAT on deterministic time from fast's plan, never worse "
                              "than it; the same inputs give the same plan unless the limit runs out (a note on "
                              "stderr says so); default: no limit (auto is then fast only)")
-    parser.add_argument("--split", choices=("even", "local", "optimal"), default="even",
-                        help="token split among replicas used in the report (solvers plan on even; default even)")
+    parser.add_argument("--split", choices=("even", "local", "optimal") + (("per-batch",) if split_planning else ()),
+                        default="even",
+                        help="token split among replicas in the report (the solvers plan on even)"
+                             + ("; per-batch plans for the per-batch split (each batch's rows "
+                                                "split among the replicas so that the busiest GPU is least): the "
+                                                "solver's plan or EPLB's, whichever the split makes less busy, "
+                                                "refined by a local search on the trace's steps "
+                                                "(moe_place.solvers.split_placement), reported with that split; "
+                                                "the plan records it and evaluate uses it"
+                                                if split_planning else "") + " (default even)")
     parser.add_argument("--allow-colocated", action="store_true",
                         help="let a GPU hold two replicas of one expert, as DeepSeek EPLB may (EPLB's plan is then "
                              "a candidate on every layer, so no solver does worse than eplb; default: forbidden)")
@@ -59,12 +68,13 @@ def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_problem_arguments(parser, redundant_auto=True)
+    add_problem_arguments(parser, redundant_auto=True, split_planning=True)
     parser.add_argument("--objective", choices=("balance", "time"),
                         help="balance: the busiest GPU's rows (the solvers); time: the predicted MoE layer time, "
                              "dispatch + compute + combine, with nodes grouped by co-activation as far as held-out "
                              "windows of the trace say it pays (moe_place.solvers.comm); default: time for a "
-                             "token-level trace on --nodes > 1 (not with --redundant auto), else balance")
+                             "token-level trace on --nodes > 1 (not with --redundant auto or --split per-batch), else "
+                             "balance")
     add_time_model_arguments(parser)
     parser.add_argument("--time-guard", type=share_below_one, metavar="BAR",
                         help="with --objective time: group a layer only where its dispatch + combine save more than "
@@ -86,6 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moe_place.cli.plan_split import place_for_split, split_report_rows
     from moe_place.cli.plan_time import plan_for_time
     from moe_place.cli.shared import build_problem, report_rows
     from moe_place.cli.sizing import check_sizing_options, size_for_plan
@@ -102,12 +113,15 @@ def run(args: argparse.Namespace) -> int:
     if args.move_cost < 0:
         raise InputError("--move-cost", "a value >= 0", args.move_cost)
     check_sizing_options(args)
+    if args.split == "per-batch":
+        check_split_planning(args)
     current_plan = read_plan(args.current) if args.current is not None else None
     sizing = trace = None
     if args.redundant == "auto":  # size R on held-out steps (moe_place.solvers.sizing), then plan that R
         args, sizing, trace = size_for_plan(args)
     problem, trace, options = build_problem(args, current_plan, trace)
-    objective = args.objective or ("time" if trace.is_token_level and args.nodes > 1 and sizing is None else "balance")
+    objective = args.objective or ("time" if trace.is_token_level and args.nodes > 1 and sizing is None
+                                   and args.split != "per-batch" else "balance")
     options["objective"] = objective
     if args.time_guard is not None and objective != "time":
         raise InputError("--time-guard", "--objective time (the guard decides which layers the time plan groups)")
@@ -118,9 +132,17 @@ def run(args: argparse.Namespace) -> int:
     solution = solve(problem, args.solver, args.time_limit, args.jobs, progress=not args.no_progress)
     for note in solution.notes + ((solution.cpsat_summary,) if solution.cpsat_summary else ()):
         print(f"plan: note: {note}", file=sys.stderr)
-    rows = report_rows(problem, solution, args.split)
+    placement, wall_s, split_section = solution.placement, solution.wall_s, None
+    if args.split == "per-batch":
+        placement, split_section, seconds = place_for_split(problem, solution, trace, args)
+        wall_s += seconds
+        rows = split_report_rows(placement, problem, trace)
+    else:
+        rows = report_rows(problem, solution, args.split)
     report = {"objective": "balance", "solver": args.solver, "status": solution.status,
-              "wall_s": round(solution.wall_s, 6), "split": args.split, "layers": rows}
+              "wall_s": round(wall_s, 6), "split": args.split, "layers": rows}
+    if split_section is not None:
+        report["split_placement"] = split_section
     if current is not None:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
     if sizing is not None:
@@ -140,11 +162,13 @@ def run(args: argparse.Namespace) -> int:
               "options": {**options, "solver": args.solver, "current": args.current,
                           "max_moved_slots": args.max_moved_slots, "move_cost": args.move_cost},
               "seed": args.seed}
-    write_plan(args.out, PlanFile(solution.placement, problem.layer_ids, report, inputs, budget_layers))
+    write_plan(args.out, PlanFile(placement, problem.layer_ids, report, inputs, budget_layers))
     wrote("plan", args.out)
     header = (f"plan {args.trace}: {problem.num_layers} layers, {problem.num_experts} experts, P = "
               f"{problem.num_physical} on {problem.num_gpus} GPUs ({problem.slots_per_gpu} slots each), solver "
-              f"{args.solver}, split {args.split}")
+              f"{args.solver}, split {args.split}"
+              + (" (placed for it; loads: mean over the steps of each step's busiest GPU)"
+                 if args.split == "per-batch" else ""))
     if budget is not None:  # the table is the evenly slotted plan engines run; the budget plan comes after it
         header = (f"plan {args.trace}: {problem.num_layers} layers, {problem.num_experts} experts on "
                   f"{problem.num_gpus} GPUs, budget mode ({args.expert_memory_budget:,} bytes of experts per GPU). "
@@ -157,6 +181,18 @@ def run(args: argparse.Namespace) -> int:
     if sizing is not None and args.format == "table":
         sys.stdout.write("\n" + sizing.table())
     return 0
+
+
+def check_split_planning(args: argparse.Namespace) -> None:
+    """`--split per-batch` plans one flat plan from scratch for balance; InputError naming what it cannot do."""
+    for used, what in ((args.current is not None, f"--current {args.current}"),
+                       (args.groups is not None, f"--groups {args.groups}"),
+                       (args.expert_memory_budget is not None, "--expert-memory-budget"),
+                       (args.objective == "time", "--objective time")):
+        if used:
+            raise InputError("--split per-batch", "a plan from scratch for balance, without --current, --groups, "
+                             "--expert-memory-budget or --objective time (the split's local search keeps none of "
+                             "their constraints)", what)
 
 
 def print_budget_table(budget, layer_ids) -> None:

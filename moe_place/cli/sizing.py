@@ -69,7 +69,8 @@ def size_for_plan(args: argparse.Namespace) -> tuple[argparse.Namespace, Sizing,
     sizing = size_redundancy(loads, args.gpus, memory, solver=solver, max_redundant=args.max_redundant,
                              max_replica_bytes=args.max_replica_bytes, min_gain_per_gib=gain,
                              num_nodes=args.nodes, num_groups=args.groups, allow_colocated=args.allow_colocated,
-                             seed=args.seed, jobs=args.jobs, folds=folds, progress=not args.no_progress)
+                             seed=args.seed, jobs=args.jobs, folds=folds, progress=not args.no_progress,
+                             split="per-batch" if args.split == "per-batch" else "even")
     print(f"plan: sized R = {sizing.recommended} ({sizing.reason})", file=sys.stderr)
     if args.plot:
         write_atomic(args.plot, render_sizing_png(sizing))
