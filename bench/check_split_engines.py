@@ -4,11 +4,13 @@ gloo ranks, and record what ran in the engine's code and what was stood in.
 Run it with an engine's Python and the overlay of this checkout (`bench/engine_overlay.sh`):
 
     bash bench/engine_overlay.sh /work/engine-venvs/vllm/bin/python /tmp/overlay-vllm
-    PYTHONPATH=/tmp/overlay-vllm /work/engine-venvs/vllm/bin/python bench/check_split_engines.py --engine vllm
+    PYTHONPATH=/tmp/overlay-vllm /work/engine-venvs/vllm/bin/python bench/check_split_engines.py --engine vllm \
+        --out bench/results/split_engines_vllm.json --force
     bash bench/engine_overlay.sh /work/engine-venvs/sglang/bin/python /tmp/overlay-sglang
-    PYTHONPATH=/tmp/overlay-sglang /work/engine-venvs/sglang/bin/python bench/check_split_engines.py --engine sglang
+    PYTHONPATH=/tmp/overlay-sglang /work/engine-venvs/sglang/bin/python bench/check_split_engines.py --engine sglang \
+        --out bench/results/split_engines_sglang.json --force
 
-Each writes `bench/results/split_engines_{engine}.json` (`--out` to change). Two EP ranks, each a process spawned
+Each prints its checks; `--out` writes the record (bench/results/split_engines_{engine}.json). Two EP ranks, each a process spawned
 as the engines spawn theirs, joined by a gloo group (60 s timeout: a hang fails, it does not wait); the 3-rank
 runs are CI's, on the stand-ins (tests/test_engines_split.py). Two, because the model's map is built for two: with
 three ranks the hot experts sit on a rank that holds no replica, and the rule, rightly, leaves the split off.
@@ -64,6 +66,8 @@ from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from unittest import mock
+
+from moe_place.cli.options import add_record_options, refuse_overwrite
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -562,11 +566,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[1:]))
-    parser.add_argument("--engine", choices=("vllm", "sglang"), required=True)
+    parser.add_argument("--engine", choices=("vllm", "sglang"), help="the engine whose code runs (required)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the ranks (default 600)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="the record (default bench/results/split_engines_ENGINE.json)")
+    add_record_options(parser, committed=("bench/results/split_engines_vllm.json",
+                                          "bench/results/split_engines_sglang.json"))
     args = parser.parse_args(argv)
+    refuse_overwrite(parser, args)
+    if args.engine is None:
+        parser.error("--engine: expected vllm or sglang")
     try:
         engine_module = __import__(args.engine)
     except ImportError:
@@ -603,9 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if "empty_call" in reports[-1]:
         record["extra"]["empty_call"] = reports[-1]["empty_call"]
-    out = args.out or RESULTS / f"split_engines_{args.engine}.json"
-    write_json_atomic(out, record)
-    print(f"wrote {out}")
+    if args.output_json:
+        write_json_atomic(args.output_json, record)
+        print(f"wrote {args.output_json}")
     return missed_targets("check_split_engines", [line for passed, line in lines if not passed])
 
 

@@ -75,6 +75,10 @@ RECORDS = {
     "cpu_this_machine.toml": ("the same command", "offload"),
     "offload_replay.json": ("python bench/bench_offload_replay.py --steps 2000 --output-json "
                             "bench/results/offload_replay.json --force", "offload"),
+    "split.json": ("python bench/bench_split.py --out bench/results/split.json --force", "split"),
+    "split_engines_*.json": (OVERLAY.format(engine="ENGINE") + " bench/check_split_engines.py --engine ENGINE --out "
+                             "bench/results/split_engines_ENGINE.json --force",
+                             "split"),
     "split_placement.json": ("python bench/bench_split_placement.py --out bench/results/split_placement.json --force",
                              "split-placement"),
     "split_placement_tuning.json": ("python bench/bench_split_placement.py --tune --out "
@@ -87,7 +91,7 @@ TITLES = {
     "plan-quality": "Plan quality", "sizing": "Redundancy sizing", "scale": "Scale", "dropin": "Drop-in timing",
     "windows": "Planning on windows", "throughput": "Trace throughput", "engines": "In the engines' own code",
     "replay": "Online rebalancing, best against best", "multinode": "Multi-node EP", "offload": "Offloaded serving", "gpu": "GPU microbenchmarks",
-    "split-placement": "Placement for the per-batch split",
+    "split-placement": "Placement for the per-batch split", "split": "The per-batch split",
 }
 
 
@@ -558,6 +562,63 @@ def multinode() -> str:
                 "![layer time per method](../records/comm.png)")
 
 
+def split() -> str:
+    data = record("split.json")
+    parts = []
+    if "accuracy" in data:
+        a = data["accuracy"]
+        rows = [[c["trace"], c["rows"], f(c["mean"], 5), f(c["max"], 5)] for c in a["cases"]]
+        parts += ["## The fast split against the exact one",
+                  "The fast split (`moe_place.split.split_shares`: `evaluate --split per-batch`, the engines' "
+                  "plugins) against the exact one (`--split optimal`, an LP per layer and batch): the busiest GPU "
+                  "in whole rows over the LP's optimum rounded up, on every layer of the bundled real trace (an "
+                  "EPLB plan made on one recorded batch, judged on the two others) and on 10 batches of each "
+                  "evaluation-set drifting trace (an EPLB plan made on its first 100 steps).",
+                  table(["trace, plan", "layer-batches", "mean", "worst"], rows),
+                  f"Worst {f(a['worst'], 5)} (target at most 1.005: {'met' if a['met'] else 'not met'})."]
+    if "replay" in data:
+        r = data["replay"]
+        rows = [[x["trace"], f"{x['gpus']} GPUs, {x['nodes']} node(s)", x["redundant"], x["protocol"],
+                 f(x["rule_ratio"]), f(x["split_ratio"]), x["target"], f"{x['overhead_s'] * 1e6:.1f}"]
+                for x in r["rows"]]
+        met = ", ".join(f"R = {k}G {'met' if v else 'not met'}" for k, v in r["met"].items())
+        parts += ["## Over a serving run (predicted by the cost model)",
+                  f"`moe_place.online.cadence.sweep` (what `moe-place cadence` runs) on the evaluation set's "
+                  f"drifting traces ({data['steps']} steps, never used to choose a design), every policy sending "
+                  "rows to replicas as its engine does (vLLM: its token-index hash; SGLang: its static "
+                  "dispatch), each policy at its best cadence of "
+                  f"{', '.join(str(i) for i in data['intervals'])} and the engine's default. Totals (expert, "
+                  "migration and the policy's CPU time where the engine waits for it) over the engine default's "
+                  "best; the split charged its all-reduce (NCCL's latency model) and a "
+                  f"{data['solve_s'] * 1e6:.0f} us solve per layer (overhead column; the solve is the kernels' "
+                  "goal, not a GPU measurement).",
+                  table(["trace", "cluster", "redundant", "protocol", "rule", "rule + split", "target",
+                         "split overhead us/layer"], rows),
+                  f"Targets (rule + split at most 0.94x with R = G, 0.90x with R = 2G): {met}."]
+    if "guard" in data:
+        g = data["guard"]
+        rows = [[x["trace"], x["protocol"], x["redundant"],
+                 ", ".join(f"{i}: {f(v)}" for i, v in x["split_over_rule_at"].items())] for x in g["rows"]]
+        parts += ["## Where the split has nothing to give (predicted by the cost model)",
+                  "No redundant experts, or decode-sized batches (512 tokens a step): the rule with `--split "
+                  "per-batch` over the rule alone at each cadence (the rule's per-layer choice should keep the "
+                  "split off).",
+                  table(["trace", "protocol", "redundant", "rule + split over rule, per cadence"], rows),
+                  f"Worst {f(g['worst'])} (target at most 1.005: {'met' if g['met'] else 'not met'})."]
+    for name in records("split_engines_*.json"):
+        e = record(name)
+        rows = [[c["check"], "PASS" if c["passed"] else "FAIL"] for c in e["checks"]]
+        b = e["busiest_rank_rows"]
+        parts += [f"## In {e['engine']} {e['version']}'s own code on a CPU, {e['ranks']} gloo ranks", source(name),
+                  e["ran_in_the_engine"], table(["check", "result"], rows),
+                  f"The busiest rank's rows per batch and layer: the split {b['split']}, the engine's own choice "
+                  f"{b['engine']}, the lower bound of any split {[round(x, 1) for x in b['bound']]}."]
+    return page("split",
+                "The per-batch split ([how to use it](../split.md)): its accuracy against the exact split, what it "
+                "gives over a serving run with its costs charged, and where it must stay off. "
+                + source("split.json"), *parts)
+
+
 def split_placement() -> str:
     data = record("split_placement.json")
     rows, kept = [], []
@@ -728,7 +789,7 @@ def gpu() -> str:
 
 PAGES = {"plan-quality": plan_quality, "sizing": sizing, "scale": scale, "dropin": dropin, "windows": windows,
          "throughput": throughput, "engines": engines, "replay": replay, "multinode": multinode, "offload": offload,
-         "gpu": gpu, "split-placement": split_placement}
+         "gpu": gpu, "split": split, "split-placement": split_placement}
 
 
 def index() -> str:
