@@ -11,6 +11,7 @@ know is an error naming it: teach the page its new shape.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import glob
 import importlib.util
@@ -44,10 +45,14 @@ RECORDS = {
     "analyze_throughput_*.json": ("python bench/bench_trace_throughput.py --tokens T --layers 48 --experts 128 "
                                   "--steps S --repeats 11 --output-json bench/results/analyze_throughput_tT_sS.json "
                                   "--force", "throughput"),
-    "engines_vllm.json": (OVERLAY.format(engine="vllm") + " bench/bench_engines.py --engine vllm --quiet "
+    "engines_vllm.json": (OVERLAY.format(engine="vllm") + " bench/bench_engines.py --engine vllm --vllm-modes async "
+                          "--drift 1x8-qwen3-30b,4x8-deepseek-v3 --quiet "
                           "--out bench/results/engines_vllm.json --force", "engines"),
-    "engines_sglang.json": (OVERLAY.format(engine="sglang") + " bench/bench_engines.py --engine sglang --quiet "
+    "engines_sglang.json": (OVERLAY.format(engine="sglang") + " bench/bench_engines.py --engine sglang --drift "
+                            "1x8-qwen3-30b,4x8-deepseek-v3 --quiet "
                             "--out bench/results/engines_sglang.json --force", "engines"),
+    "guard_engines_*.json": (OVERLAY.format(engine="ENGINE") + " bench/check_guard_engines.py --engine ENGINE --out "
+                             "bench/results/guard_engines_ENGINE.json --force", "engines"),
     "eplb_ties.json": (OVERLAY.format(engine="vllm") + " bench/bench_eplb_ties.py --cases 200 "
                        "--out bench/results/eplb_ties.json --force", "engines"),
     "replay_vllm.json": (OVERLAY.format(engine="vllm") + " bench/bench_replay.py --held-out --protocols "
@@ -448,12 +453,26 @@ def engines() -> str:
                       cpu_rows),
                 f"## Targets\n\n{met} of {total} met.",
                 table(["target", "", "detail"], targets),
+                *_guard_section(),
                 "## Ties\n\nOn seeded tied integer-load cases, the planner's EPLB against vLLM "
                 f"{ties['vllm']}'s `DefaultEplbPolicy` (numpy {ties['numpy']}, torch {ties['torch']}): `numpy-order` "
                 "is the planner's EPLB with numpy's argsort as its order, `stable` with its own stable order, "
                 "`standin` the CI stand-in of vLLM's policy. " + source("eplb_ties.json"),
                 table(["variant", "with the map in use", "maps exactly vLLM's", "same experts per GPU"], tie_rows))
 
+
+
+def _guard_section() -> list[str]:
+    """Never taking a server down: the guard's checks in each engine's own code (bench/check_guard_engines.py)."""
+    parts = ["## Never taking a server down\n\nAn exception inside moe-place code the engine calls logs one warning "
+             "and the engine's own algorithm answers that call (`moe_place.engines.guard`); checked in each "
+             "engine's own rebalance code on a CPU (small sizes; the harness's stubs as above)."]
+    for name in records("guard_engines_*.json"):
+        g = record(name)
+        rows = [[c["check"], "PASS" if c["passed"] else "FAIL"] for c in g["checks"]]
+        rows += [[line.split("  ", 1)[-1], "not run"] for line in g.get("not_run", [])]
+        parts += [f"### {g['engine']} {g['version']}\n\n" + source(name), table(["check", "result"], rows)]
+    return parts
 
 def _drift_section(cadence: dict, best_rows: list[list], prediction_rows: list[list]) -> tuple[str, str, str, str]:
     return ("## Drifting traces\n\nThe replay's drifting traces (`bench/bench_replay.py` SCENARIOS, seed "
@@ -480,8 +499,10 @@ def replay() -> str:
             raise RecordError(f"bench/results/replay_{engine}.json: expected the record of bench_replay.py with "
                               "traces[].protocols (teach docs/gen_results.py the record's new shape)")
         intro_traces = intro_traces or data
+        set_of = {name: which for which, names in data.get("sets", {}).items() for name in names}
         for protocol in data["protocols"]:
             rows, ratios, hind = [], [], []
+            by_set: dict[str, list[float]] = {}
             for t in data["traces"]:
                 s = t["protocols"][protocol]
                 bd, bo = s["best"]["default"], s["best"]["moe-place"]
@@ -490,15 +511,18 @@ def replay() -> str:
                 if t["kind"] != "stationary":
                     ratios.append(s["best_ratio"])
                     hind.append(s["hindsight_ratio"])
-                rows.append([t["name"], t["kind"], f"{f(bd['total_s'], 3)} every {bd['step_interval']}",
+                    by_set.setdefault(set_of.get(t["name"], "-"), []).append(s["best_ratio"])
+                rows.append([t["name"], set_of.get(t["name"], "-"), t["kind"], f"{f(bd['total_s'], 3)} every {bd['step_interval']}",
                              f"{f(bo['total_s'], 3)} every {bo['step_interval']}", f(s["best_ratio"]),
                              f(s["hindsight_ratio"]), f"{f(s['ratio_at'][worst])} (every {worst})",
                              f(s["ratio_at"][str(default_at)]) if default_at else "-"])
             policy = data["traces"][0]["protocols"][protocol]["default_policy"]
+            per_set = "".join(f" On the {which} set ({len(v)} traces): {f(statistics.mean(v))} ({span(v, 4)})."
+                              for which, v in sorted(by_set.items()) if which != "-")
             parts.append(f"## {protocol}\n\nThe default policy is {policy}. Mean best against best over the "
                          f"{len(ratios)} drifting traces {f(statistics.mean(ratios))} (range {span(ratios, 4)}); "
-                         f"hindsight {f(statistics.mean(hind))} ({span(hind, 4)}).")
-            parts.append(table(["trace", "kind", "default at its best: total s", "moe-place at its best: total s",
+                         f"hindsight {f(statistics.mean(hind))} ({span(hind, 4)}).{per_set}")
+            parts.append(table(["trace", "set", "kind", "default at its best: total s", "moe-place at its best: total s",
                                 "best against best", "hindsight / default's best",
                                 "worst same-cadence ratio", "at the engine's default cadence"], rows))
             still = [t for t in data["traces"] if t["kind"] == "stationary"]
@@ -521,7 +545,8 @@ def replay() -> str:
     data = intro_traces
     return page("replay",
                 f"Each trace ({data['steps']} steps of drifting domain-mixture routing: `bench/bench_replay.py` "
-                "SCENARIOS x seeds, then traces the rule was not tuned on, and a stationary one) is replayed under each "
+                "SCENARIOS x seeds and the traces once held out, together the tuning set; the evaluation set, settings and "
+                "seeds never used to choose a design, only to report; and a stationary one) is replayed under each "
                 "engine's protocol at intervals from 10 steps to the engine's default, with the engine's default "
                 "policy (its own code, as the engine runs it) and with moe-place's rule. Best against best: each "
                 "policy's least total over the intervals, moe-place's over the default's. Hindsight: plans made on "
@@ -562,6 +587,18 @@ def multinode() -> str:
                 "![layer time per method](../records/comm.png)")
 
 
+
+def _split_anatomy(row: dict) -> list[str]:
+    """At the best cadence of the rule with the split: the layer-steps it split, its expert time over the rule's
+    at that cadence (expert + migration, no CPU time) and the CPU seconds of the per-layer choice."""
+    runs = {name: {r["step_interval"]: r for r in doc["runs"] if r["policy"] == "moe-place"}
+            for name, doc in row["sweeps"].items()}
+    best = min(runs["split"].values(), key=lambda r: r["total_s"])
+    rule = runs["rule"][best["step_interval"]]
+    model = lambda r: r["expert_s"] + r["migration_s"]  # noqa: E731
+    return [f"{best['split_layer_steps']:,} (every {best['step_interval']})", f(model(best) / model(rule), 4),
+            f"{best['split_cpu_s']:.3f}"]
+
 def split() -> str:
     data = record("split.json")
     parts = []
@@ -579,8 +616,8 @@ def split() -> str:
     if "replay" in data:
         r = data["replay"]
         rows = [[x["trace"], f"{x['gpus']} GPUs, {x['nodes']} node(s)", x["redundant"], x["protocol"],
-                 f(x["rule_ratio"]), f(x["split_ratio"]), x["target"], f"{x['overhead_s'] * 1e6:.1f}"]
-                for x in r["rows"]]
+                 f(x["rule_ratio"]), f(x["split_ratio"]), x["target"], f"{x['overhead_s'] * 1e6:.1f}",
+                 *_split_anatomy(x)] for x in r["rows"]]
         met = ", ".join(f"R = {k}G {'met' if v else 'not met'}" for k, v in r["met"].items())
         parts += ["## Over a serving run (predicted by the cost model)",
                   f"`moe_place.online.cadence.sweep` (what `moe-place cadence` runs) on the evaluation set's "
@@ -593,8 +630,13 @@ def split() -> str:
                   f"{data['solve_s'] * 1e6:.0f} us solve per layer (overhead column; the solve is the kernels' "
                   "goal, not a GPU measurement).",
                   table(["trace", "cluster", "redundant", "protocol", "rule", "rule + split", "target",
-                         "split overhead us/layer"], rows),
-                  f"Targets (rule + split at most 0.94x with R = G, 0.90x with R = 2G): {met}."]
+                         "split overhead us/layer", "at rule + split's best cadence: layer-steps split",
+                         "expert time, with the split over without", "the choice's CPU s"], rows),
+                  f"Targets (rule + split at most 0.94x with R = G, 0.90x with R = 2G): {met}. The two totals come "
+                  "from two runs, each with its own measure of the rule's CPU time, which SGLang's protocol pays "
+                  "and which moves by several percent between identical runs on a shared machine; the last three "
+                  "columns are the split's own part: the layer-steps it ran, the expert and migration time with it "
+                  "over the same cadence without it, and the CPU time of the per-layer choice."]
     if "guard" in data:
         g = data["guard"]
         rows = [[x["trace"], x["protocol"], x["redundant"],
@@ -787,6 +829,172 @@ def gpu() -> str:
                 "committed microbenchmark record ([how to run one](../microbench.md)).", *parts)
 
 
+
+# ------------------------------------------------------------------------- figures on the task pages
+# The regions between `<!-- figures: ... -->` and `<!-- end of figures -->` on these task pages are rendered here
+# from the same records as the results pages (issue 46: the best cadences and ratios are generated, not typed).
+FIGURE_PAGES = ("vllm.md", "sglang.md", "online.md", "split.md")
+MODES = {"vllm async": ("vllm", True), "vllm sync": ("vllm", False), "sglang": ("sglang", False)}
+MODE_LABEL = {"vllm async": "vLLM 0.33 async", "vllm sync": "vLLM 0.33 sync", "sglang": "SGLang 0.5.23"}
+REPLAY_PROTOCOL = {"vllm async": ("vllm", "vllm"), "vllm sync": ("vllm", "vllm-sync"), "sglang": ("sglang", "sglang")}
+
+
+def _replay_set(mode: str, which: str) -> tuple[list[float], list[float], list[int]]:
+    """(best-against-best ratios, hindsight ratios, moe-place's best intervals) of the drifting traces of one set
+    ("tuning" or "evaluation") of the replay record for `mode`."""
+    engine, protocol = REPLAY_PROTOCOL[mode]
+    data = record(f"replay_{engine}.json")
+    names = set(data["sets"][which]) if "sets" in data else None
+    ratios, hind, best = [], [], []
+    for t in data["traces"]:
+        if t["kind"] == "stationary" or (names is not None and t["name"] not in names):
+            continue
+        s = t["protocols"][protocol]
+        ratios.append(s["best_ratio"])
+        hind.append(s["hindsight_ratio"])
+        best.append(s["best"]["moe-place"]["step_interval"])
+    return ratios, hind, best
+
+
+def _cadences(intervals: list[int]) -> str:
+    counts = sorted(((n, i) for i, n in collections.Counter(intervals).items()), key=lambda x: (-x[0], x[1]))
+    return ", ".join(f"{i} on {n}" for n, i in counts)
+
+
+def _engine_drift(mode: str) -> list[dict]:
+    engine, use_async = MODES[mode]
+    return [d for d in record(f"engines_{engine}.json")["drift"] if d["engine"].endswith(engine) and d["async"] == use_async]
+
+
+def _engine_best(mode: str) -> list[float]:
+    out = []
+    for d in _engine_drift(mode):
+        best = {p: min(r["total_s"] for r in d["runs"] if r["policy"] == p) for p in ("default", "moe-place")}
+        out.append(best["moe-place"] / best["default"])
+    return out
+
+
+def _engine_advised(mode: str, policy: str) -> list[float]:
+    out = []
+    for d in _engine_drift(mode):
+        mine = [r for r in d["runs"] if r["policy"] == policy]
+        advised = next(r for r in mine if r["cadence"]["step_interval"] == d["advised"][policy])
+        out.append(advised["total_s"] / min(r["total_s"] for r in mine))
+    return out
+
+
+def _engine_prediction(mode: str, key: str = "replay_error") -> float:
+    return max((abs(r[key]) for d in _engine_drift(mode) for r in d["runs"]), default=float("nan"))
+
+
+def _engine_cpu(mode: str) -> list[float]:
+    engine, use_async = MODES[mode]
+    out = []
+    for w in record(f"engines_{engine}.json")["workloads"]:
+        if w["async"] == use_async or engine == "sglang":
+            default, ours = ([c["policy_s"] for c in w["rows"][p]] for p in ("default", "moe-place"))
+            out.append(statistics.median(ours) / statistics.median(default))
+    return out
+
+
+def _engine_moved(mode: str) -> tuple[list[int], list[int]]:
+    engine, use_async = MODES[mode]
+    ours, default = [], []
+    for w in record(f"engines_{engine}.json")["workloads"]:
+        if w["async"] == use_async or engine == "sglang":
+            ours.append(sum(c["slots_changed"] for c in w["rows"]["moe-place"]))
+            default.append(sum(c["slots_changed"] for c in w["rows"]["default"]))
+    return ours, default
+
+
+def _int_range(values: list[int]) -> str:
+    return f"{min(values):,}" if min(values) == max(values) else f"{min(values):,}-{max(values):,}"
+
+
+def _range(values, digits: int = 4) -> str:
+    return span(values, digits)
+
+
+def _engine_figures(modes: tuple[str, ...], what: str) -> str:
+    modes = tuple(m for m in modes if _engine_drift(m)) or modes   # the modes the engine's record measured
+    header = ["", *(MODE_LABEL[m] for m in modes)]
+    sets = [(which, _replay_set(modes[0], which)) for which in ("evaluation", "tuning")]
+    rows = [[f"the rule's best cadence in the replay (predicted by the cost model), {which} set ({len(r[2])} drifting "
+             "traces)",
+             *(f"every {_cadences(_replay_set(m, which)[2])}" for m in modes)] for which, r in sets]
+    drift = len(_engine_drift(modes[0]))
+    rows += [[f"best against best in {what} (the engine's code on a CPU, time from the cost model), {drift} drifting "
+              "traces: moe-place's total over the default's",
+              *(_range(_engine_best(m)) for m in modes)],
+             ["`moe-place cadence`'s advised cadence in the engine's code, its total over the best cadence there: "
+              "moe-place / default", *(f"{_range(_engine_advised(m, 'moe-place'))} / {_range(_engine_advised(m, 'default'))}"
+                                       for m in modes)],
+             ["the replay's prediction of each of those runs, worst error on the total (the policy's CPU time "
+              "measured in both) / on expert + migration time",
+              *(f"{pct(_engine_prediction(m), 2, sign=False)} / {pct(_engine_prediction(m, 'replay_model_error'), 2, sign=False)}"
+                for m in modes)],
+             [f"the policy's CPU time per call over the engine's own, {len(_engine_cpu(modes[0]))} sizes (measured)",
+              *(f"{_range(_engine_cpu(m), 2)}x" for m in modes)]]
+    moved = [_engine_moved(m) for m in modes]
+    rows.append([f"slots moved over a run (a stationary load, then a new popularity), {len(moved[0][0])} sizes",
+                 *(f"{_int_range(o)}, the default {_int_range(d)}" for o, d in moved)])
+    return table(header, rows)
+
+
+def _online_figures() -> str:
+    rows = []
+    for mode in MODES:
+        ev, ev_h, _ = _replay_set(mode, "evaluation")
+        tu, tu_h, _ = _replay_set(mode, "tuning")
+        rows.append([MODE_LABEL[mode], f"{f(statistics.mean(ev))} ({_range(ev)})", f(statistics.mean(ev_h)),
+                     f"{f(statistics.mean(tu))} ({_range(tu)})",
+                     _range(_engine_best(mode)) if _engine_drift(mode) else "not measured",
+                     f"{_range(_engine_cpu(mode), 2)}x" if _engine_cpu(mode) else "not measured"])
+    ev_n, tu_n = (len(_replay_set("sglang", w)[0]) for w in ("evaluation", "tuning"))
+    return table(["protocol", f"replay, evaluation set ({ev_n} traces): mean (range), predicted", "hindsight, mean",
+                  f"replay, tuning set ({tu_n} traces): mean (range), predicted",
+                  f"in the engine's own code, {len(_engine_drift('sglang'))} traces (time from the cost model)",
+                  "CPU time per call, over the engine's own (measured)"], rows)
+
+
+def _split_figures() -> str:
+    data = record("split.json")
+    rows = []
+    if "accuracy" in data:
+        rows.append(["the fast split's busiest GPU over the exact split's (whole rows), every layer and batch "
+                     "(computed)", f"worst {f(data['accuracy']['worst'], 4)}"])
+    for protocol in ("vllm", "sglang"):
+        for factor in (1, 2):
+            mine = [r for r in data.get("replay", {}).get("rows", [])
+                    if r["protocol"] == protocol and r["redundant"] == factor * r["gpus"]]
+            if mine:
+                rows.append([f"{protocol} protocol, R = {factor}G, {len(mine)} evaluation traces: over the default's "
+                             "best, the rule / the rule with the split (predicted)",
+                             f"{_range([r['rule_ratio'] for r in mine])} / {_range([r['split_ratio'] for r in mine])}"])
+    if "guard" in data:
+        rows.append(["no redundant experts or decode batches: the rule with the split over the rule alone, worst "
+                     "cadence (predicted)", f(data["guard"]["worst"], 4)])
+    return table(["", "figure"], rows)
+
+
+def figure_regions() -> dict[str, str]:
+    """{task page under docs/: its figures region's table}."""
+    return {"split.md": _split_figures(),"vllm.md": _engine_figures(("vllm async", "vllm sync"), "vLLM's own `EplbState`"),
+            "sglang.md": _engine_figures(("sglang",), "SGLang's own `EPLBManager`"),
+            "online.md": _online_figures()}
+
+
+def render_figures() -> dict[str, str]:
+    """{task page under docs/: its whole text with the figures region rendered}."""
+    pages = {}
+    for name, body in figure_regions().items():
+        text = (ROOT / "docs" / name).read_text(encoding="utf-8")
+        match = re.search(r"(<!-- figures: [^\n]*-->\n)(.*?)(<!-- end of figures -->)", text, flags=re.S)
+        if match is None:
+            raise RecordError(f"docs/{name}: expected a <!-- figures: ... --> ... <!-- end of figures --> region")
+        pages[name] = text[:match.start(2)] + body + "\n" + text[match.end(2):]
+    return pages
+
 PAGES = {"plan-quality": plan_quality, "sizing": sizing, "scale": scale, "dropin": dropin, "windows": windows,
          "throughput": throughput, "engines": engines, "replay": replay, "multinode": multinode, "offload": offload,
          "gpu": gpu, "split": split, "split-placement": split_placement}
@@ -821,8 +1029,26 @@ def render() -> dict[str, str]:
     return pages
 
 
+def write_or_check_figures(argv: list[str] | None = None) -> int:
+    """The figures regions of the task pages: write them, or with --check exit 1 naming each that differs."""
+    check = "--check" in (sys.argv[1:] if argv is None else argv)
+    differ = 0
+    for name, text in render_figures().items():
+        path = ROOT / "docs" / name
+        if path.read_text(encoding="utf-8") != text:
+            differ += 1
+            if check:
+                print(f"{SCRIPT}: docs/{name}'s figures are not what the generator renders: run `python {SCRIPT}`",
+                      file=sys.stderr)
+            else:
+                path.write_text(text, encoding="utf-8")
+                print(f"wrote the figures of docs/{name}")
+    return 1 if check and differ else 0
+
+
 if __name__ == "__main__":
     try:
-        sys.exit(write_or_check(SCRIPT, "results", render))
+        code = write_or_check(SCRIPT, "results", render)
+        sys.exit(write_or_check_figures() or code)
     except RecordError as exc:
         sys.exit(f"{SCRIPT}: error: {exc}")

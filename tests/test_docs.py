@@ -293,3 +293,9 @@ def test_no_page_cites_a_file_the_repository_does_not_have():
         for path in re.findall(r"`((?:bench|tests|traces|moe_place|solvers|kernels|docs)/[\w./-]+\.(?:py|sh|md|json|toml|png))`",
                                text):
             assert (ROOT / path).exists() or "<" in path, f"{page.relative_to(ROOT)}: {path}"
+
+
+def test_the_task_pages_figures_are_rendered_from_the_records():
+    # docs/vllm.md, sglang.md and online.md show their figures between markers; docs/gen_results.py renders them
+    for name, text in gen_results.render_figures().items():
+        assert (DOCS / name).read_text() == text, f"docs/{name}: its figures differ; run `python docs/gen_results.py`"
