@@ -41,7 +41,6 @@ mapping) and run, e.g.:
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -212,21 +211,13 @@ def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[
     return records, targets
 
 
-def _git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=harness.ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def _commit() -> str | None:
-    return _git("rev-parse", "HEAD") or None
+    return harness.git("rev-parse", "HEAD") or None
 
 
 def _rule_files_committed() -> bool | None:
     """True when the rule's files are as the commit has them (the commit then names the code measured)."""
-    status = _git("status", "--porcelain", "--", *harness.RULE_FILES)
+    status = harness.git("status", "--porcelain", "--", *harness.RULE_FILES)
     return None if status is None else status == ""
 
 

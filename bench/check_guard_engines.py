@@ -485,18 +485,9 @@ def warnings_seen(details: dict, prefix: str = "") -> dict:
 
 def checkout() -> dict:
     """The commit this ran at, and whether moe-place's or this script's files had changes not in it."""
-    import subprocess
+    import engine_harness
 
-    root = BENCH.parent
-
-    def git(*args):
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    changed = git("status", "--porcelain", "--", "moe_place", "solvers", "bench/check_guard_engines.py",
-                  "bench/engine_harness.py", "bench/engine_standins.py")
-    return {"moe_place_commit": git("rev-parse", "HEAD"), "uncommitted_changes": bool(changed) if changed is not None
-            else None}
+    return engine_harness.checkout("bench/check_guard_engines.py", "bench/engine_harness.py", "bench/engine_standins.py")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,7 @@ import copy
 import hashlib
 import importlib.util
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -112,6 +113,23 @@ def bench_replay():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def git(*args: str) -> str | None:
+    """`git ARGS` in this checkout: its stripped output, or None where git is missing or fails."""
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def checkout(*paths: str) -> dict:
+    """What a record says of the code it ran: the commit, and whether moe-place's files (moe_place/, solvers/) or
+    `paths` had changes not in it (None where git cannot say)."""
+    changed = git("status", "--porcelain", "--", "moe_place", "solvers", *paths)
+    return {"moe_place_commit": git("rev-parse", "HEAD"),
+            "uncommitted_changes": None if changed is None else bool(changed)}
 
 
 def rule_sources(root: Path = ROOT) -> dict:

@@ -3,11 +3,9 @@ engine's own result when moe-place fails, says why once, and leaves the rule's s
 call; a bad setting still stops the engine at start, with one line. On the stand-ins (`bench/engine_standins.py`).
 """
 
-import importlib.util
 import logging
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,20 +17,9 @@ from moe_place.engines import vllm as vllm_adapter  # noqa: E402
 from moe_place.engines.batch_split import FLAGS  # noqa: E402
 from moe_place.errors import InputError  # noqa: E402
 from moe_place.online.policy import RebalanceRule  # noqa: E402
+from bench_modules import load  # noqa: E402 - tests/, beside this file
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _standins():
-    if "engine_standins" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("engine_standins", ROOT / "bench" / "engine_standins.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["engine_standins"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["engine_standins"]
-
-
-standins = _standins()
+standins = load("engine_standins")
 LAYERS, EXPERTS, GPUS, REDUNDANT = 2, 16, 4, 8
 PHYSICAL = EXPERTS + REDUNDANT
 

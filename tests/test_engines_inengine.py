@@ -29,17 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 
 
-def _load(name: str):
-    """A bench/ module by path, registered under its name (the harness imports its stand-ins so)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from bench_modules import load  # noqa: E402 - tests/, beside this file
 
-
-harness = _load("engine_harness")
+harness = load("engine_harness")
 standins = harness.standins
 Size = harness.Size
 

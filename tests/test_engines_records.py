@@ -6,7 +6,6 @@ longer measures the policy the checkout has: the staleness test fails until it i
 command the record names (bench/bench_engines.py, in the engine's environment: see its docstring).
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -21,14 +20,11 @@ RECORDS = {"vllm": ROOT / "bench" / "results" / "engines_vllm.json",
            "sglang": ROOT / "bench" / "results" / "engines_sglang.json"}
 
 
+from bench_modules import load  # noqa: E402 - tests/, beside this file
+
 def _harness():
     pytest.importorskip("torch")
-    if "engine_harness" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("engine_harness", ROOT / "bench" / "engine_harness.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["engine_harness"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["engine_harness"]
+    return load("engine_harness")
 
 
 @pytest.mark.parametrize("engine", sorted(RECORDS))

@@ -6,13 +6,10 @@ The oracle is `moe_place.split` (the spec): the shares are `split_shares` of the
 recording, SGLang's dynamic dispatch).
 """
 
-import importlib.util
 import logging
 import multiprocessing
 import socket
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,23 +21,13 @@ from moe_place.engines.batch_split import FLAGS  # noqa: E402
 from moe_place.engines.sglang_managers import DISPATCH_MODULE, SETUP_MODULE  # noqa: E402
 from moe_place.errors import InputError  # noqa: E402
 from moe_place.split import map_tokens, split_shares  # noqa: E402
+from bench_modules import load  # noqa: E402 - tests/, beside this file
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYERS, EXPERTS, GPUS, REDUNDANT, TOP_K = 2, 8, 2, 4, 2
 # two layers, 8 experts, 12 slots on 2 GPUs: experts 0-3 twice (slots 8-11 hold 0-3 on GPU 1)
 PHY2LOG = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7, 3, 2, 1, 0]])
 
-
-def _standins():
-    if "engine_standins" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("engine_standins", ROOT / "bench" / "engine_standins.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["engine_standins"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["engine_standins"]
-
-
-standins = _standins()
+standins = load("engine_standins")
 
 
 def _batch(rank: int, tokens: int = 40, seed: int = 0) -> torch.Tensor:
