@@ -39,7 +39,8 @@ hierarchical size, whether every expert group and its replicas sit inside one no
 (`ReplayCost.step_time_s`), what serving pays for each map change under the engine's migration model
 (vLLM async: per committed layer, `ReplayCost.charge` with migration "async"; sync vLLM and SGLang's
 default all-layers update: "stall") and the policy's own CPU time per call (`time.thread_time` in the
-thread that calls it; its wall time is recorded beside). In SGLang's runs each call is also run
+thread that calls it, the garbage collector held off as in the replay: `moe_place.online.controller.cpu_timer`;
+its wall time is recorded beside). In SGLang's runs each call is also run
 `SGLANG_CPU_REPEATS` times from a copy of the policy's state, and its CPU time is the least of the runs
 (`Clock`), for both policies alike.
 """
@@ -70,7 +71,7 @@ from moe_place.cost.models import ExpertShape, get_model
 from moe_place.engines import session as rule_session
 from moe_place.engines.sglang import install_rebalance_hook, uninstall_rebalance_hook
 from moe_place.engines.vllm import install, uninstall
-from moe_place.online.controller import EngineCadence
+from moe_place.online.controller import EngineCadence, cpu_timer
 from moe_place.online.replay import parse_synthetic
 from moe_place.placement import Placement, even_split_gpu_loads
 
@@ -90,10 +91,12 @@ RULE_FILES = (
     "moe_place/engines/config.py", "moe_place/engines/vllm.py", "moe_place/engines/vllm_policy.py",
     "moe_place/engines/sglang.py", "moe_place/engines/sglang_managers.py", "moe_place/engines/sglang_startup.py",
     "moe_place/engines/session.py", "moe_place/engines/tensors.py", "moe_place/engines/guard.py",
-    "moe_place/engines/batch_split.py", "moe_place/online/policy.py", "moe_place/online/estimate.py",
-    # the per-batch split's (MOE_PLACE_SPLIT=per-batch): its per-layer choice at the call, and the forward pass's
-    "moe_place/engines/vllm_split.py", "moe_place/engines/sglang_split.py", "moe_place/online/splitting.py",
-    "moe_place/split.py",
+    "moe_place/engines/batch_split.py", "moe_place/engines/sglang_split.py", "moe_place/online/policy.py",
+    "moe_place/online/estimate.py", "moe_place/online/controller.py",
+    # not the per-batch split's solve and choice (moe_place/split.py, online/splitting.py, engines/vllm_split.py):
+    # these runs leave MOE_PLACE_SPLIT unset, so none of their code runs (the test that every file which runs is
+    # here checks it; batch_split and sglang_split run, reading the setting); bench/check_split_engines.py
+    # measures them
     "moe_place/cost/cluster.py", "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/gemm_profile.py",
     "moe_place/cost/replicas.py",
     "moe_place/cost/hardware.py", "moe_place/cost/migration.py", "moe_place/cost/models.py", "moe_place/cost/payback.py",
@@ -318,18 +321,19 @@ class Clock:
             if repeat:
                 save, load = self.state
                 saved = copy.deepcopy(save())                       # the state the call starts from
-            start, cpu = time.perf_counter(), time.thread_time()
-            out = call(*args, **kwargs)
-            cpu, wall = time.thread_time() - cpu, time.perf_counter() - start
+            start = time.perf_counter()
+            with cpu_timer() as seconds:
+                out = call(*args, **kwargs)
+            cpu, wall = seconds[0], time.perf_counter() - start
             tries = [cpu]
             if repeat:
                 reached = save()                                    # the state the call left
                 with mock.patch.object(rule_session, "log_first_call", lambda line: None):   # logged once
                     for _ in range(self.repeats):
                         load(copy.deepcopy(saved))
-                        begin = time.thread_time()
-                        call(*args, **kwargs)
-                        tries.append(time.thread_time() - begin)
+                        with cpu_timer() as seconds:
+                            call(*args, **kwargs)
+                        tries.append(seconds[0])
                 load(reached)
             self.calls.append(PolicyCall(self.step, min(tries), wall, old, np.array(_numpy(after(out)), dtype=np.int64),
                                          cpu if repeat else None))
