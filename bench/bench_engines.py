@@ -37,12 +37,17 @@ mapping) and run, e.g.:
 
     PYTHONPATH=OVERLAY /path/to/vllm-venv/bin/python bench/bench_engines.py --engine vllm --out vllm.json
     PYTHONPATH=OVERLAY /path/to/sglang-venv/bin/python bench/bench_engines.py --engine sglang --out sglang.json
+
+The committed records ran each engine on a core of its own (`taskset -c 0` / `taskset -c 1`, nothing else
+running on it) with torch's intra-op threads at 1 (`--torch-threads`, recorded with `cores_allowed` in the
+record's `machine`).
     python bench/bench_engines.py --engine standin-vllm,standin-sglang --sizes 1x8-e64 --drift none
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -261,8 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat-runs", type=int, default=2,
                         help="where the engine waits for the policy (SGLang, vLLM sync): measure the run the policy's "
                              "CPU time weighs most in this many more times, per drifting trace (default 2; 0: none)")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch's intra-op threads while the policies run (default 1: their tensors are a few "
+                             "thousand counts, too small to split, and a second thread only spin-waits, which the "
+                             "calling thread's CPU time counts on a busy machine)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if args.torch_threads < 1:
+        parser.error("--torch-threads: expected an integer >= 1")
     if args.repeat_runs < 0:
         parser.error("--repeat-runs: expected an integer >= 0")
     refuse_overwrite(parser, args)
@@ -279,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_engines: --engine {missing[0]}: not importable in this Python ({sys.executable})",
               file=sys.stderr)
         return 2
+    harness.torch.set_num_threads(args.torch_threads)
     start = time.perf_counter()
     # what is measured, read before it runs (an edit during the run must not be recorded as what ran)
     ran = {"moe_place_commit": _commit(), "rule_files_committed": _rule_files_committed(),
@@ -305,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(args.output_json, {
             "command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv)),
             **ran, "seconds": round(time.perf_counter() - start, 1),
-            "versions": harness.engine_versions(args.engine), "machine": machine(),
+            "versions": harness.engine_versions(args.engine),
+            "machine": {**machine(), "cores_allowed": len(os.sched_getaffinity(0)),
+                        "torch_threads": harness.torch.get_num_threads()},
             "settings": {k: v for k, v in vars(args).items() if k not in ("output_json", "force", "quiet")},
             "workloads": workloads, "drift": drifts, "targets": [t.__dict__ for t in targets],
             "summary": {"met": len(targets) - len(failed), "targets": len(targets)}})

@@ -107,6 +107,37 @@ def test_the_split_choice_uses_the_engines_per_step_window():
     np.testing.assert_allclose(choice.saving_s, expected)
 
 
+def test_the_split_choice_costs_next_to_nothing_where_the_split_cannot_pay(monkeypatch):
+    placement = _placement()
+    rng = np.random.default_rng(3)
+    window = rng.multinomial(512 * 8 * 10, np.full(64, 1 / 64), size=2).astype(float)   # decode-sized batches
+    choice = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="sglang-static",
+                                      split_allreduce_s=1.0))
+    assert not choice.decide(window, 10, placement, step=10).any()   # off by far more than half the overhead
+    priced = []
+    monkeypatch.setattr(choice, "_ceiling_s", lambda *a: priced.append(1) or pytest.fail("priced again"))
+    moved = placement.phy2log.copy()
+    moved[:, [0, 1]] = moved[:, [1, 0]]                       # the rule moved slots: the layers stay off, unpriced
+    assert not choice.decide(window, 10, Placement(moved, 64, 8, allow_colocated=True), step=20).any()
+    bare = Placement(np.tile(np.arange(64), (2, 1)), 64, 8)   # no replicated expert: off without pricing
+    assert not choice.decide(window, 10, bare, step=30).any() and not priced
+    assert not choice.decide(window, 10, bare, step=30 + 5000).any() and not priced   # old: still nothing to price
+    # priced again: layers that gain a replicated expert, and layers whose batches grow by more than half
+    monkeypatch.undo()
+    calls = []
+    real = choice._ceiling_s
+    monkeypatch.setattr(choice, "_ceiling_s", lambda *a: calls.append(len(a[0])) or real(*a))
+    choice.decide(window, 10, placement, step=40)
+    assert calls == [2] and not choice.on.any()
+    calls.clear()
+    choice.decide(window * 1.4, 10, placement, step=50)
+    assert calls == []
+    grown = window.copy()
+    grown[1] *= 1.6
+    choice.decide(grown, 10, placement, step=40 + 1000)   # the choice is old: the grown layer only
+    assert calls == [1]
+
+
 def test_replay_split_json_and_its_guard(capsys):
     from moe_place.cli.main import main
     import contextlib

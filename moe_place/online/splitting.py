@@ -8,7 +8,12 @@ the map the engine will run, the mean expert time of a batch under the engine's 
 the split, over batches like the window's, and turns the split on where the saving is more than the overhead
 (times `1 + margin`). A layer's choice stands while its map row is unchanged, for up to `REFRESH_STEPS`
 steps, so a short cadence does not pay for it at every call (the choice is part of the policy's call and
-its CPU time is the policy's).
+its CPU time is the policy's, which SGLang and vLLM's sync mode wait for). Two cases cost next to nothing:
+a layer whose map replicates no expert is off without pricing (the split has no choice to make there), and
+a layer priced off by a wide margin (its saving at most `SETTLED_SHARE` of the overhead) stays off, unpriced,
+until its map gains a replicated expert or its batches grow by more than `SETTLED_GROWTH`: what the split can
+save there is set by the batch's size and the GPUs' time per row, which the rule's moves barely change (it
+moves slots to lower the busiest GPU, which lowers the saving further).
 
 Batches like the window's: the window's own steps where the engine hands them (SGLang's per-pass counts, the
 last `samples` of them); where it hands their sum (vLLM), `samples` batches drawn from it, each a multinomial
@@ -32,6 +37,8 @@ BOUND_SLACK = 1.5       # a layer is priced in full unless 1.5 x the most it cou
 CHOICE_SWEEPS = 8       # the choice needs the saving to a few percent, not the split's last 0.1%
 REFRESH_STEPS = 1000    # a layer's choice stands until its map row changes or it is this old: the engines'
                         # own re-planning period (SGLang's default interval, vLLM's window)
+SETTLED_SHARE = 0.5     # off by a wide margin: a priced saving at most half the overhead (a round margin, not tuned)
+SETTLED_GROWTH = 1.5    # ... until the layer's rows per batch grow by half (a round margin, not tuned)
 
 
 @dataclass
@@ -54,6 +61,8 @@ class SplitChoice:
     calls: int = field(default=0, init=False)
     _rows: np.ndarray | None = field(default=None, init=False, repr=False)          # the map rows last decided on
     _decided_at: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] the step of each choice
+    _replicated: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] rows last decided on
+    _batch_rows: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] rows per batch then
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -70,18 +79,36 @@ class SplitChoice:
         time less that GPU's time with its rows scaled down to the mean (`ceiling_s`); where `BOUND_SLACK`
         times that is still below the overhead, the layer stays off. The others are priced in full."""
         layers = placement.num_layers
-        if self.on is None or step is None:
-            due = np.ones(layers, dtype=bool)
-        else:   # a layer whose map row changed, or whose choice is `REFRESH_STEPS` old
-            due = (placement.phy2log != self._rows).any(axis=1) | (step - self._decided_at >= REFRESH_STEPS)
-        if self.on is None:
-            self.on, self.saving_s = np.zeros(layers, dtype=bool), np.zeros(layers)
-            self._decided_at = np.zeros(layers, dtype=np.int64)
-        self._rows = placement.phy2log.copy()
-        self.calls += 1
         overhead = self.cost.split_overhead_s * (1.0 + self.margin)
+        first = self.on is None or step is None or self._rows.shape != placement.phy2log.shape
+        if first:
+            self.on, self.saving_s = np.zeros(layers, dtype=bool), np.zeros(layers)
+            self._decided_at, self._batch_rows = np.zeros(layers, dtype=np.int64), np.zeros(layers)
+            self._replicated, changed = np.zeros(layers, dtype=bool), np.ones(layers, dtype=bool)
+            due = changed.copy()
+        else:   # a layer whose map row changed or whose choice is old (most calls: none, and nothing to do)
+            changed = (placement.phy2log != self._rows).any(axis=1)
+            due = changed | (step - self._decided_at >= REFRESH_STEPS)
+        self.calls += 1
+        if not due.any():
+            return self.on
+        self._rows = placement.phy2log.copy()
+        replicated = self._replicated.copy()
+        if placement.num_physical > placement.num_experts:   # a valid map holds every expert: P = E leaves no room
+            replicated[changed] = replicates_an_expert(placement.phy2log[changed])
+        window = np.asarray(window, dtype=np.float64)
+        batch_rows = window.sum(axis=(0, 2) if window.ndim == 3 else 1) / max(window_steps, 1)   # [layers]
+        if not first:   # settled off stays off (module note)
+            due &= ~(~self.on & (self.saving_s <= SETTLED_SHARE * overhead) & (replicated <= self._replicated)
+                     & (batch_rows <= SETTLED_GROWTH * self._batch_rows))
+        self._replicated = replicated
+        self._batch_rows[due] = batch_rows[due]
+        plain = due & ~replicated   # nothing to split: off, unpriced
+        self.on[plain], self.saving_s[plain] = False, 0.0
+        if step is not None:
+            self._decided_at[plain] = step
+        due &= replicated
         if due.any():   # first on the window's mean batch, with room for a batch's noise (no split solved)
-            window = np.asarray(window, dtype=np.float64)
             mean = (window.sum(axis=0) if window.ndim == 3 else window) / max(window_steps, 1)
             ceiling = self._noisy_ceiling_s(placement.phy2log[due], mean[due])
             settled = np.flatnonzero(due)[ceiling <= overhead]
@@ -91,11 +118,11 @@ class SplitChoice:
             due[settled] = False
         if not due.any():
             return self.on
-        batches = self._batches(np.asarray(window, dtype=np.float64), window_steps)[:, due]   # [n, due layers, E]
+        batches = self._batches(window, window_steps)[:, due]   # [n, due layers, E]
         n, count, experts = batches.shape
         rows = np.broadcast_to(placement.phy2log[due][None], (n, count, placement.num_physical)).reshape(n * count, -1)
         flat = batches.reshape(n * count, experts)
-        engine, ceiling = self._ceiling_s(rows, flat)
+        engine, ceiling, _ = self._ceiling_s(rows, flat)
         saving = ceiling.reshape(n, count).mean(axis=0)
         open_ = BOUND_SLACK * saving > overhead
         if open_.any():
@@ -113,16 +140,13 @@ class SplitChoice:
         rows `[n, P]`: the mean batch's ceiling (`_ceiling_s`) plus what the busiest GPU's noise can add, `sqrt(2
         ln G)` standard deviations of its rows (the expected maximum of G independent counts), each row priced at
         that GPU's time per row (its fixed costs included: more than a row's marginal time)."""
-        gpus = self.cost.num_gpus
-        engine, ceiling = self._ceiling_s(rows, mean)
-        slots = self.cost.slot_rows(rows, mean).reshape(len(rows), gpus, -1)
-        busiest = slots.sum(axis=2)[np.arange(len(rows)), np.argmax(self.cost.gpu_times_s(slots), axis=1)]
-        noise = np.sqrt(2.0 * np.log(max(gpus, 2)) * busiest)
+        engine, ceiling, busiest = self._ceiling_s(rows, mean)
+        noise = np.sqrt(2.0 * np.log(max(self.cost.num_gpus, 2)) * busiest)
         return ceiling + noise * np.divide(engine, busiest, out=np.zeros(len(rows)), where=busiest > 0)
 
-    def _ceiling_s(self, rows: np.ndarray, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(busiest-GPU time under the engine's replica choice `[n]`, the most the split can save `[n]`) of map
-        rows `[n, P]` serving `loads [n, E]` (the `decide` note)."""
+    def _ceiling_s(self, rows: np.ndarray, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(busiest-GPU time under the engine's replica choice `[n]`, the most the split can save `[n]`, that GPU's
+        rows `[n]`) of map rows `[n, P]` serving `loads [n, E]` (the `decide` note)."""
         gpus = self.cost.num_gpus
         slots = self.cost.slot_rows(rows, loads).reshape(len(rows), gpus, -1)
         times = self.cost.gpu_times_s(slots)                                             # [n, G]
@@ -132,7 +156,7 @@ class SplitChoice:
                           where=top.sum(axis=1) > 0)
         floor = self.cost.gpu_times_s((top * np.minimum(scale, 1.0)[:, None])[:, None, :])[:, 0]
         engine = times.max(axis=1)
-        return engine, np.maximum(engine - floor, 0.0)
+        return engine, np.maximum(engine - floor, 0.0), top.sum(axis=1)
 
     def _batches(self, window: np.ndarray, window_steps: int) -> np.ndarray:
         if window.ndim == 3:
@@ -145,3 +169,9 @@ class SplitChoice:
             if total > 0:
                 out[:, layer] = rng.multinomial(total, row / row.sum(), size=self.samples)
         return out
+
+
+def replicates_an_expert(phy2log: np.ndarray) -> np.ndarray:
+    """bool `[layers]`: whether the layer's map row of `phy2log [layers, P]` holds some expert more than once."""
+    rows = np.sort(np.asarray(phy2log), axis=1)
+    return (rows[:, 1:] == rows[:, :-1]).any(axis=1)
