@@ -303,31 +303,13 @@ def _whole_rows(fractional: np.ndarray, num_gpus: int, table) -> np.ndarray:
     """int64 `[B, P]`: the split in whole rows. Each replicated expert's slots keep the floors of their
     shares; the rows left (fewer than its GPUs) go one at a time to its least loaded GPU (ties: the
     lower slot), a colour class at a time."""
-    slots, gpu, first, multiplicity, nth, amount = table
     shares = np.floor(fractional + 1e-9).astype(np.int64)
     gpu_load = gpu_rows(shares, num_gpus)
-    batch = len(shares)
-    width_k, width_m = slots.shape[2], slots.shape[3]
-    for c in range(slots.shape[1]):
-        live = np.flatnonzero((amount[:, c] > 0).any(axis=1))
-        if live.size == 0:
-            continue
-        n = live.size * width_k
-        s, g = slots[live, c].reshape(n, width_m), gpu[live, c].reshape(n, width_m)
-        f, m, k = first[live, c].reshape(n, width_m), multiplicity[live, c].reshape(n, width_m), \
-            nth[live, c].reshape(n, width_m)
-        w = amount[live, c].reshape(n)
-        owner = np.repeat(live, width_k)
-        valid = s >= 0
+    for owner, s, g, f, m, k, w, valid in _class_views(table):
         current = np.where(valid, shares[owner[:, None], np.maximum(s, 0)], 0)
-        left = w - current.sum(axis=1)
         here = _per_gpu(current, g, valid)
-        add = _water_fill_whole(gpu_load[owner[:, None], np.maximum(g, 0)], left, f)
-        total = _per_gpu(np.where(f, add, 0), g, valid) + here
-        new = total // np.maximum(m, 1) + (k < total % np.maximum(m, 1))
-        shares[np.broadcast_to(owner[:, None], s.shape)[valid], s[valid]] = new[valid]
-        gpu_load[np.broadcast_to(owner[:, None], g.shape)[f], g[f]] += add[f]
-    assert batch == len(shares)
+        add = _water_fill_whole(gpu_load[owner[:, None], np.maximum(g, 0)], w - current.sum(axis=1), f)
+        _pour(shares, gpu_load, owner, s, g, f, m, k, valid, _per_gpu(np.where(f, add, 0), g, valid) + here, add)
     for _ in range(POLISH_SWEEPS):
         _polish(shares, gpu_load, table)
     return shares
@@ -336,6 +318,16 @@ def _whole_rows(fractional: np.ndarray, num_gpus: int, table) -> np.ndarray:
 def _polish(shares: np.ndarray, gpu_load: np.ndarray, table) -> None:
     """One sweep in whole rows, in place: each replicated expert's rows off its GPUs and poured back by
     `_water_fill_whole` (what rounding left one row high on a GPU can move to a neighbour)."""
+    for owner, s, g, f, m, k, w, valid in _class_views(table):
+        here = _per_gpu(np.where(valid, shares[owner[:, None], np.maximum(s, 0)], 0), g, valid)
+        add = _water_fill_whole(gpu_load[owner[:, None], np.maximum(g, 0)] - here, w, f)
+        _pour(shares, gpu_load, owner, s, g, f, m, k, valid, _per_gpu(np.where(f, add, 0), g, valid), add - here)
+
+
+def _class_views(table):
+    """Per colour class that holds rows, its replicated experts of every batch row side by side: (the batch
+    row of each `[n]`; slots, GPUs, first-slot-on-its-GPU, replicas on that GPU, rank among them `[n, M]`;
+    rows to split `[n]`; which of the M are slots `[n, M]`)."""
     slots, gpu, first, multiplicity, nth, amount = table
     width_k, width_m = slots.shape[2], slots.shape[3]
     for c in range(slots.shape[1]):
@@ -343,19 +335,16 @@ def _polish(shares: np.ndarray, gpu_load: np.ndarray, table) -> None:
         if live.size == 0:
             continue
         n = live.size * width_k
-        s, g = slots[live, c].reshape(n, width_m), gpu[live, c].reshape(n, width_m)
-        f, m, k = first[live, c].reshape(n, width_m), multiplicity[live, c].reshape(n, width_m), \
-            nth[live, c].reshape(n, width_m)
-        w = amount[live, c].reshape(n)
-        owner = np.repeat(live, width_k)
-        valid = s >= 0
-        here = _per_gpu(np.where(valid, shares[owner[:, None], np.maximum(s, 0)], 0), g, valid)
-        base = gpu_load[owner[:, None], np.maximum(g, 0)] - here
-        add = _water_fill_whole(base, w, f)
-        total = _per_gpu(np.where(f, add, 0), g, valid)
-        new = total // np.maximum(m, 1) + (k < total % np.maximum(m, 1))
-        shares[np.broadcast_to(owner[:, None], s.shape)[valid], s[valid]] = new[valid]
-        gpu_load[np.broadcast_to(owner[:, None], g.shape)[f], g[f]] += (add - here)[f]
+        s, g, f, m, k = (a[live, c].reshape(n, width_m) for a in (slots, gpu, first, multiplicity, nth))
+        yield np.repeat(live, width_k), s, g, f, m, k, amount[live, c].reshape(n), s >= 0
+
+
+def _pour(shares, gpu_load, owner, s, g, f, m, k, valid, total, change) -> None:
+    """In place: each GPU's `total [n, M]` rows shared among its replicas of the expert (one more to the
+    lower ranks), and the GPUs' loads moved by `change` (at each GPU's first slot)."""
+    new = total // np.maximum(m, 1) + (k < total % np.maximum(m, 1))
+    shares[np.broadcast_to(owner[:, None], s.shape)[valid], s[valid]] = new[valid]
+    gpu_load[np.broadcast_to(owner[:, None], g.shape)[f], g[f]] += change[f]
 
 
 def _water_fill_whole(level: np.ndarray, amount: np.ndarray, active: np.ndarray) -> np.ndarray:
