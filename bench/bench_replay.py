@@ -248,7 +248,21 @@ def verdicts(records: list[dict]) -> tuple[list[str], list[str]]:
 
 
 def _run_job(job: tuple) -> dict:
+    *job, threads = job
+    _torch_threads(threads, job[3])
     return run_trace(*job)
+
+
+def _torch_threads(threads: int, default_policy: str) -> int | None:
+    """torch's intra-op threads set to `threads` where the engines' own default policies run (torch code), as
+    bench_engines sets them: the policies' tensors are too small to split, and a second thread only spin-waits,
+    which the calling thread's CPU time counts on a busy machine. The threads in force, or None without torch."""
+    if default_policy != "engine":
+        return None
+    import torch
+
+    torch.set_num_threads(threads)
+    return torch.get_num_threads()
 
 
 def _run_jobs(jobs: list[tuple], processes: int, started: float) -> list[dict]:
@@ -324,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                              "of the tuning set now)")
     parser.add_argument("--evaluation", action="store_true",
                         help="also the evaluation set (EVALUATION: new settings and seeds, used only to report)")
+    parser.add_argument("--torch-threads", type=_positive, default=1,
+                        help="torch's intra-op threads in each job, where the engines' own policies run (default 1)")
     parser.add_argument("--jobs", type=_positive, default=1,
                         help=f"traces in parallel processes, at most the cores ({os.cpu_count()}; default 1)")
     add_record_options(parser, plot=True, committed=RESULTS)
@@ -345,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                        if engine_policies.available(e)})
         if missing:
             parser.error(f"--default-policy engine: {missing[0]} is not importable in this Python ({sys.executable})")
-    jobs = [(trace, args.steps, args.protocols, args.default_policy)
+    threads = _torch_threads(args.torch_threads, args.default_policy)
+    jobs = [(trace, args.steps, args.protocols, args.default_policy, args.torch_threads)
             for trace in traces(args.scenarios, args.seeds, args.held_out, args.evaluation)]
     started = time.perf_counter()
     try:
@@ -358,14 +375,18 @@ def main(argv: list[str] | None = None) -> int:
     lines, missed = verdicts(records)
     print("\n".join(lines), flush=True)
     if args.output_json:
-        write_json_atomic(args.output_json, {"steps": args.steps, "seeds": args.seeds,
+        write_json_atomic(args.output_json, {"command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None
+                                                                                    else list(argv)),
+                                             "steps": args.steps, "seeds": args.seeds,
                                              "sets": {"tuning": list(TUNING_SET), "evaluation": list(EVALUATION_SET)},
                                              "protocols": list(args.protocols), "default_policy": args.default_policy,
                                              "targets": {"best": TARGET_BEST, "same_cadence": TARGET_SAME_CADENCE},
                                              "policy_time": "CPU seconds of the policy's calls (time.thread_time); "
                                                             "paid by serving except in vLLM's async worker",
                                              "wall_s": time.perf_counter() - started,
-                                             "machine": engine_policies.machine(), "traces": records,
+                                             "machine": {**engine_policies.machine(), "jobs": args.jobs,
+                                                         "torch_threads": threads},
+                                             "traces": records,
                                              "verdicts": lines})
     if args.plot:
         write_atomic(args.plot, render_cadence_png(records))
