@@ -370,7 +370,7 @@ def _cadence_rows(data: dict) -> tuple[list[list], list[list], list[list]]:
         if "repeatability" in d:
             again = d["repeatability"]
             repeat_rows.append([label, d["scenario"], f"{again['policy']} every {again['step_interval']}",
-                                ", ".join(f(x, 3) for x in again["policy_s"]), pct(again["spread"], 2)])
+                                ", ".join(f(x, 3) for x in again["policy_s"]), pct(again["spread"], 2, sign=False)])
         errors = [r["replay_error"] for r in runs]
         model = [r["replay_model_error"] for r in runs]
         worst = max(runs, key=lambda r: abs(r["replay_error"]))
