@@ -14,7 +14,8 @@ Three sections, each printing a table and its targets (MET / NOT MET; exit 1 if 
    `--split per-batch` (the split charged its all-reduce, NCCL's latency model, and a 10 us solve), each
    policy at its best cadence. Targets (issue 45): the rule with the split at most 0.94x the default's best
    with R = G and 0.90x with R = 2G, in both protocols. Beside each, the rule with a free split (no all-reduce,
-   no solve, so on wherever it saves anything) at the rule's best cadence: what no charged split can beat.
+   no solve, no choice: on every layer of every batch) at the rule's best cadence: what no charged split can
+   beat.
 3. `guard`: traces where the split has nothing to give, no redundant experts and decode-sized batches (512
    tokens a step): the rule with `--split per-batch` at most 1.005x the rule without it at every cadence.
 
@@ -42,7 +43,6 @@ from moe_place.online.cadence import CadenceRun, cadences, sweep
 from moe_place.online.controller import initial_map, make_controller
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import replay
-from moe_place.online.splitting import SplitChoice
 from moe_place.cost.cluster import cluster_cost
 from moe_place.online.replay import parse_synthetic
 from moe_place.solvers.deepseek import eplb_rebalance
@@ -114,8 +114,9 @@ def run_sweeps(spec: str, cluster: str, redundant_per_gpu: int, protocol: str, s
                ceiling: bool = False) -> dict:
     """Both policies at every cadence of `INTERVALS` (and the engine's default), moe-place's rule without and with
     the split, every policy sending rows as its engine does. ceiling: also the rule with a free split (no
-    all-reduce, no solve, and its per-layer choice's CPU time not charged: on wherever it saves anything) at the
-    rule's best cadence, over the default's best: what no charged split can beat."""
+    all-reduce, no solve, no choice: on every layer of every batch from the first step; the rule's maps are the
+    same, it does not see the split) at the rule's best cadence, over the default's best: what no charged split
+    can beat."""
     cfg = bench_replay.SCENARIOS[cluster]
     engine, use_async = PROTOCOLS[protocol]
     counts, _ = parse_synthetic(spec.format(steps=steps))
@@ -144,8 +145,8 @@ def run_sweeps(spec: str, cluster: str, redundant_per_gpu: int, protocol: str, s
         cadence = next(c for c in cadences(engine, INTERVALS, use_async, steps) if c.step_interval == at)
         cost = cost_of(cadence, split_solve_s=0.0, split_allreduce_s=0.0)
         controller = make_controller("ours", cadence, layers, experts, num_groups=cfg.get("groups"),
-                                     rule=RebalanceRule(cost, layers, experts, num_groups=cfg.get("groups")),
-                                     splitter=SplitChoice(cost))
+                                     rule=RebalanceRule(cost, layers, experts, num_groups=cfg.get("groups")))
+        controller.split_layers = np.ones(layers, dtype=bool)   # every layer, every batch, from the first step
         result = CadenceRun.of("moe-place", cadence, replay(counts, controller, cost, start,
                                                           layer_per_step=cadence.layer_per_step,
                                                           policy_in_worker=cadence.policy_in_worker))
