@@ -13,7 +13,9 @@ a layer whose map replicates no expert is off without pricing (the split has no 
 a layer priced off by a wide margin (its saving at most `SETTLED_SHARE` of the overhead) stays off, unpriced,
 until its map gains a replicated expert or its batches grow by more than `SETTLED_GROWTH`: what the split can
 save there is set by the batch's size and the GPUs' time per row, which the rule's moves barely change (it
-moves slots to lower the busiest GPU, which lowers the saving further).
+moves slots to lower the busiest GPU, which lowers the saving further); such a layer is looked at again when
+its map row changes or `REFRESH_STEPS` after the last look. A call on the same map array as the last one,
+with no choice old, returns the last choice at once.
 
 Batches like the window's: the window's own steps where the engine hands them (SGLang's per-pass counts, the
 last `samples` of them); where it hands their sum (vLLM), `samples` batches drawn from it, each a multinomial
@@ -63,6 +65,8 @@ class SplitChoice:
     _decided_at: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] the step of each choice
     _replicated: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] rows last decided on
     _batch_rows: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] rows per batch then
+    _seen: np.ndarray | None = field(default=None, init=False, repr=False)          # the map array the last call saw
+    _next_due: int = field(default=0, init=False, repr=False)                        # the step a choice falls old
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -79,8 +83,12 @@ class SplitChoice:
         time less that GPU's time with its rows scaled down to the mean (`ceiling_s`); where `BOUND_SLACK`
         times that is still below the overhead, the layer stays off. The others are priced in full."""
         layers = placement.num_layers
-        overhead = self.cost.split_overhead_s * (1.0 + self.margin)
         first = self.on is None or step is None or self._rows.shape != placement.phy2log.shape
+        if not first and placement.phy2log is self._seen and step < self._next_due:
+            self.calls += 1   # the map the last call saw, no choice old: nothing to do (most short-cadence calls)
+            return self.on
+        self._seen = placement.phy2log
+        overhead = self.cost.split_overhead_s * (1.0 + self.margin)
         if first:
             self.on, self.saving_s = np.zeros(layers, dtype=bool), np.zeros(layers)
             self._decided_at, self._batch_rows = np.zeros(layers, dtype=np.int64), np.zeros(layers)
@@ -91,16 +99,18 @@ class SplitChoice:
             due = changed | (step - self._decided_at >= REFRESH_STEPS)
         self.calls += 1
         if not due.any():
-            return self.on
+            return self._chosen()
         self._rows = placement.phy2log.copy()
         replicated = self._replicated.copy()
         if placement.num_physical > placement.num_experts:   # a valid map holds every expert: P = E leaves no room
             replicated[changed] = replicates_an_expert(placement.phy2log[changed])
         window = np.asarray(window, dtype=np.float64)
         batch_rows = window.sum(axis=(0, 2) if window.ndim == 3 else 1) / max(window_steps, 1)   # [layers]
-        if not first:   # settled off stays off (module note)
-            due &= ~(~self.on & (self.saving_s <= SETTLED_SHARE * overhead) & (replicated <= self._replicated)
-                     & (batch_rows <= SETTLED_GROWTH * self._batch_rows))
+        if not first:   # settled off stays off (module note), looked at again an interval of choices later
+            settled = due & ~self.on & (self.saving_s <= SETTLED_SHARE * overhead) & (replicated <= self._replicated) \
+                & (batch_rows <= SETTLED_GROWTH * self._batch_rows)
+            due &= ~settled
+            self._decided_at[settled] = step
         self._replicated = replicated
         self._batch_rows[due] = batch_rows[due]
         plain = due & ~replicated   # nothing to split: off, unpriced
@@ -117,7 +127,7 @@ class SplitChoice:
                 self._decided_at[settled] = step
             due[settled] = False
         if not due.any():
-            return self.on
+            return self._chosen()
         batches = self._batches(window, window_steps)[:, due]   # [n, due layers, E]
         n, count, experts = batches.shape
         rows = np.broadcast_to(placement.phy2log[due][None], (n, count, placement.num_physical)).reshape(n * count, -1)
@@ -133,6 +143,10 @@ class SplitChoice:
         self.on[due] = open_ & (saving > overhead)
         if step is not None:
             self._decided_at[due] = step
+        return self._chosen()
+
+    def _chosen(self) -> np.ndarray:
+        self._next_due = int(self._decided_at.min()) + REFRESH_STEPS
         return self.on
 
     def _noisy_ceiling_s(self, rows: np.ndarray, mean: np.ndarray) -> np.ndarray:
