@@ -267,9 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the engine waits for the policy (SGLang, vLLM sync): measure the run the policy's "
                              "CPU time weighs most in this many more times, per drifting trace (default 2; 0: none)")
     parser.add_argument("--torch-threads", type=int, default=1,
-                        help="torch's intra-op threads while the policies run (default 1: their tensors are a few "
-                             "thousand counts, too small to split, and a second thread only spin-waits, which the "
-                             "calling thread's CPU time counts on a busy machine)")
+                        help="torch's intra-op threads while the policies run (default 1; "
+                             "engine_policies.torch_threads says why)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.torch_threads < 1:
@@ -290,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_engines: --engine {missing[0]}: not importable in this Python ({sys.executable})",
               file=sys.stderr)
         return 2
-    harness.torch.set_num_threads(args.torch_threads)
+    threads = engine_policies.torch_threads(args.torch_threads)
     start = time.perf_counter()
     # what is measured, read before it runs (an edit during the run must not be recorded as what ran)
     ran = {"moe_place_commit": _commit(), "rule_files_committed": _rule_files_committed(),
@@ -319,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             **ran, "seconds": round(time.perf_counter() - start, 1),
             "versions": harness.engine_versions(args.engine),
             "machine": {**machine(), "cores_allowed": len(os.sched_getaffinity(0)),
-                        "torch_threads": harness.torch.get_num_threads()},
+                        "torch_threads": threads},
             "settings": {k: v for k, v in vars(args).items() if k not in ("output_json", "force", "quiet")},
             "workloads": workloads, "drift": drifts, "targets": [t.__dict__ for t in targets],
             "summary": {"met": len(targets) - len(failed), "targets": len(targets)}})

@@ -254,15 +254,9 @@ def _run_job(job: tuple) -> dict:
 
 
 def _torch_threads(threads: int, default_policy: str) -> int | None:
-    """torch's intra-op threads set to `threads` where the engines' own default policies run (torch code), as
-    bench_engines sets them: the policies' tensors are too small to split, and a second thread only spin-waits,
-    which the calling thread's CPU time counts on a busy machine. The threads in force, or None without torch."""
-    if default_policy != "engine":
-        return None
-    import torch
-
-    torch.set_num_threads(threads)
-    return torch.get_num_threads()
+    """torch's intra-op threads where the engines' own default policies run (`engine_policies.torch_threads`), else
+    None: torch is not used."""
+    return engine_policies.torch_threads(threads) if default_policy == "engine" else None
 
 
 def _run_jobs(jobs: list[tuple], processes: int, started: float) -> list[dict]:

@@ -153,7 +153,7 @@ def run_sweeps(spec: str, cluster: str, redundant_per_gpu: int, protocol: str, s
         rule = runs["rule"][("moe-place", at)]   # the rule's own CPU time from its run: the choice is free too
         free = {"free_split_at": at,
                 "free_split_ratio": (result.expert_s + result.migration_s + rule["policy_s"]) / best["default"],
-                "free_split_expert_over_rule": result.expert_s / runs["rule"][("moe-place", at)]["expert_s"]}
+                "free_split_expert_over_rule": result.expert_s / rule["expert_s"]}
     return {"protocol": protocol, "redundant": redundant_per_gpu * gpus, "gpus": gpus, "nodes": nodes,
             "best_s": best, "rule_ratio": best["rule"] / best["default"],
             "split_ratio": best["rule + split"] / best["default"], "split_over_rule_at": same,

@@ -70,6 +70,16 @@ def default_plan(engine: str, num_groups: int | None = None) -> Callable[[np.nda
     raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
 
 
+def torch_threads(threads: int) -> int:
+    """Sets torch's intra-op threads for the engines' own policies (torch code) and returns the threads in force.
+    The benches run them on 1: their tensors are a few thousand counts, too small to split, and a second thread only
+    spin-waits, which the calling thread's CPU time counts on a busy machine."""
+    import torch
+
+    torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def machine() -> dict:
     """The CPU a record's times were measured on (policies' CPU times per call, and their ratio, differ
     between machines): its model as /proc/cpuinfo names it (else `platform`'s), its cores, and whether it

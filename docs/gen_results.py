@@ -29,8 +29,15 @@ from moe_place.kernels.report import render_markdown  # noqa: E402
 SCRIPT = "docs/gen_results.py"
 RESULTS = ROOT / "bench" / "results"
 TRACE = "traces/data/qwen3-30b-a3b_prefill_topk.npz"
-OVERLAY = ("bash bench/engine_overlay.sh /path/to/{engine}-venv/bin/python /tmp/overlay-{engine} && "
-           "PYTHONPATH=/tmp/overlay-{engine} /path/to/{engine}-venv/bin/python")
+
+
+def overlay(engine: str, core: int | None = None) -> str:
+    """The engine's Python with this checkout on its path (bench/engine_overlay.sh); `core`: pinned to that core, as
+    the records whose CPU times count ran, each on a core of its own."""
+    pin = "" if core is None else f"taskset -c {core} env "
+    return (f"bash bench/engine_overlay.sh /path/to/{engine}-venv/bin/python /tmp/overlay-{engine} && "
+            f"{pin}PYTHONPATH=/tmp/overlay-{engine} /path/to/{engine}-venv/bin/python")
+
 
 # record file (a glob under bench/results/) -> (the command that writes it, the page that shows it)
 RECORDS = {
@@ -45,20 +52,20 @@ RECORDS = {
     "analyze_throughput_*.json": ("python bench/bench_trace_throughput.py --tokens T --layers 48 --experts 128 "
                                   "--steps S --repeats 11 --output-json bench/results/analyze_throughput_tT_sS.json "
                                   "--force", "throughput"),
-    "engines_vllm.json": (OVERLAY.format(engine="vllm").replace("PYTHONPATH", "taskset -c 0 env PYTHONPATH")
+    "engines_vllm.json": (overlay("vllm", core=0)
                           + " bench/bench_engines.py --engine vllm --vllm-modes async,sync --drift all --quiet "
                           "--out bench/results/engines_vllm.json --force", "engines"),
-    "engines_sglang.json": (OVERLAY.format(engine="sglang").replace("PYTHONPATH", "taskset -c 1 env PYTHONPATH")
+    "engines_sglang.json": (overlay("sglang", core=1)
                             + " bench/bench_engines.py --engine sglang --drift all --quiet "
                             "--out bench/results/engines_sglang.json --force", "engines"),
-    "guard_engines_*.json": (OVERLAY.format(engine="ENGINE") + " bench/check_guard_engines.py --engine ENGINE --out "
+    "guard_engines_*.json": (overlay("ENGINE") + " bench/check_guard_engines.py --engine ENGINE --out "
                              "bench/results/guard_engines_ENGINE.json --force", "engines"),
-    "eplb_ties.json": (OVERLAY.format(engine="vllm") + " bench/bench_eplb_ties.py --cases 200 "
+    "eplb_ties.json": (overlay("vllm") + " bench/bench_eplb_ties.py --cases 200 "
                        "--out bench/results/eplb_ties.json --force", "engines"),
-    "replay_vllm.json": (OVERLAY.format(engine="vllm") + " bench/bench_replay.py --held-out --evaluation --protocols "
-                         "vllm,vllm-sync --default-policy engine --out bench/results/replay_vllm.json --force",
+    "replay_vllm.json": (overlay("vllm", core=0) + " bench/bench_replay.py --held-out --evaluation --protocols "
+                         "vllm,vllm-sync --default-policy engine --torch-threads 1 --out bench/results/replay_vllm.json --force",
                          "replay"),
-    "replay_sglang.json": (OVERLAY.format(engine="sglang").replace("PYTHONPATH", "taskset -c 0 env PYTHONPATH")
+    "replay_sglang.json": (overlay("sglang", core=0)
                            + " bench/bench_replay.py --held-out --evaluation --protocols sglang --default-policy engine "
                            "--torch-threads 1 --out bench/results/replay_sglang.json --force", "replay"),
     "stationary.json": ("python bench/bench_stationary.py --out bench/results/stationary.json --force", "replay"),
@@ -82,7 +89,7 @@ RECORDS = {
     "offload_replay.json": ("python bench/bench_offload_replay.py --steps 2000 --output-json "
                             "bench/results/offload_replay.json --force", "offload"),
     "split.json": ("python bench/bench_split.py --out bench/results/split.json --force", "split"),
-    "split_engines_*.json": (OVERLAY.format(engine="ENGINE") + " bench/check_split_engines.py --engine ENGINE --out "
+    "split_engines_*.json": (overlay("ENGINE") + " bench/check_split_engines.py --engine ENGINE --out "
                              "bench/results/split_engines_ENGINE.json --force",
                              "split"),
     "split_placement.json": ("python bench/bench_split_placement.py --out bench/results/split_placement.json --force",
