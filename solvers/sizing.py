@@ -51,7 +51,7 @@ from moe_place.problem import PlacementProblem
 from moe_place.progress import ProgressBar
 from moe_place.solvers import solve
 from moe_place.solvers.deepseek import eplb_rebalance
-from moe_place.solvers.split_placement import plan_for_split, split_busiest_over_mean
+from moe_place.solvers.split_placement import ROUNDS, plan_for_split, split_busiest_over_mean
 from moe_place.traces.model import Trace, count_dispatches
 
 MAX_FOLDS = 3        # held-out folds at most (as the time planner's cross-validation, solvers/comm/decision.py)
@@ -297,6 +297,8 @@ def size_redundancy(step_loads: np.ndarray, num_gpus: int, memory: ReplicaMemory
     folds: how the steps were formed, for the report (default: from the fold count).
     split: `even`, or `per-batch`: each fold's plan placed for the per-batch split from the better of the
         solver's plan and EPLB's on the fold's training steps (`plan_for_split`), judged with that split.
+    progress: show the work done on stderr (`moe_place.progress`: a bar on a terminal, else a line every few
+        seconds): plans, or with the per-batch split the layer rounds of their searches.
     """
     if split not in ("even", "per-batch"):
         raise InputError("split", "even or per-batch", split)
@@ -312,7 +314,11 @@ def size_redundancy(step_loads: np.ndarray, num_gpus: int, memory: ReplicaMemory
             raise InputError("--max-replica-bytes", f"at least {memory.bytes_per_gpu(candidates[0], num_gpus)} bytes "
                              f"(R = {candidates[0]}, the smallest R that {num_gpus} GPUs allow)", max_replica_bytes)
         candidates = fitting
-    bar = ProgressBar(len(candidates) * len(slices), "size redundancy", "plans") if progress else None
+    plans = len(candidates) * len(slices)
+    # the work: plans, or with the per-batch split the layer rounds of each plan's search (its long part)
+    per_plan = loads.shape[1] * ROUNDS if split == "per-batch" else 1
+    bar = ProgressBar(plans * per_plan, f"size redundancy ({plans} plans)",
+                      "layer rounds of the split's search" if split == "per-batch" else "plans", enabled=progress)
     held: list[list[np.ndarray]] = []  # per candidate, per fold: the fold's steps' busiest/mean
     for redundant in candidates:
         per_fold = []
@@ -324,15 +330,13 @@ def size_redundancy(step_loads: np.ndarray, num_gpus: int, memory: ReplicaMemory
             if split == "per-batch":
                 starts = np.stack([plan, eplb_rebalance(train, experts + redundant, 1, 1, num_gpus)])
                 plan = plan_for_split(starts, np.delete(loads, list(fold), axis=0), num_gpus,
-                                      allow_colocated=allow_colocated, seed=seed).phy2log
+                                      allow_colocated=allow_colocated, seed=seed, advance=bar.advance).phy2log
                 per_fold.append(split_busiest_over_mean(plan, loads[fold.start:fold.stop], num_gpus))
             else:
                 per_fold.append(busiest_over_mean(plan, loads[fold.start:fold.stop], num_gpus))
-            if bar:
                 bar.advance(1)
         held.append(per_fold)
-    if bar:
-        bar.close()
+    bar.close()
     held_out = [float(np.concatenate(per_fold).mean()) for per_fold in held]
     memory_bytes = [memory.bytes_per_gpu(r, num_gpus) for r in candidates]
     recommended, reason, hull = recommend(candidates, [b / GIB_BYTES for b in memory_bytes], held_out,

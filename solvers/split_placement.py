@@ -29,7 +29,8 @@ experts with one replica) sits on them. `plan_for_split` refines whole-model pla
    into another replica of an expert on a hot GPU (replica counts change; their sum does not). The
    best candidate is taken when it lowers the layer's objective by more than `MIN_GAIN` of it; a
    layer stops after `PATIENCE` rounds without one, all after `ROUNDS`. No move puts two replicas of
-   one expert on one GPU.
+   one expert on one GPU. The work is `layers x rounds` layer rounds; `advance` (e.g. a progress bar's)
+   hears of them as they are judged, `LAYER_CHUNK` layers at a time, and of those a stopped layer skips.
 4. The candidates are judged by the split in real numbers (`relaxed_split_loads`: every replicated
    expert's rows water-filled over its GPUs given the others, hottest first, `SWEEPS` times: block
    coordinate descent, as `split_shares` does before it rounds to whole rows): an achievable split, so
@@ -46,6 +47,7 @@ Deterministic: the draws come from `seed`; nothing depends on the clock. The jud
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -63,6 +65,8 @@ ROUNDS = 40             # rounds at most
 PATIENCE = 4            # a layer stops after this many rounds without a move taken
 MIN_GAIN = 1e-4         # a move must lower the objective by this share of it (below: the relaxation's noise)
 SWAP_SHARE = 0.5        # share of the moves drawn that are swaps (the rest move a replica to another expert)
+LAYER_CHUNK = 8         # layers whose candidates one batched evaluation judges: a few seconds at EP64 on 24 steps,
+                        # so that progress shows between them (the layers are independent: the same result)
 
 
 @dataclass(frozen=True)
@@ -248,12 +252,14 @@ def _relaxed_objective(maps: np.ndarray, steps: np.ndarray, num_gpus: int) -> tu
 # ------------------------------------------------------------------------------------------ the search
 def plan_for_split(starts: np.ndarray, step_loads: np.ndarray, num_gpus: int, *, allow_colocated: bool = False,
                    seed: int = 0, rounds: int = ROUNDS, candidates: int = CANDIDATES,
-                   max_steps: int = MAX_STEPS, deviation_gain: float = DEVIATION_GAIN) -> SplitPlacement:
+                   max_steps: int = MAX_STEPS, deviation_gain: float = DEVIATION_GAIN,
+                   advance: Callable[[int], None] | None = None) -> SplitPlacement:
     """The plan of the module note.
 
     starts: int `[n, layers, P]` (or `[layers, P]`) starting plans, e.g. EPLB's and the solver's, each a plan
         for all layers; step_loads: `[T, layers, E]` the planning steps' dispatches per expert (whole counts).
     deviation_gain: the scale of the steps' deviations from their mean the search plans for (step 1).
+    advance: called with a count of layer rounds as the search goes, `layers * rounds` in all (step 3).
     """
     plans = np.asarray(starts, dtype=np.int64)
     if plans.ndim == 2:
@@ -285,7 +291,8 @@ def plan_for_split(starts: np.ndarray, step_loads: np.ndarray, num_gpus: int, *,
         values = np.where(colocated.T, np.inf, values)
     chosen = np.argmin(values, axis=1)
     start = plans[chosen, np.arange(layers)]
-    maps, moves = _search(start, steps, num_gpus, np.random.default_rng(seed), rounds, candidates)
+    maps, moves = _search(start, steps, num_gpus, np.random.default_rng(seed), rounds, candidates,
+                          advance or (lambda count: None))
     before = split_busiest(start, loads, num_gpus)
     after = split_busiest(maps, loads, num_gpus)
     keep = after <= before
@@ -322,20 +329,23 @@ def separate_replicas(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> 
 
 
 def _search(start: np.ndarray, steps: np.ndarray, num_gpus: int, rng: np.random.Generator, rounds: int,
-            candidates: int) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 `[layers, P]`, moves taken int64 `[layers]`): step 3 of the module note from `start`."""
+            candidates: int, advance: Callable[[int], None]) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 `[layers, P]`, moves taken int64 `[layers]`): step 3 of the module note from `start`;
+    `advance` hears of `layers * rounds` layer rounds in all."""
     maps = start.copy()
     layers = len(maps)
     value, per_gpu = _relaxed_objective(maps[:, None], steps, num_gpus)
     value, per_gpu = value[:, 0], per_gpu[:, 0]
     idle = np.zeros(layers, dtype=np.int64)
     moves = np.zeros(layers, dtype=np.int64)
-    for _ in range(rounds):
+    for done in range(rounds):
         live = np.flatnonzero(idle < PATIENCE)
         if live.size == 0:
+            advance(layers * (rounds - done))
             break
+        advance(layers - live.size)
         drawn = propose_moves(maps[live], per_gpu[live], steps.shape[2], num_gpus, candidates, rng)
-        tried, tried_gpu = _relaxed_objective(drawn, steps[:, live], num_gpus)
+        tried, tried_gpu = _judge_in_chunks(drawn, steps[:, live], num_gpus, advance)
         best = np.argmin(tried, axis=1)
         pick = tried[np.arange(live.size), best]
         better = pick < value[live] * (1 - MIN_GAIN)
@@ -347,6 +357,19 @@ def _search(start: np.ndarray, steps: np.ndarray, num_gpus: int, rng: np.random.
         idle[won] = 0
         idle[live[~better]] += 1
     return maps, moves
+
+
+def _judge_in_chunks(drawn: np.ndarray, steps: np.ndarray, num_gpus: int,
+                     advance: Callable[[int], None]) -> tuple[np.ndarray, np.ndarray]:
+    """`_relaxed_objective(drawn, steps, num_gpus)`, `LAYER_CHUNK` layers at a time, each chunk reported."""
+    values, loads = [], []
+    for first in range(0, len(drawn), LAYER_CHUNK):
+        chunk = slice(first, first + LAYER_CHUNK)
+        value, per_gpu = _relaxed_objective(drawn[chunk], steps[:, chunk], num_gpus)
+        values.append(value)
+        loads.append(per_gpu)
+        advance(len(value))
+    return np.concatenate(values), np.concatenate(loads)
 
 
 def propose_moves(maps: np.ndarray, per_gpu: np.ndarray, num_experts: int, num_gpus: int, count: int,

@@ -139,6 +139,23 @@ def test_a_memory_cap_drops_the_dearer_candidates():
         size_redundancy(loads, 3, memory, max_replica_bytes=100)  # R = 1 is the least 3 GPUs allow: 333 bytes
 
 
+def test_progress_off_a_terminal_counts_plans_or_the_split_searches(monkeypatch, capsys):
+    monkeypatch.setattr("moe_place.progress.INTERVAL_S", 0.0)  # a line at every unit, not every 5 s of the clock
+    loads = np.random.default_rng(1).integers(1, 50, (3, 2, 8)).astype(float)
+    memory = ReplicaMemory(expert_bytes=1000, moe_layers=2)
+    even = size_redundancy(loads, 2, memory, max_redundant=2, progress=True)
+    lines = capsys.readouterr().err.splitlines()  # capsys' stderr is no terminal: plain lines
+    assert lines[-1] == "size redundancy (6 plans): 6/6 plans (100%) after 0 s, done"
+    split = size_redundancy(loads, 2, memory, max_redundant=2, progress=True, split="per-batch")
+    lines = capsys.readouterr().err.splitlines()
+    total = 6 * 2 * 40  # plans x layers x the search's rounds (split_placement.ROUNDS)
+    assert lines[-1] == (f"size redundancy (6 plans): {total}/{total} layer rounds of the split's search (100%) "
+                         "after 0 s, done")
+    assert size_redundancy(loads, 2, memory, max_redundant=2).to_dict() == even.to_dict()  # progress changes nothing
+    assert capsys.readouterr().err == ""
+    assert split.split == "per-batch"
+
+
 # ---------------------------------------------------------------------- KV bytes per token
 def test_kv_bytes_per_token_by_hand():
     # Qwen3-30B-A3B config.json: 48 layers, 4 KV heads of 128; K and V, BF16

@@ -12,9 +12,10 @@ import time
 import numpy as np
 
 from moe_place.placement import Placement, has_colocation
+from moe_place.progress import ProgressBar
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import evaluate_placement
-from moe_place.solvers.split_placement import plan_for_split, planning_pieces
+from moe_place.solvers.split_placement import ROUNDS, plan_for_split, planning_pieces
 
 
 def place_for_split(problem, solution, trace, args: argparse.Namespace):
@@ -23,8 +24,11 @@ def place_for_split(problem, solution, trace, args: argparse.Namespace):
     started = time.monotonic()
     eplb = eplb_rebalance(problem.planning_loads(), problem.num_physical, 1, 1, problem.num_gpus)
     pieces, how = planning_pieces(trace)
+    bar = ProgressBar(problem.num_layers * ROUNDS, "plan per-batch split search", "layer rounds",
+                      enabled=not args.no_progress)
     planned = plan_for_split(np.stack([solution.placement.phy2log, eplb]), pieces, problem.num_gpus,
-                             allow_colocated=problem.allow_colocated, seed=problem.seed)
+                             allow_colocated=problem.allow_colocated, seed=problem.seed, advance=bar.advance)
+    bar.close()
     colocated = any(has_colocation(row, problem.num_gpus) for row in planned.phy2log)
     placement = Placement(planned.phy2log, problem.num_experts, problem.num_gpus, problem.num_nodes,
                           allow_colocated=colocated)
