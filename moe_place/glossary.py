@@ -49,4 +49,31 @@ dispatch / combine (at multi-node EP)
     and destination GPU. Distinct nodes per token: the nodes a token's chosen replicas are on.
 layer time
     Dispatch + busiest-GPU expert compute + combine of one MoE layer (phases separated by barriers).
+lower bound, gap
+    A lower bound is a load no plan of the layer can beat (e.g. the mean GPU's load, or the heaviest
+    expert split over all its replicas). The gap is how far the plan's busiest GPU may be above the
+    best plan: `(busiest - lower bound) / busiest`; 0 proves the plan optimal.
+status (of a layer's plan)
+    What is known of the plan's quality; `STATUS_MEANINGS` below holds the words and what `plan` prints
+    beside them: `optimal` (proved), `feasible` (a solver stopped at its time limit before a proof),
+    `heuristic` (no proof: the gap says how far from optimal it may be).
+grouping strength
+    With `plan --objective time` at multi-node EP: how many swaps of two experts between nodes the
+    plan took to put experts that tokens choose together on one node (0: none, nodes balanced by
+    load alone; `moe_place.solvers.comm`).
 """
+
+# The status words a plan's report prints, each with the short meaning printed beside them (`explain`).
+STATUS_MEANINGS = (
+    ("optimal", "proved best (the busiest GPU meets the lower bound)"),
+    ("feasible", "a solver's time limit ended the search before a proof"),
+    ("heuristic", "no proof; the gap bounds how far the busiest GPU is above the best plan's"),
+)
+GROUPING_STRENGTH = ("swaps of two experts between nodes taken to put experts that tokens choose together on "
+                     "one node (0: none)")
+
+
+def explain(statuses) -> str:
+    """One line defining the status words among `statuses` (in `STATUS_MEANINGS` order), e.g. for a table's legend."""
+    shown = set(statuses)
+    return "; ".join(f"{word} = {meaning}" for word, meaning in STATUS_MEANINGS if word in shown)

@@ -42,7 +42,9 @@ class BudgetPlan:
 
     slots_per_gpu: `S[l]` per layer. phy2log: per layer an int64 `[G * S[l]]` plan (lengths differ).
     max_load: busiest-GPU load of each layer's plan. even_slots_per_gpu / even_max_load: the same
-    budget spread evenly. used_bytes: `sum S[l] * expert_bytes` (per GPU).
+    budget spread evenly (the uniform `R = G * even_slots_per_gpu - E` on every layer). used_bytes:
+    `sum S[l] * expert_bytes` (per GPU); even_used_bytes: the even spread's; freed_bytes: what the plan
+    frees per GPU against it (negative: it uses that much more of the budget).
     """
 
     num_gpus: int
@@ -71,6 +73,19 @@ class BudgetPlan:
         return sum(self.slots_per_gpu) * self.expert_bytes
 
     @property
+    def even_used_bytes(self) -> int:
+        return self.even_slots_per_gpu * self.num_layers * self.expert_bytes
+
+    @property
+    def freed_bytes(self) -> int:
+        return self.even_used_bytes - self.used_bytes
+
+    @property
+    def even_redundant(self) -> int:
+        """The uniform `R` of the even spread: redundant experts per layer."""
+        return self.num_gpus * self.even_slots_per_gpu - self.num_experts
+
+    @property
     def total_max_load(self) -> float:
         """Sum over layers of the busiest-GPU load (layer times add up)."""
         return float(sum(self.max_load))
@@ -93,6 +108,8 @@ class BudgetPlan:
             "num_physical": [self.num_gpus * s for s in self.slots_per_gpu],
             "phy2log": [row.tolist() for row in self.phy2log], "max_load": list(self.max_load),
             "even_slots_per_gpu": self.even_slots_per_gpu, "even_max_load": list(self.even_max_load),
+            "even_redundant": self.even_redundant, "even_used_bytes": self.even_used_bytes,
+            "freed_bytes": self.freed_bytes,
             "total_max_load": self.total_max_load, "even_total_max_load": self.even_total_max_load,
             "gain": self.gain,
         }

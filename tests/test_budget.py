@@ -53,6 +53,16 @@ def test_skewed_layer_gets_the_spare_memory():
         assert placement.gpu_loads(loads[layer][None]).max() == pytest.approx(plan.max_load[layer])
     as_dict = plan.to_dict()
     assert as_dict["num_physical"] == [4 * s for s in plan.slots_per_gpu]
+    # against the uniform R: 2 slots per GPU on each of 3 layers (R = 4 * 2 - 8 = 0), 6,000 bytes per GPU
+    assert (plan.even_redundant, plan.even_used_bytes) == (0, 6000)
+    assert plan.freed_bytes == 6000 - 1000 * sum(plan.slots_per_gpu) == as_dict["freed_bytes"] < 0  # it uses more
+
+
+def test_flat_layers_free_memory_against_the_uniform_r():
+    loads = np.full((2, 8), 100.0)  # one copy of each expert already meets the average: spare slots buy nothing
+    plan = allocate_budget(loads, num_gpus=4, expert_bytes=1000, gpu_budget_bytes=6000)
+    assert plan.slots_per_gpu == (2, 2) and plan.even_slots_per_gpu == 3 and plan.even_redundant == 4
+    assert plan.freed_bytes == 6000 - 4000
 
 
 def test_allocation_is_never_worse_than_the_even_spread():

@@ -7,6 +7,9 @@ import pytest
 
 from moe_place.cli.main import main
 from moe_place.errors import InputError
+from moe_place.glossary import STATUS_MEANINGS, explain
+from moe_place.solvers.base import STATUSES
+from moe_place.solvers.evaluate import evaluate_placement
 from moe_place.placement import Placement
 from moe_place.io import file_sha256
 from moe_place.planfile import PlanFile, parse_plan, read_plan, write_plan
@@ -101,7 +104,25 @@ def test_memory_budget_reports_per_layer_slots_within_budget(tmp_path, capsys):
     for row in plan["phy2log"]:
         assert set(row) == set(range(8))
     assert read_plan(out).budget.slots_per_gpu == tuple(plan["slots_per_gpu"])  # read back, validated
-    assert "budget mode" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "budget mode" in err
+    # 4 + 2 slots per GPU (the skewed layer takes the spare) against the uniform R = 4: 3 slots on both layers
+    assert plan["slots_per_gpu"] == [4, 2] and figures["freed_bytes"] == 0
+    assert ("budget mode: memory: the budget plan's experts take 600 bytes per GPU, the uniform R = 4 (3 slots per "
+            "GPU on every layer) 600 bytes: it uses the same memory per GPU (budget 600 bytes)") in err.splitlines()
+
+
+def test_memory_budget_says_what_it_frees_against_the_uniform_r(tmp_path, capsys):
+    path = tmp_path / "flat.npz"  # flat layers: one copy of each expert is as good as more, so the plan frees memory
+    np.savez(path, format_version=1, num_experts=8, top_k=1, counts=np.array([[[500] * 8, [500] * 8]]))
+    assert main(["plan", str(path), "--gpus", "4", "--expert-memory-budget", "3GiB", "--expert-bytes", "512MiB",
+                 "--out", str(tmp_path / "b.json"), "--no-progress", "--format", "json"]) == 0
+    done = capsys.readouterr()
+    budget = json.loads(done.out)["budget"]
+    assert budget["slots_per_gpu"] == [2, 2] and budget["even_slots_per_gpu"] == 3 and budget["even_redundant"] == 4
+    assert budget["freed_bytes"] == 2 * 2**29
+    assert ("budget mode: memory: the budget plan's experts take 2.00 GiB per GPU, the uniform R = 4 (3 slots per GPU "
+            "on every layer) 3.00 GiB: it frees 1.00 GiB per GPU (budget 3.00 GiB)") in done.err.splitlines()
 
 
 def test_evaluate_out_of_sample_and_windows(two_layer_trace, tmp_path, capsys):
@@ -149,14 +170,42 @@ def test_evaluate_rejects_a_trace_without_the_plans_layers(two_layer_trace, tmp_
 
 
 def test_migration_plan_caps_moves(two_layer_trace, tmp_path, capsys):
-    path, _ = two_layer_trace
+    path, counts = two_layer_trace
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     assert main(["plan", str(path), "--gpus", "4", "--redundant", "4", "--solver", "eplb", "--out", str(first),
                  "--no-progress"]) == 0
+    capsys.readouterr()
     assert main(["plan", str(path), "--gpus", "4", "--redundant", "4", "--current", str(first),
                  "--max-moved-slots", "2", "--out", str(second), "--no-progress", "--format", "json"]) == 0
     old, new = read_plan(first).placement, read_plan(second).placement
     assert (new.phy2log != old.phy2log).sum(axis=1).max() <= 2
+    report = json.loads(capsys.readouterr().out)  # the JSON alone on stdout; the line below on stderr
+    moved = int((new.phy2log != old.phy2log).sum())
+    assert report["moved_slots"] == moved
+    gaps = report["current_plan"]["gap"]  # the plan in use, judged on the same loads against the same bounds
+    layers = evaluate_placement(old, counts.sum(axis=0))
+    assert gaps == pytest.approx([(r.max_gpu_load - row["lower_bound"]) / r.max_gpu_load
+                                  for r, row in zip(layers, report["layers"])], abs=1e-6)
+    assert main(["plan", str(path), "--gpus", "4", "--redundant", "4", "--current", str(first),
+                 "--max-moved-slots", "2", "--out", str(second), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("plan: re-planned from "))
+    new_gaps = [row["gap"] for row in report["layers"]]
+    assert line == (f"plan: re-planned from {first}: {moved} of 40 slots moved, at most 2 per layer; gap (the busiest "
+                    f"GPU above the lower bound) mean {np.mean(gaps):.2%} -> {np.mean(new_gaps):.2%}, worst "
+                    f"{max(gaps):.2%} -> {max(new_gaps):.2%} (plan in use -> new plan)")
+
+
+def test_the_table_explains_its_status_words(two_layer_trace, tmp_path, capsys):
+    path, _ = two_layer_trace
+    assert main(["plan", str(path), "--gpus", "4", "--redundant", "4", "--solver", "fast",
+                 "--out", str(tmp_path / "p.json"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "heuristic" in out.split("status: ")[0]  # the table shows the word, then the legend defines it
+    assert out.splitlines()[-1] == ("status: heuristic = no proof; the gap bounds how far the busiest GPU is above "
+                                    "the best plan's; gap = (busiest - lower bound) / busiest")
+    assert explain(["heuristic", "optimal"]).startswith("optimal = proved best")
+    assert tuple(word for word, _ in STATUS_MEANINGS) == STATUSES  # every status a solver gives has a meaning
 
 
 def test_compare_table_json_and_plot(two_layer_trace, tmp_path, capsys):

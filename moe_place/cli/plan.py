@@ -11,7 +11,9 @@ from moe_place.cli.options import (add_out_argument, add_progress_option, add_si
                                    positive_int, redundant_count, share_below_one)
 from moe_place.cli.output import print_report, wrote
 from moe_place.cores import usable_cores
+from moe_place.cost.units import GIB_BYTES, MIB_BYTES
 from moe_place.errors import InputError
+from moe_place.glossary import GROUPING_STRENGTH, explain
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat, trtllm) and write a plan file"
 # the registry's names (`moe_place.solvers.solver_names()`, checked by tests) without importing the solvers
@@ -127,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--time-guard", "--objective time (the guard decides which layers the time plan groups)")
     if objective == "time":
         options["topology_spec"] = args.topology  # the --topology given (None: the default), for evaluate
-        return plan_for_time(args, problem, trace, options)
+        code = plan_for_time(args, problem, trace, options)
+        if args.format == "table":
+            print(f"status: {explain(['heuristic'])}; grouping strength: {GROUPING_STRENGTH}")
+        return code
     current = problem.current
     solution = solve(problem, args.solver, args.time_limit, args.jobs, progress=not args.no_progress)
     for note in solution.notes + ((solution.cpsat_summary,) if solution.cpsat_summary else ()):
@@ -145,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         report["split_placement"] = split_section
     if current is not None:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
+        report["current_plan"] = current_figures(problem, current, rows, args.split)
     if sizing is not None:
         report["sizing"] = sizing.to_dict()
     budget_layers, budget = None, None
@@ -158,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
               f"{budget.even_slots_per_gpu} on every layer: summed busiest-GPU load {budget.total_max_load:.1f} vs "
               f"{budget.even_total_max_load:.1f} ({budget.gain:.1%} less); per-layer plans in the plan's budget section",
               file=sys.stderr)
+        print(f"budget mode: memory: {budget_memory(budget)}", file=sys.stderr)
     inputs = {"trace": str(args.trace), "trace_sha256": file_sha256(args.trace),
               "options": {**options, "solver": args.solver, "current": args.current,
                           "max_moved_slots": args.max_moved_slots, "move_cost": args.move_cost},
@@ -176,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{problem.num_physical} ({problem.slots_per_gpu} slots each), solver {args.solver}, split "
                   f"{args.split}; the budget plan follows it")
     print_report(report, args.format, header=header)
+    if args.format == "table":
+        print(f"status: {explain(row['status'] for row in rows)}; gap = (busiest - lower bound) / busiest")
+    if current is not None:
+        print(f"plan: {current_line(report, args)}", file=sys.stderr)
     if budget is not None and args.format == "table":
         print_budget_table(budget, problem.layer_ids)
     if sizing is not None and args.format == "table":
@@ -193,6 +204,44 @@ def check_split_planning(args: argparse.Namespace) -> None:
             raise InputError("--split per-batch", "a plan from scratch for balance, without --current, --groups, "
                              "--expert-memory-budget or --objective time (the split's local search keeps none of "
                              "their constraints)", what)
+
+
+def current_figures(problem, current, rows: list[dict], split: str) -> dict:
+    """The plan in use (`--current`) judged as the new plan's rows are (same loads, split and lower bounds): its
+    per-layer gaps, their mean and worst, and the slots the new plan moves per layer."""
+    from moe_place.solvers.evaluate import layer_figures  # lazy, as in run(): `plan --help` loads no library
+
+    gaps = [layer_figures(current.phy2log[i], problem.layer_loads(i), problem.num_gpus, split, problem.window_objective,
+                          problem.quantile, problem.layer_id(i), lower_bound=row["lower_bound"]).gap
+            for i, row in enumerate(rows)]
+    return {"gap": [round(g, 6) for g in gaps], "mean_gap": round(sum(gaps) / len(gaps), 6),
+            "worst_gap": round(max(gaps), 6), "total_slots": problem.num_layers * problem.num_physical}
+
+
+def current_line(report: dict, args: argparse.Namespace) -> str:
+    """`--current`: the slots moved and the old plan's gap beside the new plan's."""
+    old, gaps = report["current_plan"], [row["gap"] for row in report["layers"]]
+    cap = f", at most {args.max_moved_slots} per layer" if args.max_moved_slots is not None else ""
+    return (f"re-planned from {args.current}: {report['moved_slots']:,} of {old['total_slots']:,} slots moved{cap}; "
+            f"gap (the busiest GPU above the lower bound) mean {old['mean_gap']:.2%} -> {sum(gaps) / len(gaps):.2%}, "
+            f"worst {old['worst_gap']:.2%} -> {max(gaps):.2%} (plan in use -> new plan)")
+
+
+def budget_memory(budget) -> str:
+    """Budget mode: the expert memory per GPU of the budget plan against the even spread (the uniform R)."""
+    freed = budget.freed_bytes
+    verdict = (f"frees {_bytes(freed)} per GPU" if freed > 0 else
+               f"uses {_bytes(-freed)} more per GPU" if freed < 0 else "uses the same memory per GPU")
+    return (f"the budget plan's experts take {_bytes(budget.used_bytes)} per GPU, the uniform R = "
+            f"{budget.even_redundant} ({budget.even_slots_per_gpu} slots per GPU on every layer) "
+            f"{_bytes(budget.even_used_bytes)}: it {verdict} (budget {_bytes(budget.gpu_budget_bytes)})")
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("GiB", GIB_BYTES), ("MiB", MIB_BYTES)):
+        if count >= size:
+            return f"{count / size:,.2f} {unit}"
+    return f"{count:,} bytes"
 
 
 def print_budget_table(budget, layer_ids) -> None:
