@@ -1,6 +1,8 @@
-"""`moe-place export PLAN --engine sglang|vllm|eplb --out FILE`: each engine's file format."""
+"""`moe-place export PLAN --engine sglang|vllm|eplb --out FILE`: each engine's file format, and the launch
+line of each (the whole command that serves the file; TensorRT-LLM's: tests/test_trtllm_export.py)."""
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -112,3 +114,41 @@ def test_bad_requests_exit_2_with_one_line(tmp_path, plan_path, capsys, argv, me
 
 def test_missing_plan_exits_2(tmp_path, capsys):
     assert main(["export", str(tmp_path / "none.json"), "--engine", "eplb", "--out", str(tmp_path / "a.npz")]) == 2
+
+
+# ---------------------------------------------------------------------- the launch lines
+def _launch(plan_path, tmp_path, capsys, engine, name, *argv) -> list[str]:
+    out = tmp_path / name
+    assert _export(plan_path, "--engine", engine, "--out", str(out), "--format", "json", *argv) == 0
+    return shlex.split(json.loads(capsys.readouterr().out)["launch"])
+
+
+def _value(words, flag):
+    return words[words.index(flag) + 1]
+
+
+def test_vllm_launch_line_turns_the_plugin_and_eplb_on(tmp_path, plan_path, capsys):
+    # the plugin installs only with MOE_PLACE_VLLM_POLICY set (docs/vllm.md), vLLM calls a policy only with
+    # --enable-eplb (and that only with expert parallelism), and the policy reads the file MOE_PLACE_STATIC_PLAN names
+    words = _launch(plan_path, tmp_path, capsys, "vllm", "placement.json")
+    env = dict(w.split("=", 1) for w in words[:words.index("vllm")])
+    assert env == {"MOE_PLACE_VLLM_POLICY": "default", "MOE_PLACE_STATIC_PLAN": str(tmp_path / "placement.json")}
+    assert words[words.index("vllm"):words.index("vllm") + 3] == ["vllm", "serve", "MODEL"]
+    assert "--enable-eplb" in words and "--enable-expert-parallel" in words
+    assert _value(words, "--tensor-parallel-size") == "2"  # EP size = TP x DP = the plan's 2 GPUs
+    assert json.loads(_value(words, "--eplb-config")) == {"num_redundant_experts": 2}  # 6 slots - 4 experts
+    np.testing.assert_array_equal(static_placement(env["MOE_PLACE_STATIC_PLAN"], 3, 4, 6, 2).phy2log, PHY2LOG)
+
+
+def test_sglang_launch_line_is_the_docs_command(tmp_path, plan_path, capsys):
+    words = _launch(plan_path, tmp_path, capsys, "sglang", "loc.json", "--dense-layers", "0-2")
+    assert words[:3] == ["python", "-m", "sglang.launch_server"] and _value(words, "--model-path") == "MODEL"
+    assert _value(words, "--tp") == "2" and _value(words, "--ep-size") == "2"
+    assert _value(words, "--ep-num-redundant-experts") == "2"
+    assert read_init_expert_location(_value(words, "--init-expert-location")).shape == (6, 6)
+
+
+def test_eplb_launch_line_names_the_loader(tmp_path, plan_path, capsys):
+    out = tmp_path / "eplb.npz"  # no server: the line says how code that calls DeepSeek EPLB loads the file
+    assert _export(plan_path, "--engine", "eplb", "--out", str(out), "--format", "json") == 0
+    assert f"numpy.load({str(out)!r})" in json.loads(capsys.readouterr().out)["launch"]

@@ -18,14 +18,25 @@ the commit given):
   so DeepSeek-V3's keys are 3-60 (its layers 0-2 are dense and have no entry); a model whose every
   layer is MoE (Qwen3-MoE, Mixtral) has keys 0 to layers - 1.
 - `examples/wide_ep/ep_load_balancer/README.md` (2a9abd9): the file is named in the server's
-  `--extra_llm_api_options` YAML as `moe_config: {load_balancer: ./moe_load_balancer.yaml}`, and
-  `generate_eplb_config.py` writes it (the ranks' slot lists one after the other).
+  `--extra_llm_api_options` YAML as `moe_config: {backend: WideEP, load_balancer: ./moe_load_balancer.yaml}`
+  with `enable_attention_dp: true`, and `generate_eplb_config.py` writes it (the ranks' slot lists one after
+  the other).
+- Every MoE layer the server builds looks its key up, the MTP layers included: `MTPForCausalLM` in
+  `tensorrt_llm/_torch/models/modeling_speculative.py` (00679c6) builds them as decoder layers numbered from
+  `num_hidden_layers` (DeepSeek-V3: 61), and `get_layer_initial_global_assignments` in
+  `tensorrt_llm/llmapi/llm_args.py` raises `KeyError` for a layer with no key once the map is given at all.
+  Which layers a model has: `moe_place.cost.models` (`ExpertShape.moe_layer_ids`).
+- The engine's own map, used for every layer when no map is given: `WideEPMoE.__init__` in
+  `fused_moe_wide_ep.py` (01303b3) and `_init_load_balancer` in `tensorrt_llm/_torch/modules/fused_moe/
+  interface.py` (567239f): slot `i` of rank `r` holds expert `(r * num_experts // ep_size + i) % num_experts`
+  (`default_assignments`).
 
 `load_balancer_config` turns a plan into that dict (slot order = the plan's `phy2log`, keys = the plan's
-layer ids, or the model's when `--dense-layers` says which leading layers are dense), `check_load_balancer`
-runs TensorRT-LLM's checks above on it (an InputError naming the first one broken), and
-`load_balancer_yaml` writes it as YAML with one flow list per layer, the form `generate_eplb_config.py`
-gives.
+layer ids, or the model's when `--dense-layers` says which leading layers are dense), covering every MoE
+layer of the served model (a layer the plan lacks is an InputError naming them all, or, asked for, the
+engine's own map), `check_load_balancer` runs TensorRT-LLM's checks above on it (an InputError naming the
+first one broken), and `load_balancer_yaml` writes it as YAML with one flow list per layer, the form
+`generate_eplb_config.py` gives.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from moe_place.io import write_atomic
 from moe_place.placement import Placement
 
 FIELDS = ("num_slots", "initial_global_assignments", "layer_updates_per_iter")  # MoeLoadBalancerConfig's fields
+FILL_MISSING = ("error", "default")  # what a served MoE layer the plan lacks gets: refused, or the engine's own map
 
 
 def model_layer_keys(layer_ids: Sequence[int], dense_layer_ids: Sequence[int] = ()) -> tuple[int, ...]:
@@ -57,17 +69,52 @@ def model_layer_keys(layer_ids: Sequence[int], dense_layer_ids: Sequence[int] = 
     return tuple(keys)
 
 
-def load_balancer_config(placement: Placement, layer_keys: Sequence[int]) -> dict:
+def default_assignments(num_experts: int, num_slots: int, ep_size: int) -> list[int]:
+    """TensorRT-LLM's own map of one layer (module docstring): the expert of each of `num_slots` slots,
+    rank `r` holding its `num_slots // ep_size` slots from expert `r * num_experts // ep_size` on, wrapping."""
+    local = num_slots // ep_size
+    return [(rank * num_experts // ep_size + i) % num_experts for rank in range(ep_size) for i in range(local)]
+
+
+def format_layers(ids: Sequence[int], noun: bool = False) -> str:
+    """Layer ids as ranges: (3, 4, 5, 61) -> '3-5,61' (`noun`: 'layers 3-5,61', 'layer 61')."""
+    parts: list[str] = []
+    for layer in sorted(int(i) for i in ids):
+        if parts and layer == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{layer}"
+        else:
+            parts.append(str(layer))
+    text = ",".join(parts)
+    return text if not noun else f"layer {text}" if len(ids) == 1 else f"layers {text}"
+
+
+def load_balancer_config(placement: Placement, layer_keys: Sequence[int], moe_layers: Sequence[int] | None = None,
+                         fill_missing: str = "error", model: str = "the served model") -> dict:
     """`{num_slots, initial_global_assignments: {layer key: [expert of each slot]}, layer_updates_per_iter: 0}`
-    for `placement` (slot `p` on rank `p // (P / G)`, as TensorRT-LLM owns slots), checked as TensorRT-LLM
-    checks it (`check_load_balancer`)."""
+    for `placement` (slot `p` on rank `p // (P / G)`, as TensorRT-LLM owns slots), with a key for every layer of
+    `moe_layers` (the MoE layers `model` builds; default: `layer_keys`), checked as TensorRT-LLM checks it
+    (`check_load_balancer`).
+
+    A layer of `moe_layers` the plan has no row for: an InputError naming them all (TensorRT-LLM would raise
+    KeyError at start-up), or with `fill_missing="default"` the engine's own map (`default_assignments`).
+    Plan rows keyed by a layer that is not in `moe_layers` are left out (the engine never looks them up).
+    """
     if len(layer_keys) != placement.num_layers:
         raise InputError("layer keys", f"one per plan layer ({placement.num_layers})", len(layer_keys))
-    phy2log = np.asarray(placement.phy2log)
+    if fill_missing not in FILL_MISSING:
+        raise InputError("fill missing", f"one of {', '.join(FILL_MISSING)}", fill_missing)
+    served = tuple(int(i) for i in (layer_keys if moe_layers is None else moe_layers))
+    planned = {int(key): [int(e) for e in row] for key, row in zip(layer_keys, np.asarray(placement.phy2log))}
+    missing = [layer for layer in served if layer not in planned]
+    if missing and fill_missing == "error":
+        raise InputError("plan layers", f"a plan row for every MoE layer of {model} ({format_layers(served)}), "
+                         f"or --fill-missing default for TensorRT-LLM's own map there (it raises KeyError at "
+                         f"start-up on a layer with no key)", f"no row for {format_layers(missing, noun=True)}")
+    default = default_assignments(placement.num_experts, placement.num_physical, placement.num_gpus)
     config = {"num_slots": int(placement.num_physical),
-              "initial_global_assignments": {int(key): [int(e) for e in row] for key, row in zip(layer_keys, phy2log)},
+              "initial_global_assignments": {layer: planned.get(layer, list(default)) for layer in served},
               "layer_updates_per_iter": 0}
-    check_load_balancer(config, placement.num_experts, placement.num_gpus, layer_keys)
+    check_load_balancer(config, placement.num_experts, placement.num_gpus, served)
     return config
 
 
