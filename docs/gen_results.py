@@ -28,6 +28,9 @@ from moe_place.kernels.report import render_markdown  # noqa: E402
 
 SCRIPT = "docs/gen_results.py"
 RESULTS = ROOT / "bench" / "results"
+# A results page's link to a committed record or plot: relative to docs/results/, so that it resolves where the
+# page is read in the repository (GitHub, an editor); docs/hooks.py points it at the site's copy, records/.
+RECORD_LINK = "../../bench/results/"
 TRACE = "traces/data/qwen3-30b-a3b_prefill_topk.npz"
 
 
@@ -146,8 +149,8 @@ def span(values, digits: int = 3) -> str:
 
 
 def source(*names: str) -> str:
-    """The sentence naming a page's records, each a link into the site's copy of bench/results/."""
-    links = ", ".join(f"[`bench/results/{n}`](../records/{n})" for n in names)
+    """The sentence naming a page's records, each a link to it in bench/results/ (`RECORD_LINK`)."""
+    links = ", ".join(f"[`bench/results/{n}`]({RECORD_LINK}{n})" for n in names)
     commands = []
     for pattern, (command, _page) in RECORDS.items():
         if any(fnmatch.fnmatch(n, pattern) for n in names) and command != "the same command":
@@ -554,7 +557,7 @@ def replay() -> str:
                          if r["policy"] == "moe-place"}
                 parts.append(f"Stationary load ({t['name']}): slots moe-place moved after its first call, per "
                              "interval: " + ", ".join(f"{i}: {n}" for i, n in sorted(moved.items())) + ".")
-        parts.append(f"![{engine}: total time over the interval](../records/replay_{engine}.png)")
+        parts.append(f"![{engine}: total time over the interval]({RECORD_LINK}replay_{engine}.png)")
     still = record("stationary.json")
     parts.append(f"## What the moves on the stationary load buy\n\n{still['trace']} under the {still['protocol']} "
                  "protocol, replayed with moe-place's rule and with the same rule frozen after its first call (it "
@@ -607,7 +610,7 @@ def multinode() -> str:
                 source("comm.json", "comm_plan_time.json", "comm.png"),
                 _bench("bench_comm").results_table(data),
                 "## Plan time\n\n" + table(["command", "wall s", "CPU s", "cores", "exit"], times),
-                "![layer time per method](../records/comm.png)")
+                f"![layer time per method]({RECORD_LINK}comm.png)")
 
 
 
@@ -801,7 +804,7 @@ def offload() -> str:
                 "(../design/offload.md) what the sweep says. "
                 + source("offload_sweep.json", "offload_sweep.png"),
                 _offload_sweep(record("offload_sweep.json")),
-                "![step time over GPU memory](../records/offload_sweep.png)",
+                f"![step time over GPU memory]({RECORD_LINK}offload_sweep.png)",
                 "## The published KTransformers table\n\nThe model configured for kt-kernel's published setup "
                 "(Qwen3-Next-80B-A3B-FP8, 4 x RTX 4090, Xeon 6454S; the non-expert time per token from the table's "
                 "100% row), the order of the three strategies and each one's ratio to `uniform`, model vs table "
@@ -842,7 +845,7 @@ def gpu() -> str:
     for name in names:
         result = record(name)
         stem = name[: -len(".json")]
-        plots = {p.stem[len(stem) + 1:].replace("_", " "): f"../records/{p.name}"
+        plots = {p.stem[len(stem) + 1:].replace("_", " "): f"{RECORD_LINK}{p.name}"
                  for p in sorted(RESULTS.glob(f"{stem}_*.png"))}
         parts += [source(name), render_markdown(result, RESULTS / name, plots)]
         configs = RESULTS / f"{stem}_gemm_configs.json"
@@ -1047,7 +1050,7 @@ def index() -> str:
             raise RecordError(f"bench/results/{path.name}: a record no results page reads (add it to RECORDS in "
                               f"{SCRIPT})")
         command, slug = RECORDS[pattern]
-        rows.append([f"[`{path.name}`](../records/{path.name})", f"[{TITLES[slug]}]({slug}.md)", f"`{command}`"])
+        rows.append([f"[`{path.name}`]({RECORD_LINK}{path.name})", f"[{TITLES[slug]}]({slug}.md)", f"`{command}`"])
     return "\n".join([GENERATED_NOTE.format(script=SCRIPT).rstrip("\n"), "", "# Results", "",
                       "Every table on these pages is rendered by `docs/gen_results.py` from a committed record in "
                       "`bench/results/`, and the tests check that each page is what the script renders from the "

@@ -66,6 +66,85 @@ def test_readme_links_point_at_files_of_the_repository():
     assert not missing, missing
 
 
+# ------------------------------------------------------------------- links readable where the pages live
+# A page is read in the repository (GitHub, an editor) as well as on the site: its relative links and images must
+# name files the repository has. Code is no link: fenced and indented blocks and inline code are dropped first.
+FENCED = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+INDENTED = re.compile(r"(?:^\n)((?:(?: {4}|\t).*\n|\n)+)", re.M)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+INLINE_LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+[\"'][^)]*)?\)")  # [text](target "title")
+REFERENCE = re.compile(r"^ {0,3}\[[^\]\n]+\]:[ \t]*(\S+)[ \t]*(?:[\"'(].*)?$", re.M)  # [label]: target
+HTML_LINK = re.compile(r"<(?:a|img)\s[^>]*?(?:href|src)=\"([^\"]+)\"")
+
+
+def relative_links(text: str) -> list[str]:
+    """The relative targets of a Markdown page's links and images (no scheme, no bare #anchor), as written."""
+    text = INLINE_CODE.sub("", INDENTED.sub("\n", FENCED.sub("", text)))
+    targets = INLINE_LINK.findall(text) + REFERENCE.findall(text) + HTML_LINK.findall(text)
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+def test_the_link_finder_reads_links_and_images_but_not_code():
+    text = ("See [the plan](plan.md#flags) and ![a plot](../../bench/results/a.png \"title\"), [site](https://x.org),\n"
+            "[top](#top), `[not](code.md)`.\n\n```\n[nor](fenced.md)\n```\n\n    [nor](indented.md)\n\n"
+            "[ref]: ../README.md\n<img src=\"pic.png\">\n")
+    assert relative_links(text) == ["plan.md#flags", "../../bench/results/a.png", "../README.md", "pic.png"]
+
+
+def test_every_relative_link_and_image_names_a_file_of_the_repository():
+    missing, count = [], 0
+    for page in sorted(DOCS.rglob("*.md")) + [README]:
+        for target in relative_links(page.read_text()):
+            count += 1
+            if not (page.parent / target.split("#")[0]).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {target}")
+    assert count > 300 and not missing, missing  # (the results pages alone link about 100 records)
+
+
+def test_the_site_points_record_links_at_its_copy_of_the_records():
+    import hooks  # docs/hooks.py, on the path above; it imports mkdocs
+    text = "[`r.json`](../../bench/results/r.json), ![p](../../bench/results/p.png), [x](../plan.md), [y](https://a/b)"
+    assert hooks.site_links(text, "results/replay.md") == (
+        "[`r.json`](../records/r.json), ![p](../records/p.png), [x](../plan.md), [y](https://a/b)")
+    assert hooks.site_links("[r](../bench/results/r.json#top)", "index.md") == "[r](records/r.json#top)"
+
+
+# ------------------------------------------------------------------- no internal issue numbers for users
+INTERNAL_ISSUE = re.compile(r"\bissue \d+")  # ours; an upstream one is cited with its project and #, e.g. vLLM #30075
+
+
+def _printed_strings(path: Path) -> list[str]:
+    """The string constants of a module that can reach a user: all but docstrings, and of a bench script the
+    module docstring where its --help prints it (the first line; all of it as an epilog)."""
+    import ast
+
+    source = path.read_text()
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    strings = [node.value for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    module_doc = ast.get_docstring(tree, clean=False) or ""
+    if path.parts[-2] == "bench" and "__doc__" in source:
+        strings.append(module_doc if "epilog=" in source else module_doc.split("\n")[0])
+    return strings
+
+
+def test_no_output_names_an_internal_issue():
+    found = [f"{path.relative_to(ROOT)}: {text[:80]!r}"
+             for folder in ("moe_place", "solvers", "traces", "kernels", "bench") for path in sorted((ROOT / folder).rglob("*.py"))
+             for text in _printed_strings(path) if INTERNAL_ISSUE.search(text)]
+    assert not found, found
+
+
+def test_the_split_microbenchmark_names_no_internal_issue(capsys):
+    from moe_place.cli.main import main
+    assert main(["bench", "split", "--dry-run"]) == 0  # the section that named one; `all` takes 3x as long
+    out = capsys.readouterr()
+    assert "Per-batch split kernels" in out.out and not INTERNAL_ISSUE.search(out.out + out.err)
+
+
 @needs_mkdocs
 def test_readme_links_into_the_site_name_headings_it_has(site):
     missing = []
