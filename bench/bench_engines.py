@@ -1,4 +1,4 @@
-"""moe-place's policy inside the engines' own rebalance code, against the engine's default (issue 21).
+"""moe-place's policy inside the engines' own rebalance code, against the engine's default.
 
 Runs `bench/engine_harness.py`: each engine's real rebalance machinery (vLLM 0.33 `EplbState`, SGLang 0.5.23
 `EPLBManager`, when importable) or its stand-in (`standin-vllm`, `standin-sglang`: CI), from the engine's own

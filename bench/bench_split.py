@@ -1,4 +1,4 @@
-"""The per-batch split (issue 45): how close the fast split is to the exact one, and what it buys in the replay.
+"""The per-batch split: how close the fast split is to the exact one, and what it buys in the replay.
 
 Three sections, each printing a table and its targets (MET / NOT MET; exit 1 if one is missed):
 1. `accuracy`: the fast split (`moe_place.split.split_shares`, what `evaluate --split per-batch` and the engine
@@ -12,7 +12,7 @@ Three sections, each printing a table and its targets (MET / NOT MET; exit 1 if 
    vLLM's async protocol and SGLang's, every policy sending rows to replicas as its engine does (vLLM's
    token-index hash, SGLang's static dispatch; `moe_place.cost.replicas`), moe-place's rule with and without
    `--split per-batch` (the split charged its all-reduce, NCCL's latency model, and a 10 us solve), each
-   policy at its best cadence. Targets (issue 45): the rule with the split at most 0.94x the default's best
+   policy at its best cadence. Targets: the rule with the split at most 0.94x the default's best
    with R = G and 0.90x with R = 2G, in both protocols. Beside each, the rule with a free split (no all-reduce,
    no solve, no choice: on every layer of every batch) at the rule's best cadence: what no charged split can
    beat.

@@ -651,7 +651,7 @@ def section_dispatch(ctx: Context) -> dict:
 
 SPLIT_GOAL_S = 10e-6     # issue 45: the per-batch split per layer on an H200, a tenth of LPLB's
 LPLB_CITED_S = 100e-6    # cited, not measured: DeepSeek's LPLB, about 100 us per layer and batch
-LPLB_SOURCE = "DeepSeek's LPLB (github.com/deepseek-ai/LPLB: an interior-point LP on one SM), as quoted in issue 45"
+LPLB_SOURCE = "DeepSeek's LPLB (github.com/deepseek-ai/LPLB: an interior-point LP on one SM)"
 
 
 def split_layer(experts: int, gpus: int, redundant_per_gpu: int, tokens: int, top_k: int, seed: int) -> dict:

@@ -199,7 +199,7 @@ def _split_markdown(split: dict, env: dict) -> list[str]:
     """The per-batch split's section: the kernels' times per layer beside their copy baselines and the goal."""
     on_gpu = env.get("timing") == "gpu"
     goal_us, lplb_us = split["goal_per_layer_s"] * 1e6, split["lplb_cited_s"] * 1e6
-    lines = [f"### Per-batch split kernels (issue 45: {split['experts']} experts top-{split['top_k']}, "
+    lines = [f"### Per-batch split kernels ({split['experts']} experts top-{split['top_k']}, "
              f"{split['sweeps']} sweeps, rank {split['rank']}'s tokens)",
              f"Per layer: count (the rank's dispatches per expert, the all-reduce's input), solve (whole rows per slot "
              f"from the global counts), map (the rank's dispatches to slots) and all three in one graph (`layer`; the "
