@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.planfile import BudgetLayers, PlanFile, read_plan, write_plan
     from moe_place.solvers import solve, solver_names
     from moe_place.solvers.budget import allocate_budget
+    from moe_place.solvers.evaluate import layer_figures
 
     if args.solver != "auto" and args.solver not in solver_names():
         raise InputError("--solver", f"one of auto, {', '.join(solver_names())}", args.solver)
@@ -150,7 +151,10 @@ def run(args: argparse.Namespace) -> int:
         report["split_placement"] = split_section
     if current is not None:
         report["moved_slots"] = int(solution.placement.moved_slots(current).sum())
-        report["current_plan"] = current_figures(problem, current, rows, args.split)
+        gaps = [layer_figures(current.phy2log[i], problem.layer_loads(i), problem.num_gpus, args.split,
+                              problem.window_objective, problem.quantile, problem.layer_id(i),
+                              lower_bound=row["lower_bound"]).gap for i, row in enumerate(rows)]  # as the new plan's
+        report["current_plan"] = current_figures(gaps, problem.num_layers * problem.num_physical)
     if sizing is not None:
         report["sizing"] = sizing.to_dict()
     budget_layers, budget = None, None
@@ -206,16 +210,11 @@ def check_split_planning(args: argparse.Namespace) -> None:
                              "their constraints)", what)
 
 
-def current_figures(problem, current, rows: list[dict], split: str) -> dict:
-    """The plan in use (`--current`) judged as the new plan's rows are (same loads, split and lower bounds): its
-    per-layer gaps, their mean and worst, and the slots the new plan moves per layer."""
-    from moe_place.solvers.evaluate import layer_figures  # lazy, as in run(): `plan --help` loads no library
-
-    gaps = [layer_figures(current.phy2log[i], problem.layer_loads(i), problem.num_gpus, split, problem.window_objective,
-                          problem.quantile, problem.layer_id(i), lower_bound=row["lower_bound"]).gap
-            for i, row in enumerate(rows)]
+def current_figures(gaps: list[float], total_slots: int) -> dict:
+    """The report's `current_plan`: the plan in use (`--current`) judged as the new plan's rows are (same loads,
+    split and lower bounds), its per-layer gaps, their mean and worst, and the slots of all layers."""
     return {"gap": [round(g, 6) for g in gaps], "mean_gap": round(sum(gaps) / len(gaps), 6),
-            "worst_gap": round(max(gaps), 6), "total_slots": problem.num_layers * problem.num_physical}
+            "worst_gap": round(max(gaps), 6), "total_slots": total_slots}
 
 
 def current_line(report: dict, args: argparse.Namespace) -> str:
