@@ -79,8 +79,8 @@ def detect_folder(path: Path) -> str:
 
 
 def detect_format(path: Path) -> str:
-    """'bundled', 'npz', 'torch', 'csv', 'json', 'vllm-routed' or 'megatron'; InputError if the path is not a readable file, or
-    if its bytes are not what a trace of its kind holds (the error says what they are)."""
+    """'bundled', 'npz', 'torch', 'csv', 'json', 'vllm-routed' or 'megatron'; InputError if the path is
+    not a readable file, or if its bytes are not what a trace of its kind holds (the error says what they are)."""
     problem = input_problem(path)
     if problem is not None:
         raise InputError(str(path), "an existing trace file" if problem == "no such file" else "a trace file", problem)

@@ -79,8 +79,8 @@ def read_router_trace(paths: str | Path | Sequence[str | Path], *, max_token_byt
     counts: dict[int, dict[int, np.ndarray]] = {}  # step -> layer -> counts [1, width]
     tokens: dict[tuple[int, int], dict[int, list[np.ndarray]]] = {}  # (step, rank) -> layer -> ids [n, k]
     top_k, first_where = None, ""
-    for path, number, _, line in read_lines(files, f"read {files[0].name}" + (f" (+{len(files) - 1})" if len(files) > 1 else ""),
-                                            progress):
+    label = f"read {files[0].name}" + (f" (+{len(files) - 1} files)" if len(files) > 1 else "")
+    for path, number, _, line in read_lines(files, label, progress):
         where = f"{path}: line {number}"
         record = parse_object(line, where)
         if record.get("block", "decoder") != "decoder":
