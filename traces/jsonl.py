@@ -9,10 +9,12 @@
 - `add_counts`: dispatches per expert of `[tokens, layers, k]` ids added to `[layers, width]` counts
   whose width grows with the largest id seen (the number of experts is not written in these files).
 
-Parsing is Python's standard `json` module: the ids are JSON lists of small integers, which CPython
-turns into shared small-int objects, and numpy converts the lists in C (`np.asarray`). A faster
-parser would be a new dependency for a path that is read once per trace; the progress bar says how
-far a large file is.
+Parsing is Python's standard `json` module, then `np.asarray` of the lists. Measured on this
+project's 2-core machine: `json.loads` of a 1.2 MiB line of ids runs at about 16 MiB/s and is 80% of
+the time; a whole file reads at about 10 MiB/s (a 5 GB file: about 8 minutes, with a progress bar).
+Reading the number spans as text (`np.fromstring` of the brackets stripped) runs at about 60 MiB/s
+but must then check the nesting is regular itself; that is not done here. No faster JSON parser is
+added: it would be a new dependency for a file read once per trace.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ Memory: a line at a time. A file up to `max_token_bytes` (load_trace's default, 
 takes at least 2 bytes per id, so the ids kept take no more than the file) becomes a token-level
 trace; a larger one is counted step by step into a count-level trace, and the ids of the bounded
 token sample (`moe_place.traces.sample`, the same tokens as if read whole) are read back afterwards
-from the few lines that hold them.
+from the lines that hold them (with long requests most lines hold one, so a large file is parsed
+about twice: measured 6 MiB/s against 10 MiB/s read whole).
 """
 
 from __future__ import annotations
