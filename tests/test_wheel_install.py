@@ -4,9 +4,10 @@ moe-place is not on PyPI, so the docs (docs/vllm.md, docs/sglang.md, docs/dropin
 in a clone, `python -m pip wheel --no-deps -w dist .`; in the engine's environment,
 `pip install dist/moe_place-*.whl`. This test does the same, offline and in seconds:
 
-1. Copy the files git tracks into a scratch folder (the wheel is built from what a clone holds, and the
-   build writes its `build/` folder there, not in the checkout), and build the wheel with this
-   interpreter's pip and setuptools: `--no-build-isolation --no-index`, so no registry is asked.
+1. Copy the files git tracks or would add (those it does not ignore) into a scratch folder (the wheel is
+   built from what a clone holds, and the build writes its `build/` folder there, not in the checkout),
+   and build the wheel with this interpreter's pip and setuptools: `--no-build-isolation --no-index`, so
+   no registry is asked.
 2. Read the wheel: the packages mapped into `moe_place` (`traces/`, `solvers/`, `kernels/` as
    `moe_place.traces`, `moe_place.solvers`, `moe_place.kernels`), `moe_place_sglang.pth` at the top (the
    SGLang start-up hook; setup.py puts it there), the console script and the vLLM plugin entry point, and
@@ -52,7 +53,7 @@ def _run(argv, cwd, env=None, check=True) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     scratch = tmp_path_factory.mktemp("clone")
-    tracked = _run(["git", "ls-files", "-z"], ROOT).stdout.split("\0")
+    tracked = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], ROOT).stdout.split("\0")
     for name in filter(None, tracked):
         source = ROOT / name
         if source.is_file():  # a tracked file deleted in the working tree is not in a clone either

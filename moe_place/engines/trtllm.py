@@ -107,9 +107,9 @@ def load_balancer_config(placement: Placement, layer_keys: Sequence[int], moe_la
     planned = {int(key): [int(e) for e in row] for key, row in zip(layer_keys, np.asarray(placement.phy2log))}
     missing = [layer for layer in served if layer not in planned]
     if missing and fill_missing == "error":
-        raise InputError("plan layers", f"a plan row for every MoE layer of {model} ({format_layers(served)}), "
-                         f"or --fill-missing default for TensorRT-LLM's own map there (it raises KeyError at "
-                         f"start-up on a layer with no key)", f"no row for {format_layers(missing, noun=True)}")
+        raise InputError("plan layers", f"a row for every MoE layer of {model} ({format_layers(served)}): "
+                         f"TensorRT-LLM raises KeyError at start-up on one without; or --fill-missing default",
+                         f"no row for {format_layers(missing, noun=True)}")
     default = default_assignments(placement.num_experts, placement.num_physical, placement.num_gpus)
     config = {"num_slots": int(placement.num_physical),
               "initial_global_assignments": {layer: planned.get(layer, list(default)) for layer in served},
