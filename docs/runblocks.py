@@ -13,7 +13,9 @@ What a block shows must be what the command prints, numbers to the digit, except
 - a line `...` stands for any number of lines, none included (a long table shown in part);
 - wall-clock times may differ: the numbers that `TIME_PATTERNS` finds, and those under a column
   headed `wall_s`; where one is of another width, a run of spaces matches any run of spaces;
-- trailing spaces do not count.
+- trailing spaces do not count;
+- progress lines (`moe_place.progress.LINE`, printed every few seconds of long work where stderr is not a
+  terminal) are left out: a terminal redraws its bar in their place.
 
 A `console` block that shows output and cannot run here (it needs a GPU or an engine) says why on the
 line before it: `<!-- not run: REASON -->`; tests/test_docs.py refuses a `console` block with neither.
@@ -37,6 +39,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from moe_place.progress import LINE as PROGRESS_LINE
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!-- runnable(?: exit=(?P<exit>\d+))? -->$")
@@ -216,7 +220,9 @@ def environment() -> dict[str, str]:
 def run(command: Command, folder: Path, env: dict[str, str]) -> tuple[int, str]:
     done = subprocess.run(["bash", "-c", command.text], cwd=folder, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=COMMAND_TIMEOUT_S)
-    return done.returncode, done.stdout
+    # progress lines (a pipe gets one every few seconds of long work) are what a terminal redraws: no page shows them
+    return done.returncode, "".join(line for line in done.stdout.splitlines(keepends=True)
+                                    if not PROGRESS_LINE.fullmatch(line.rstrip("\n")))
 
 
 def check_page(page: Path, parent: Path, show: bool = False, fill: bool = False) -> list[str]:

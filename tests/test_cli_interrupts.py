@@ -5,7 +5,6 @@ no worker process left; and the pieces that make it so (moe_place.interrupts).""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
+from moe_place import progress
 from moe_place.interrupts import Interrupted, run_stoppable, signals_raise
 from moe_place.io import write_atomic
 from moe_place.solvers.base import stoppable_solve
@@ -26,7 +26,6 @@ QWEN = ROOT / "traces" / "data" / "qwen3-30b-a3b_prefill_topk.npz"
 CLI = [sys.executable, "-m", "moe_place.cli.main"]
 LONG_PLAN = ["plan", str(QWEN), "--gpus", "64", "--redundant", "64", "--time-limit", "60"]  # 30-60 s of work
 LONG_REPLAY = ["replay", "--synthetic", "drift:steps=40000,seed=0", "--gpus", "8"]  # about 20 s
-PROGRESS_LINE = re.compile(r"[^:]+: \d+/\d+ [a-z ]+ \(\d+%\) after \d+ s(, done)?")  # moe_place.progress off a terminal
 GRACE_S = 30  # a run not stopped by the signal would go on for longer than this (liveness, not speed)
 
 
@@ -99,7 +98,7 @@ def test_an_interrupt_ends_the_command_with_one_line_and_no_file(interrupted, na
     signum, command, code, out, err, left, group_gone = interrupted[name]
     assert code == 128 + signum, (code, err)  # 130 for SIGINT, 143 for SIGTERM; not 0, not 134 (abort)
     # stderr is a pipe: progress prints a plain line every few seconds (moe_place.progress), then the one line
-    lines = [line for line in err.splitlines() if not PROGRESS_LINE.fullmatch(line)]
+    lines = [line for line in err.splitlines() if not progress.LINE.fullmatch(line)]
     assert lines == [f"moe-place {command}: interrupted"], err
     assert out == ""
     assert left == [], "a file was left behind"

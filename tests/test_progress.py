@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from moe_place.progress import INTERVAL_S, ProgressBar
+from moe_place.progress import INTERVAL_S, LINE, ProgressBar
 
 
 class FakeClock:
@@ -56,6 +56,7 @@ def test_off_a_terminal_a_line_every_interval_and_a_last_one():
     assert lines[0] == "plan fast: 5/48 layers (10%) after 5 s"
     assert lines[1] == "plan fast: 10/48 layers (20%) after 10 s"
     assert lines[-1] == "plan fast: 48/48 layers (100%) after 48 s, done"
+    assert all(LINE.fullmatch(line) for line in lines)  # how readers of a log set them apart
 
 
 def test_off_a_terminal_a_short_phase_prints_nothing_and_disabled_never():
