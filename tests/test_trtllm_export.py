@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from moe_place.cli.main import main
+from moe_place.cost.model_layers import moe_layer_ids
 from moe_place.cost.models import get_model
 from moe_place.engines.trtllm import (check_load_balancer, default_assignments, load_balancer_config, load_balancer_yaml,
                                       model_layer_keys)
@@ -204,11 +205,11 @@ def _one_line(capsys) -> str:
 
 
 def test_the_presets_know_the_moe_layers_a_server_builds():
-    assert get_model("DeepSeek-V3").moe_layer_ids == tuple(DEEPSEEK_V3_MTP)      # 3-60 and MTP layer 61
-    assert get_model("deepseek-r1").moe_layer_ids == tuple(DEEPSEEK_V3) + (61,)
-    assert get_model("Qwen3-30B-A3B").moe_layer_ids == tuple(QWEN3_30B)
-    assert get_model("Qwen3-235B-A22B").moe_layer_ids == tuple(QWEN3_235B)
-    assert get_model("Kimi-K2").moe_layer_ids == tuple(server_moe_layers(61, first_k_dense_replace=1))
+    assert moe_layer_ids(get_model("DeepSeek-V3")) == tuple(DEEPSEEK_V3_MTP)      # 3-60 and MTP layer 61
+    assert moe_layer_ids(get_model("deepseek-r1")) == tuple(DEEPSEEK_V3) + (61,)
+    assert moe_layer_ids(get_model("Qwen3-30B-A3B")) == tuple(QWEN3_30B)
+    assert moe_layer_ids(get_model("Qwen3-235B-A22B")) == tuple(QWEN3_235B)
+    assert moe_layer_ids(get_model("Kimi-K2")) == tuple(server_moe_layers(61, first_k_dense_replace=1))
     assert get_model("DeepSeek-V3").num_moe_layers == 58  # the preset's figures are unchanged
 
 

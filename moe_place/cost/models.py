@@ -14,26 +14,6 @@ Figures from each model's published `config.json`:
 | GPT-OSS-120B | 2880 | 2880 | 128 | 4 | 36 | MXFP4 (4.25 bit incl. scales) | ~12.6 MiB |
 | Kimi-K2 | 7168 | 2048 | 384 | 8 | 60 of 61 (first 1 dense) | FP8 (1 B) | 42 MiB |
 
-Each preset also knows which decoder layers hold experts (`moe_layer_ids`), the index an engine keys a
-layer's expert map by: the MoE layers follow `first_dense_layers` dense ones (DeepSeek-V3/R1
-`first_k_dense_replace` 3, Kimi-K2 1, the others 0; every preset has `moe_layer_freq` 1 or no dense
-layer), and `mtp_layers` multi-token-prediction layers, MoE layers too, follow the decoder layers
-(DeepSeek-V3/R1 `num_nextn_predict_layers` 1: layer 61). Read in TensorRT-LLM (NVIDIA/TensorRT-LLM):
-`tensorrt_llm/_torch/models/modeling_deepseekv3.py` (000561d) builds the MoE for `layer_idx >=
-first_k_dense_replace` and `layer_idx % moe_layer_freq == 0`, its MTP layer is that decoder layer;
-`tensorrt_llm/_torch/models/modeling_speculative.py` (00679c6) numbers the MTP layers from
-`num_hidden_layers` (`min(max_draft_len, num_nextn_predict_layers)` of them, 1 for MTP-Eagle);
-`tensorrt_llm/_torch/models/modeling_qwen3_moe.py` (03441af) makes every decoder layer MoE, `layer_idx`
-0 to `num_hidden_layers - 1`.
-
-| preset | decoder layers | dense | MoE layer ids | MTP layer ids |
-| --- | --- | --- | --- | --- |
-| DeepSeek-V3/R1 | 61 | 0-2 | 3-60 | 61 |
-| Qwen3-235B-A22B | 94 | none | 0-93 | none |
-| Qwen3-30B-A3B | 48 | none | 0-47 | none |
-| Kimi-K2 | 61 | 0 | 1-60 | none |
-| Mixtral-8x7B, OLMoE-1B-7B, GPT-OSS-120B | 32, 16, 36 | none | 0 to layers - 1 | none |
-
 Each preset also knows what one token's KV cache takes (`kv_cache`, `kv_bytes_per_token`), from
 the same `config.json`: every transformer layer (dense ones included) caches per token either
 `2 * num_key_value_heads * head_dim` elements (K and V, grouped-query attention) or, with MLA
@@ -108,8 +88,6 @@ class ExpertShape:
     dtype_bytes: bytes per weight element (may be fractional: MXFP4 is 4.25/8).
     activation_bytes: bytes per activation element (BF16 = 2), used for dispatched rows.
     kv_cache: what one token's KV cache holds (None: not known, e.g. a custom shape).
-    first_dense_layers: decoder layers without experts before the first MoE layer (DeepSeek-V3: 3).
-    mtp_layers: multi-token-prediction layers after the decoder layers, each a MoE layer (DeepSeek-V3: 1).
     """
 
     name: str
@@ -122,29 +100,17 @@ class ExpertShape:
     dtype_bytes: float = 2.0
     activation_bytes: float = 2.0
     kv_cache: KVCacheShape | None = None
-    first_dense_layers: int = 0
-    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         for key in ("hidden", "intermediate", "num_experts", "top_k", "num_moe_layers", "matrices"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"model {self.name}.{key}", "an integer >= 1", value)
-        for key in ("first_dense_layers", "mtp_layers"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InputError(f"model {self.name}.{key}", "an integer >= 0", value)
         if self.top_k > self.num_experts:
             raise InputError(f"model {self.name}.top_k", f"at most num_experts={self.num_experts}", self.top_k)
         for key in ("dtype_bytes", "activation_bytes"):
             if not getattr(self, key) > 0:
                 raise InputError(f"model {self.name}.{key}", "a number > 0", getattr(self, key))
-
-    @property
-    def moe_layer_ids(self) -> tuple[int, ...]:
-        """Decoder-layer index of every MoE layer the served model builds, MTP layers last: the
-        `num_moe_layers` after the `first_dense_layers` dense ones, then the `mtp_layers` after those."""
-        return tuple(range(self.first_dense_layers, self.first_dense_layers + self.num_moe_layers + self.mtp_layers))
 
     @property
     def params_per_expert(self) -> int:
@@ -177,11 +143,9 @@ class ExpertShape:
 
 
 # KV caches from each model's config.json (the keys named; BF16 elements, see the module docstring):
-# DeepSeek-V3/R1: num_hidden_layers 61, kv_lora_rank 512, qk_rope_head_dim 64 (MLA); first_k_dense_replace 3,
-#   moe_layer_freq 1, num_nextn_predict_layers 1 (the MTP layer, index 61).
+# DeepSeek-V3/R1: num_hidden_layers 61, kv_lora_rank 512, qk_rope_head_dim 64 (MLA).
 # Qwen3-235B-A22B: num_hidden_layers 94, num_key_value_heads 4, head_dim 128.
-# Qwen3-30B-A3B: num_hidden_layers 48, num_key_value_heads 4, head_dim 128. Both Qwen3 MoE models:
-#   decoder_sparse_step 1, mlp_only_layers [] (every decoder layer MoE), no MTP layer.
+# Qwen3-30B-A3B: num_hidden_layers 48, num_key_value_heads 4, head_dim 128.
 # Mixtral-8x7B-v0.1: num_hidden_layers 32, num_key_value_heads 8, head_dim 4096 / 32 heads = 128.
 # OLMoE-1B-7B: num_hidden_layers 16, num_key_value_heads 16, head_dim 2048 / 16 heads = 128.
 # GPT-OSS-120B: num_hidden_layers 36, num_key_value_heads 8, head_dim 64. Its even layers use a 128-token
@@ -193,8 +157,7 @@ class ExpertShape:
 PRESETS: dict[str, ExpertShape] = {
     s.name: s for s in (
         ExpertShape("DeepSeek-V3", 7168, 2048, 256, 8, 58, dtype_bytes=1.0,
-                    kv_cache=KVCacheShape.latent(61, kv_lora_rank=512, rope_dim=64),
-                    first_dense_layers=3, mtp_layers=1),
+                    kv_cache=KVCacheShape.latent(61, kv_lora_rank=512, rope_dim=64)),
         ExpertShape("Qwen3-235B-A22B", 4096, 1536, 128, 8, 94,
                     kv_cache=KVCacheShape.grouped_query(94, kv_heads=4, head_dim=128)),
         ExpertShape("Qwen3-30B-A3B", 2048, 768, 128, 8, 48,
@@ -206,7 +169,7 @@ PRESETS: dict[str, ExpertShape] = {
         ExpertShape("GPT-OSS-120B", 2880, 2880, 128, 4, 36, dtype_bytes=BYTES_PER_DTYPE["mxfp4"],
                     kv_cache=KVCacheShape.grouped_query(36, kv_heads=8, head_dim=64)),
         ExpertShape("Kimi-K2", 7168, 2048, 384, 8, 60, dtype_bytes=1.0,
-                    kv_cache=KVCacheShape.latent(61, kv_lora_rank=512, rope_dim=64), first_dense_layers=1),
+                    kv_cache=KVCacheShape.latent(61, kv_lora_rank=512, rope_dim=64)),
     )
 }
 ALIASES = {"deepseek-r1": "DeepSeek-V3", "deepseek-v3/r1": "DeepSeek-V3", "qwen3-235b": "Qwen3-235B-A22B",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moe_place.cost.model_layers import moe_layer_ids
 from moe_place.cost.models import PRESETS, ExpertShape, get_model, infer_model_name
 from moe_place.engines import sglang, trtllm
 from moe_place.engines.launch import export_launch
@@ -32,7 +33,7 @@ def served_moe_layers(plan: PlanFile, model: str | None = None,
                       moe_layers: tuple[int, ...] | None = None) -> tuple[str, tuple[int, ...]]:
     """(name, MoE layer ids) of the model the plan will be served on: `moe_layers` when given, else the
     preset `model` names, else the preset the plan's recorded options name (`inputs.options.model`); the
-    preset's layers include its MTP layers (`ExpertShape.moe_layer_ids`). An InputError when none is known,
+    preset's layers include its MTP layers (`moe_place.cost.model_layers.moe_layer_ids`). An InputError when none is known,
     or when the preset's expert count is not the plan's."""
     recorded = (plan.inputs.get("options") or {}).get("model") if isinstance(plan.inputs, dict) else None
     name = model or (infer_model_name(recorded) if isinstance(recorded, str) else None)
@@ -45,7 +46,7 @@ def served_moe_layers(plan: PlanFile, model: str | None = None,
     if shape is None:
         raise InputError("--model", f"the served model, a preset ({', '.join(PRESETS)}), or --moe-layers IDS: "
                          f"TensorRT-LLM looks up a map for every MoE layer it builds", "a plan that names no model")
-    return shape.name, shape.moe_layer_ids
+    return shape.name, moe_layer_ids(shape)
 
 
 def export_plan(plan: PlanFile, engine: str, out: Path, *, num_model_layers: int | None = None,

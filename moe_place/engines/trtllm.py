@@ -25,7 +25,7 @@ the commit given):
   `tensorrt_llm/_torch/models/modeling_speculative.py` (00679c6) builds them as decoder layers numbered from
   `num_hidden_layers` (DeepSeek-V3: 61), and `get_layer_initial_global_assignments` in
   `tensorrt_llm/llmapi/llm_args.py` raises `KeyError` for a layer with no key once the map is given at all.
-  Which layers a model has: `moe_place.cost.models` (`ExpertShape.moe_layer_ids`).
+  Which layers a model has: `moe_place.cost.model_layers.moe_layer_ids`.
 - The engine's own map, used for every layer when no map is given: `WideEPMoE.__init__` in
   `fused_moe_wide_ep.py` (01303b3) and `_init_load_balancer` in `tensorrt_llm/_torch/modules/fused_moe/
   interface.py` (567239f): slot `i` of rank `r` holds expert `(r * num_experts // ep_size + i) % num_experts`
