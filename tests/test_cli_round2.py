@@ -290,9 +290,10 @@ def test_dense_layers_with_a_plan_of_moe_layers_only(tmp_path, counts_trace):
 
 
 # ---------------------------------------------------------------------- options a plan records
-def test_evaluate_uses_the_model_and_time_model_the_plan_was_made_with(tmp_path, token_trace):
+def test_evaluate_uses_the_plans_model_and_judges_it_under_the_one_time_model(tmp_path, token_trace):
     """A plan made with --objective time --model X on a trace without a model name: evaluate said
-    "give --model" and printed no layer time."""
+    "give --model" and printed no layer time. The expert shape is the plan's; the time model is the command
+    line's, else the one set of defaults, never silently the plan's (a note names what the plan was made under)."""
     plan = tmp_path / "p.json"
     code, _, err = run("plan", token_trace, "--gpus", "8", "--nodes", "2", "--objective", "time", "--model",
                        "Qwen3-30B-A3B", "--replica-choice", "vllm", "--time-limit", "20", "--no-progress",
@@ -302,12 +303,13 @@ def test_evaluate_uses_the_model_and_time_model_the_plan_was_made_with(tmp_path,
     assert code == 0, err
     report = json.loads(out)
     assert report["layer_time_s"] > 0 and report["time_model"]["model"] == "Qwen3-30B-A3B"
-    assert report["time_model"]["replica_choice"] == "vllm"
+    assert report["time_model"]["replica_choice"] == "sglang-static"            # the one default
     assert report["options_from_plan"]["model"] == "Qwen3-30B-A3B"
-    assert "--model Qwen3-30B-A3B" in err and "--replica-choice vllm" in err
-    code, out, err = run("evaluate", plan, token_trace, "--format", "json", "--replica-choice", "sglang-static")
-    assert json.loads(out)["time_model"]["replica_choice"] == "sglang-static"  # the command line wins
-    assert "--replica-choice" not in err
+    assert report["model_unlike_plan"]["replica_choice"] == {"plan": "vllm", "judged": "sglang-static"}
+    assert "--model Qwen3-30B-A3B" in err and "the plan was made under --replica-choice vllm" in err
+    code, out, err = run("evaluate", plan, token_trace, "--format", "json", "--replica-choice", "vllm")
+    assert json.loads(out)["time_model"]["replica_choice"] == "vllm"            # the command line names it
+    assert "made under" not in err
 
 
 def test_predict_takes_the_traffic_model_of_a_time_plan(tmp_path, token_trace):

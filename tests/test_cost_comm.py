@@ -6,10 +6,11 @@ import pytest
 
 from moe_place.cost.cluster import cluster_cost, cluster_topology
 from moe_place.cost.comm import (REPLICA_CHOICES, CommModel, SlotTable, choose_replicas, compute_only_s, layer_cost,
-                                 local_positions, step_cost, token_homes, water_fill)
+                                 local_positions, step_cost, token_homes, water_fill, vllm_replica_index)
 from moe_place.cost.gemm import WEIGHT_MODES, gpu_expert_work, gpu_times_s
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import ExpertShape, get_model
+from moe_place.cost.replicas import vllm_hash_fractions
 from moe_place.cost.topology import parse_topology_spec, with_link_overrides
 from moe_place.cost.traffic import phase_lower_bound, phase_time_s
 from moe_place.errors import InputError
@@ -76,7 +77,7 @@ def test_every_figure_matches_a_per_token_brute_force(seed):
     for style in ("deepep", "all-to-all"):
         for rule in REPLICA_CHOICES:
             for layout in ("blocks", "round-robin"):
-                model = CommModel(topo, SMALL, dispatch=style, replica_choice=rule, token_home=layout,
+                model = CommModel(topo, SMALL, dispatch=style, replica_choice=rule, token_home=layout, weights="once",
                                   dispatch_bytes_per_row=1000.0, combine_bytes_per_row=700.0, seed=seed)
                 home = token_homes(ids.shape[0], gpus, layout)
                 step = step_cost(model, ids, home, table, seed=3)
@@ -120,16 +121,24 @@ def test_layer_cost_sums_the_steps_and_means_the_nodes():
     assert cost.to_dict()["layer_time_s"] == cost.layer_time_s
 
 
-def test_vllm_rule_is_position_modulo_replicas_in_slot_order():
-    # expert 0 on slots 1 and 2 (GPUs 1 and 2), expert 1 on slots 0 and 3; E = 2, P = 4, G = 4
+def test_vllm_rule_is_the_knuth_hash_of_the_token_index_in_slot_order():
+    # vLLM 0.33: every expert of a token with index t in its rank's batch goes to replica
+    # ((t * 2654435769) mod 2^32) mod replicas; expert 0 on slots 1 and 2, expert 1 on slots 0 and 3
     table = SlotTable(np.array([1, 0, 0, 1]), 4, 1, 2)
     ids = np.array([[0, 1], [1, 0], [0, 1], [0, 1]])
     home = np.array([0, 0, 3, 0])                       # local positions 0, 1, 0, 2
     assert local_positions(home, 4).tolist() == [0, 1, 0, 2]
+    assert [(t * 2654435769) % 2**32 % 2 for t in (0, 1, 2)] == [0, 1, 0]
     slots = choose_replicas(ids, home, table, "vllm")
-    # flat position local*k + j modulo 2 picks the (pos % 2)-th slot of the expert, ascending
-    expected = [[1, 3], [0, 2], [1, 3], [1, 3]]
-    assert slots.tolist() == expected
+    assert slots.tolist() == [[1, 0], [3, 2], [1, 0], [1, 0]]
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 5, 8])
+def test_the_token_level_vllm_rule_and_the_count_level_one_agree(replicas):
+    # one rule, two views: the token-level choice (cost/comm) and its shares on counts (cost/replicas)
+    tokens = 1000
+    index = vllm_replica_index(np.arange(tokens), np.full(tokens, replicas))
+    assert np.allclose(np.bincount(index, minlength=replicas) / tokens, vllm_hash_fractions(tokens, replicas))
 
 
 def test_sglang_static_prefers_own_gpu_then_own_node_then_draws_fairly():

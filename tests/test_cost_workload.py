@@ -203,7 +203,8 @@ def test_trace_workload_with_the_layer_time_models_traffic(capsys, tmp_path, sty
                         f'replica_choice = "vllm"\n')
     report = run_json(capsys, scenario)
     ids = load_trace(trace_path).topk_ids[0][:, 1, :]
-    model = CommModel(parse_topology_spec(spec), get_model("Qwen3-30B-A3B"), dispatch=style, replica_choice="vllm")
+    model = CommModel(parse_topology_spec(spec), get_model("Qwen3-30B-A3B"), dispatch=style, replica_choice="vllm",
+                      weights="once")
     expected = step_cost(model, ids, token_sources(ids.shape[0], 8), SlotTable(placement.phy2log[1], 8, 2, 128))
     assert report["dispatch"]["time_s"] == pytest.approx(expected.dispatch_s)
     assert report["combine"]["time_s"] == pytest.approx(expected.combine_s)

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from moe_place.cli.options import add_out_argument, json_file, png_file
-from moe_place.cli.output import wrote
+from moe_place.cli.options import add_out_argument, add_time_model_arguments, json_file, png_file
+from moe_place.cli.output import model_header, wrote
 from moe_place.cli.plan import SOLVER_CHOICES, add_problem_arguments
 from moe_place.errors import InputError
 from moe_place.io import write_atomic, write_json_atomic
@@ -31,16 +31,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "solver's budget (default eplb,fast)")
     parser.add_argument("--plot", type=png_file, metavar="FILE.png", help="also write a PNG: busiest load / bound per layer (default: none)")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON to FILE", aliases=("--output-json",))
+    add_time_model_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from moe_place.cli.shared import build_problem, report_rows
+    from moe_place.cli.shared import build_problem, report_rows, time_figures, time_model_from_args
     from moe_place.solvers import solve, solver_names
 
     for name in args.solvers:
         if name != "auto" and name not in solver_names():
             raise InputError("--solvers", f"names among auto, {', '.join(solver_names())}", name)
     problem, trace, options = build_problem(args)
+    # the predicted layer time of each solver's plan on the trace, under the one model `plan` and `evaluate` use
+    model = time_model_from_args(args, problem.num_gpus, problem.num_nodes, trace.meta.model, required=False) \
+        if trace.is_token_level else None
     results, solutions = {}, {}
     for name in args.solvers:
         solution = solve(problem, name, args.time_limit, args.jobs, progress=not args.no_progress)
@@ -50,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         solutions[name] = solution
         results[name] = {"wall_s": round(solution.wall_s, 6), "status": solution.status,
                          "colocated": bool(solution.placement.allow_colocated), "layers": rows}
+        if model is not None:
+            _, top = time_figures(solution.placement, trace, model, progress=not args.no_progress)
+            results[name]["layer_time_s"] = top["layer_time_s"]
         print(f"compare: {name} done in {solution.wall_s:.2f} s", file=sys.stderr)
     # the best bound any solver certified, per layer: all are valid, so the largest is too
     best_bound = [max(results[n]["layers"][i]["lower_bound"] for n in args.solvers)
@@ -60,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
         balance = [row["balancedness"] for row in results[name]["layers"]]
         summary[name] = {"mean_max_over_bound": sum(ratios) / len(ratios), "worst_max_over_bound": max(ratios),
                          "mean_balancedness": sum(balance) / len(balance), "wall_s": results[name]["wall_s"],
-                         "status": results[name]["status"], "colocated": results[name]["colocated"]}
+                         "status": results[name]["status"], "colocated": results[name]["colocated"],
+                         "layer_time_s": results[name].get("layer_time_s")}
     document = {"trace": str(args.trace), "options": options, "layer_ids": list(problem.layer_ids),
+                "time_model": None if model is None else model.describe(),
                 "best_lower_bound": best_bound, "summary": summary, "solvers": results}
     if args.out:
         write_json_atomic(args.out, document)
@@ -75,13 +84,20 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(document, indent=1) + "\n")
         return 0
+    timed = model is not None
     lines = [f"compare {args.trace}: {problem.num_layers} layers, {problem.num_experts} experts, "
-             f"P = {problem.num_physical} on {problem.num_gpus} GPUs, split {args.split}",
-             f"{'solver':<8} {'mean max/bound':>15} {'worst max/bound':>16} {'balancedness':>13} {'wall_s':>8}  status"]
+             f"P = {problem.num_physical} on {problem.num_gpus} GPUs, split {args.split}"]
+    if timed:
+        lines.append("model: " + model_header(model.topology.gpu, model.replica_choice, weights=model.weights,
+                                              block_m=model.block_m, dispatch=model.dispatch)
+                     + "; layer ms: predicted, summed over the layers and the trace's steps")
+    lines.append(f"{'solver':<8} {'mean max/bound':>15} {'worst max/bound':>16} {'balancedness':>13}"
+                 + (f" {'layer ms':>9}" if timed else "") + f" {'wall_s':>8}  status")
     for name, row in summary.items():
         note = " (co-located replicas)" if row["colocated"] else ""
         lines.append(f"{name:<8} {row['mean_max_over_bound']:>15.4f} {row['worst_max_over_bound']:>16.4f} "
-                     f"{row['mean_balancedness']:>13.4f} {row['wall_s']:>8.2f}  {row['status']}{note}")
+                     f"{row['mean_balancedness']:>13.4f}" + (f" {row['layer_time_s'] * 1e3:>9.4f}" if timed else "")
+                     + f" {row['wall_s']:>8.2f}  {row['status']}{note}")
     lines += _losses_to_eplb(results, solutions)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

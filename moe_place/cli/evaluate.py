@@ -7,13 +7,13 @@ import sys
 
 import numpy as np
 
-from moe_place.cli.options import (EVALUATE_TIME_MODEL_DEFAULTS, add_hardware_from_option, add_progress_option,
+from moe_place.cli.options import (TIME_MODEL_DEFAULTS, add_hardware_from_option, add_progress_option,
                                    add_steps_option, add_time_model_arguments, add_trace_options, fraction,
                                    non_negative_float, non_negative_int, positive_int, trace_load_options)
 from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
-DEFAULTS = {**EVALUATE_TIME_MODEL_DEFAULTS, "split": "even", "seed": 0}  # what evaluate uses when neither says
+DEFAULTS = {**TIME_MODEL_DEFAULTS, "split": "even", "seed": 0}  # what evaluate uses when neither says
 HELP = ("per-layer busiest/mean GPU load, balancedness, bound and gap of a plan file on a trace, and the predicted "
         "layer time (dispatch + compute + combine, RDMA/NVLink bytes, nodes per token)")
 
@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from moe_place.analysis.imbalance import placement_imbalance
     from moe_place.cost.replicas import DEFAULT_SOLVE_S, split_overhead_s
-    from moe_place.cli.shared import options_from_plan, select_args_steps, time_figures, time_model_from_args
+    from moe_place.cli.shared import (model_options_unlike_plan, options_from_plan, select_args_steps, time_figures,
+                                      time_model_from_args)
     from moe_place.io import file_sha256
     from moe_place.planfile import read_plan
     from moe_place.solvers.evaluate import evaluate_placement
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     overhead = split_overhead_s(placement.num_gpus, placement.num_nodes, solve) if args.split_allreduce_us is None \
         else args.split_allreduce_us * 1e-6 + solve       # what the split adds to each layer and step
     model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
-                                 seed=args.seed, defaults=EVALUATE_TIME_MODEL_DEFAULTS)
+                                 seed=args.seed)
     print(f"evaluate: note: {sample}", file=sys.stderr)  # after the last option check: an error is one line
     if model is None:
         report["time_note"] = (f"no layer time: the trace's model {trace.meta.model!r} names no expert-shape preset; "
@@ -108,6 +109,14 @@ def run(args: argparse.Namespace) -> int:
     if said:
         used = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in said.items())
         print(f"evaluate: note: as the plan was made: {used} (options on the command line win)", file=sys.stderr)
+    unlike = model_options_unlike_plan(args, plan) if model is not None else {}
+    if unlike:   # judged under the one model all the same: two plans of one trace compare
+        report["model_unlike_plan"] = {key: {"plan": old, "judged": new} for key, (old, new) in unlike.items()}
+
+        def flags(which: int) -> str:
+            return ", ".join(f"--{key.replace('_', '-')} {pair[which]}" for key, pair in unlike.items())
+        print(f"evaluate: note: the plan was made under {flags(0)}; judged, as every plan, under {flags(1)} (give "
+              f"{flags(0)} to judge it under the plan's)", file=sys.stderr)
     if args.format == "json":
         print_report(report, "json")
         return 0

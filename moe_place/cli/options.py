@@ -276,18 +276,17 @@ TOKEN_HOME_CHOICES = ("blocks", "round-robin")          # ... TOKEN_HOMES
 WEIGHT_CHOICES = ("calibrated", "once", "tiles", "l2", "none")  # moe_place.cost.gemm.WEIGHT_MODES
 
 
-# the time model's defaults when neither the command line nor a plan names them (`time_model_defaults`):
-# `plan --objective time` optimises formula 1 (weights read once: what bench/bench_comm.py measured it on);
-# `evaluate` judges with formula 11, the expert time calibrated on a GPU (docs/MODEL.md)
+# the layer-time model's one set of defaults, the same for every command that prices time (`plan`, `evaluate`,
+# `compare`; `replay` and `cadence` take the expert time from the same `moe_place.cost.gemm.DEFAULT_WEIGHTS`):
+# formula 11, the expert time calibrated on a GPU's measured grouped GEMM (docs/MODEL.md)
 TIME_MODEL_DEFAULTS = {"dispatch": "deepep", "replica_choice": "sglang-static", "token_home": "blocks",
-                       "weights": "once"}
-EVALUATE_TIME_MODEL_DEFAULTS = {**TIME_MODEL_DEFAULTS, "weights": "calibrated"}
+                       "weights": "calibrated"}   # moe_place.cost.gemm.DEFAULT_WEIGHTS (a test checks they agree)
 
 
 def add_time_model_arguments(parser: argparse.ArgumentParser, from_plan: bool = False) -> None:
-    """Options of the layer-time model (`moe_place.cost.comm`), shared by `plan` and `evaluate`.
-    Their defaults are None (then `time_model_defaults`), so a command that reads a plan
-    (`from_plan`: evaluate) can tell an option given from one left to the plan's choice."""
+    """Options of the layer-time model (`moe_place.cost.comm`), shared by `plan`, `evaluate` and `compare`.
+    Their defaults are None (then `time_model_defaults`: the same in every command), so a command that reads a
+    plan (`from_plan`: evaluate) can say where the plan was made under other options; it judges with these."""
     plan = "the plan's, else " if from_plan else ""
     parser.add_argument("--topology", metavar="SPEC",
                         help="cluster, e.g. '4 nodes x 8 H100, NVLink 450 GB/s, 400 Gbit/s NIC per GPU' (default: "
@@ -295,32 +294,30 @@ def add_time_model_arguments(parser: argparse.ArgumentParser, from_plan: bool = 
                              "of H100s with NVLink 450 GB/s and one 400 Gbit/s NIC per GPU)")
     parser.add_argument("--dispatch", choices=DISPATCH_CHOICES, default=None,
                         help="deepep: one RDMA send per (token, remote node), NVLink fan-out inside the node; "
-                             f"all-to-all: one send per (token, destination GPU) (default: {plan}deepep)")
+                             "all-to-all: one send per (token, destination GPU) (default: deepep)")
     parser.add_argument("--replica-choice", choices=REPLICA_CHOICE_NAMES, default=None,
                         help="which replica a (token, expert) pair uses: sglang-static (what SGLang does "
                              "with a plan from --init-expert-location: same GPU, same node, else a fair draw), vllm "
-                             "(position modulo replicas), sglang-dynamic (uniform random), node-aware (ours: home "
-                             f"GPU, home node, a node the token visits anyway, the least-loaded) (default: {plan}"
-                             "sglang-static)")
+                             "0.33 (the Knuth hash of the token's index in its rank's batch), sglang-dynamic (uniform "
+                             "random), node-aware (ours: home GPU, home node, a node the token visits anyway, the "
+                             "least-loaded) (default: sglang-static)")
     parser.add_argument("--token-home", choices=TOKEN_HOME_CHOICES, default=None,
                         help="where a step's tokens live: contiguous blocks per GPU or round-robin "
-                             f"(default: {plan}blocks)")
+                             "(default: blocks)")
     parser.add_argument("--model", metavar="PRESET",
                         help=f"expert shape for row bytes and FLOPs (default: {plan}from the trace's model name), e.g. "
                              "Qwen3-30B-A3B, DeepSeek-V3, Qwen3-235B-A22B, Mixtral-8x7B, OLMoE-1B-7B")
-    defaults = EVALUATE_TIME_MODEL_DEFAULTS if from_plan else TIME_MODEL_DEFAULTS
     parser.add_argument("--weights", choices=WEIGHT_CHOICES, default=None,
                         help="the expert time: calibrated (formula 11, fitted on a GPU's measured grouped GEMM; "
                              "see --hardware-from), once (formula 1: weights read once), tiles (formula 5, needs "
-                             f"--block-m), l2, none (default: {plan}{defaults['weights']})")
+                             "--block-m), l2, none (default: calibrated, the same in every command)")
     parser.add_argument("--block-m", type=positive_int, metavar="M",
-                        help=f"GEMM tile height, with --weights tiles or calibrated (default: {plan}none; 64 for "
-                             "calibrated)")
+                        help="GEMM tile height, with --weights tiles or calibrated (default: 64 for calibrated)")
 
 
-def time_model_defaults(args: argparse.Namespace, defaults: dict = TIME_MODEL_DEFAULTS) -> None:
-    """Fill the time-model options still None with `defaults` (in place)."""
-    for key, value in defaults.items():
+def time_model_defaults(args: argparse.Namespace) -> None:
+    """Fill the time-model options still None with `TIME_MODEL_DEFAULTS` (in place)."""
+    for key, value in TIME_MODEL_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
 

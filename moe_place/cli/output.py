@@ -94,3 +94,27 @@ def print_report(report: dict, fmt: str, header: str = "") -> None:
                 f"{part} {p['mean']:+.2%} (each layer's own windows kept at {p['weight']:.2f})"
                 for part, p in t["pooled"].items()))
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def model_header(gpu, replica_choice: str, price=None, weights: str = "calibrated", block_m: int | None = None,
+                 dispatch: str | None = None) -> str:
+    """One line: the layer-time model a command priced with, the same words in every command (docs/MODEL.md,
+    "One model"). gpu: a `GpuSpec`; price: the replay's `PolicyCpuPrice` (None: the clock), when it has one."""
+    if weights == "calibrated":
+        expert = f"expert time formula 11 on {gpu.name} ({profile_words(gpu)}; BLOCK_M {block_m or 64})"
+    else:
+        expert = f"expert time weights {weights} on {gpu.name}" + (f" (BLOCK_M {block_m})" if block_m else "")
+    parts = [expert] + ([f"dispatch {dispatch}"] if dispatch else []) + [f"replica choice {replica_choice}"]
+    if price is not None or dispatch is None:   # the replay's commands say how they pay the policy's calls
+        parts.append("policy calls priced as the engines' own code and the rule cost in the records" if price
+                     is not None else "policy calls at this machine's clock")
+    return ", ".join(parts)
+
+
+def profile_words(gpu) -> str:
+    """Where a GPU's formula-11 terms come from, in a few words: the committed H200 fit, scaled or not, or a
+    record of its own (`--hardware-from`)."""
+    source = gpu.gemm_profile().source
+    if "scaled to" in source:
+        return "the H200 record's fit, scaled by its rates"
+    return "fitted on " + source.removeprefix("fit of ")

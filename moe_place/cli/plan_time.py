@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.output import print_report
+from moe_place.cli.output import model_header, print_report
 from moe_place.cli.shared import time_model_from_args
 from moe_place.cost.comm import SlotTable, layer_cost
 from moe_place.errors import InputError
@@ -75,5 +75,6 @@ def plan_for_time(args: argparse.Namespace, problem, trace, options: dict) -> in
     print(f"wrote plan {args.out}", file=sys.stderr)
     print_report(report, args.format, header=f"plan {args.trace}: {problem.num_layers} layers, {problem.num_experts} "
                  f"experts, P = {problem.num_physical} on {problem.num_gpus} GPUs / {problem.num_nodes} nodes, "
-                 f"objective time ({model.dispatch}, replica choice {model.replica_choice})")
+                 "objective time\nmodel: " + model_header(model.topology.gpu, model.replica_choice, weights=model.weights,
+                                                   block_m=model.block_m, dispatch=model.dispatch))
     return 0

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from moe_place.cli.options import TIME_MODEL_DEFAULTS, time_model_defaults, trace_load_options
+from moe_place.cli.options import time_model_defaults, trace_load_options
 from moe_place.cost.cluster import cluster_topology
 from moe_place.cost.comm import CommModel, SlotTable, compute_only_s, layer_cost
 from moe_place.cost.hardware import GpuSpec, builtin_catalog, gpu_from_record
@@ -125,15 +125,15 @@ def current_for(plan, layer_ids, path: str):
 
 
 def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int, trace_model: str,
-                         required: bool, seed: int = 0, defaults: dict = TIME_MODEL_DEFAULTS):
+                         required: bool, seed: int = 0):
     """The `CommModel` the options describe for a plan of `num_gpus` GPUs on `num_nodes` nodes; options
-    still None take `defaults`; `--hardware-from` (when the command has it) gives the GPU its measured
-    formula-11 terms.
+    still None take the one set of defaults (`TIME_MODEL_DEFAULTS`); `--hardware-from` (when the command has
+    it) gives the GPU its measured formula-11 terms.
 
     Returns None when no expert shape is known (no --model and a trace model name that names no
     preset) and `required` is False; InputError naming --model when it is True.
     """
-    time_model_defaults(args, defaults)
+    time_model_defaults(args)
     record = getattr(args, "hardware_from", None)
     name = args.model or infer_model_name(trace_model)
     if name is None:
@@ -160,9 +160,11 @@ def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int
 
 # what `evaluate` takes from a plan's recorded inputs when its command line does not say: the option's
 # attribute and the key of `inputs.options` (the seed is `inputs.seed`)
-PLAN_OPTIONS = (("split", "split"), ("model", "model"), ("topology", "topology_spec"), ("dispatch", "dispatch"),
-                ("replica_choice", "replica_choice"), ("token_home", "token_home"), ("weights", "weights"),
-                ("block_m", "block_m"))
+PLAN_OPTIONS = (("split", "split"), ("model", "model"), ("topology", "topology_spec"))
+# what `evaluate` never takes from a plan: the layer-time model's own options. Every plan is judged under the
+# command line's, else the one set of defaults, so two plans of one trace are judged by the same model
+MODEL_OPTIONS = (("dispatch", "dispatch"), ("replica_choice", "replica_choice"), ("token_home", "token_home"),
+                 ("weights", "weights"), ("block_m", "block_m"))
 
 
 def options_from_plan(args: argparse.Namespace, plan) -> dict:
@@ -177,6 +179,14 @@ def options_from_plan(args: argparse.Namespace, plan) -> dict:
             setattr(args, attribute, value)
             taken[attribute] = value
     return taken
+
+
+def model_options_unlike_plan(args: argparse.Namespace, plan) -> dict:
+    """{option: (the plan's, the one judged with)} of the layer-time model's options (`MODEL_OPTIONS`, after
+    `time_model_defaults`) where the plan recorded another value: what `evaluate` says it judged differently."""
+    recorded = dict(plan.inputs.get("options") or {})
+    return {attribute: (recorded[key], getattr(args, attribute)) for attribute, key in MODEL_OPTIONS
+            if recorded.get(key) is not None and recorded[key] != getattr(args, attribute)}
 
 
 def split_rule(phy2log: np.ndarray, num_gpus: int, split: str):

@@ -7,10 +7,11 @@ dispatch style, replica choice). Per step:
 
 1. Replica choice (`choose_replicas`): every (token, logical expert) pair goes to one physical
    slot. Rules, by name:
-   - `vllm`: vLLM's `eplb_map_to_physical_and_record` (vllm/model_executor/layers/fused_moe/
-     router/base_router.py on main; fused_moe/layer.py in 0.10-0.11): the replica index is the
-     pair's flat position in the rank's local `topk_ids` (`local token index * k + j`) modulo
-     the expert's replica count, taken from `logical_to_physical_map` (slots ascending).
+   - `vllm`: vLLM 0.33's router (`fused_moe/router/base_router.py`, `_eplb_map_and_record_i32_kernel`):
+     a token with index `t` in its rank's batch sends each of its experts to replica
+     `((t * 2654435769) mod 2^32) mod logcnt[e]` of `logical_to_physical_map` (slots ascending), the
+     Knuth hash of its index; the rule `moe_place.cost.replicas.vllm_hash_fractions` takes in
+     expectation on counts (a test checks that they agree).
    - `sglang-static`: SGLang `--ep-dispatch-algorithm static`
      (python/sglang/srt/eplb/expert_location.py, `compute_logical_to_rank_dispatch_physical_map`):
      each rank uses, for each expert, a replica on its own GPU, else one on its own node (the
@@ -36,8 +37,8 @@ dispatch style, replica choice). Per step:
 3. Times: dispatch and combine from formula 3 on the topology's graph
    (`traffic.phase_time_s`, equal to `phase_lower_bound`), with `dispatch_bytes_per_row` and
    `combine_bytes_per_row`; compute is the busiest GPU's expert time over the rows each slot
-   received: `max(F/C, W/B)` (formula 1, `weights="once"` by default; formula 5 with
-   `weights="tiles"`), or formula 11 (`weights="calibrated"`, what `evaluate` uses by default).
+   received: formula 11 (`weights="calibrated"`, the one default of every command), or `max(F/C, W/B)`
+   (formula 1, `weights="once"`), formula 5 (`weights="tiles"`).
    `layer_time_s = dispatch + compute + combine`, barriers between the phases as in row C6.
 Figures of a trace are sums over its steps (the time to run them one after another), except
 `distinct_nodes_per_token`, a mean over all tokens.
@@ -51,12 +52,12 @@ from typing import Callable
 import numpy as np
 
 from moe_place.analysis.dispatch import token_sources
-from moe_place.cost.gemm import WEIGHT_MODES, gpu_times_s
+from moe_place.cost.gemm import DEFAULT_WEIGHTS, WEIGHT_MODES, gpu_times_s
 from moe_place.cost.models import ExpertShape
 from moe_place.cost.topology import Topology
 from moe_place.cost.traffic import phase_time_s
 from moe_place.errors import InputError
-from moe_place.cost.replicas import SlotTable, static_rank_table
+from moe_place.cost.replicas import KNUTH_MULTIPLIER, SlotTable, static_rank_table
 from moe_place.split import map_tokens
 
 DISPATCH_STYLES = ("deepep", "all-to-all")
@@ -85,6 +86,13 @@ def local_positions(home: np.ndarray, num_gpus: int) -> np.ndarray:
     return local
 
 
+def vllm_replica_index(token_index: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+    """int64: vLLM 0.33's replica of a token with index `token_index` in its rank's batch among `replicas`
+    copies, `((t * 2654435769) mod 2^32) mod replicas` (module docstring)."""
+    hashed = (np.asarray(token_index, dtype=np.int64) * KNUTH_MULTIPLIER) & 0xFFFFFFFF
+    return hashed % np.maximum(np.asarray(replicas, dtype=np.int64), 1)
+
+
 def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, rule: str = ENGINE_REPLICA_CHOICE,
                     seed: int = 0) -> np.ndarray:
     """int64 `[tokens, k]`: the physical slot each (token, expert) pair is sent to (module docstring, step 1).
@@ -106,8 +114,8 @@ def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, ru
     if table.candidates.shape[1] == 1 or ids.size == 0:
         return table.candidates[ids, 0]
     if rule == "vllm":
-        position = local_positions(home, table.num_gpus)[:, None] * ids.shape[1] + np.arange(ids.shape[1])
-        return table.candidates[ids, position % count]
+        index = vllm_replica_index(local_positions(home, table.num_gpus)[:, None], count)
+        return table.candidates[ids, index]
     if rule == "sglang-dynamic":
         draw = np.random.default_rng(seed).integers(0, 65536, size=ids.shape)
         return table.candidates[ids, draw % count]
@@ -271,9 +279,9 @@ class CommModel:
     topology: the cluster; its GPUs and nodes must match the plan's. model: the expert shape
     (FLOPs and weight bytes per expert, activation row bytes). dispatch: one of DISPATCH_STYLES.
     replica_choice: one of REPLICA_CHOICES. token_home: one of TOKEN_HOMES.
-    weights: the expert time (`moe_place.cost.gemm`): once = formula 1 (the default, which `plan
-    --objective time` optimises), tiles = formula 5 with `block_m`, calibrated = formula 11 with the
-    GPU's `gemm_profile()` and `block_m` (default 64).
+    weights: the expert time (`moe_place.cost.gemm`): calibrated = formula 11 with the GPU's
+    `gemm_profile()` and `block_m` (default 64; the one default of every command), once = formula 1,
+    tiles = formula 5 with `block_m`.
     dispatch_bytes_per_row / combine_bytes_per_row: None = the model's row bytes.
     seed: for the random replica choices.
     """
@@ -283,7 +291,7 @@ class CommModel:
     dispatch: str = "deepep"
     replica_choice: str = ENGINE_REPLICA_CHOICE
     token_home: str = "blocks"
-    weights: str = "once"
+    weights: str = DEFAULT_WEIGHTS
     block_m: int | None = None
     block_n: int = 128
     dispatch_bytes_per_row: float | None = None
