@@ -20,7 +20,8 @@ PY_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py") if p.name not 
 SH_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.sh"))
 # scripts without the shared record options, with the reason
 OWN_OUTPUT_OPTIONS = {"check_sglang_kt_stats.py": "a check: it writes no file",
-                      "check_sglang_plugin.py": "a check against a real SGLang: it writes no file"}
+                      "check_sglang_plugin.py": "a check against a real SGLang: it writes no file",
+                      "write_sample_sglang_dump.py": "writes a sample SGLang dump (.pt) to try, no record"}
 
 
 def _run(*argv, timeout: float = 120) -> subprocess.CompletedProcess:

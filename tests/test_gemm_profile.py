@@ -224,7 +224,7 @@ def test_evaluate_judges_with_formula_11_and_takes_a_record(tmp_path, capsys):
 
 
 def test_cadence_takes_a_record(capsys):
-    args = ["cadence", "--synthetic", "drift:steps=300,layers=2,experts=16,seed=0", "--gpus", "4", "--engine",
+    args = ["cadence", "--synthetic", "drift:steps=1200,layers=2,experts=16,seed=0", "--gpus", "4", "--engine",
             "sglang", "--intervals", "100", "--no-hindsight", "--no-progress", "--format", "json"]
     assert main(args + ["--hardware-from", str(RECORD)]) == 0
     doc = json.loads(capsys.readouterr().out)

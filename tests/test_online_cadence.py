@@ -273,7 +273,7 @@ def test_engine_settings_carry_the_rule_settings_the_sweep_ran():
 
 
 # ---------------------------------------------------------------------- `moe-place cadence`
-SPEC = "drift:steps=600,layers=2,experts=16,tokens=512,seed=3"
+SPEC = "drift:steps=1200,layers=2,experts=16,tokens=512,seed=3"   # SGLang calls first after 1001 passes
 
 
 def test_cadence_command_prints_both_bests_and_the_settings(capsys, tmp_path):
@@ -283,16 +283,23 @@ def test_cadence_command_prints_both_bests_and_the_settings(capsys, tmp_path):
     text = capsys.readouterr().out
     assert "best " in text and "hindsight" in text and "--eplb-rebalance-num-iterations" in text
     doc = json.loads(out.read_text())
-    assert {r["step_interval"] for r in doc["runs"]} == {20, 100}    # SGLang's 1000 is longer than the trace
-    assert "at the default's own cadence" not in text
+    assert {r["step_interval"] for r in doc["runs"]} == {20, 100, 1000}    # SGLang's own 1000 always
+    assert "at the default's own cadence (1000)" in text
     assert doc["settings"] and doc["best"]["default"]["policy"] == "default"
 
 
 def test_cadence_command_settings_name_the_rule_options_it_ran(capsys):
-    assert main(["cadence", "--synthetic", SPEC, "--engine", "sglang", "--gpus", "4", "--intervals", "20",
-                 "--estimate", "window", "--min-gain", "0.01", "--no-hindsight", "--no-progress"]) == 0
-    settings = capsys.readouterr().out.split("settings (moe-place at its best cadence):")[1]
+    options = ["--gpus", "4", "--intervals", "20", "--estimate", "window", "--min-gain", "0.01", "--no-hindsight",
+               "--no-progress", "--format", "json"]
+    assert main(["cadence", "--synthetic", SPEC, "--engine", "vllm", *options]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["advice"] == "moe-place"                  # the rule wins here: its line carries its options
+    settings = " ".join(doc["settings"])
     assert "MOE_PLACE_ESTIMATE=window" in settings and "MOE_PLACE_MIN_GAIN=0.01" in settings
+    assert main(["cadence", "--synthetic", SPEC, "--engine", "sglang", *options]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["advice"] == "default"                    # it loses here: the engine's own line, none of ours
+    assert "MOE_PLACE" not in " ".join(doc["settings"]) and "--eplb-rebalance-num-iterations 20" in doc["settings"][0]
 
 
 def test_cadence_command_refuses_what_it_cannot_run(capsys):

@@ -15,9 +15,10 @@ import json
 
 from moe_place.cli.options import (add_out_argument, add_progress_option, int_list, json_file, png_file,
                                    trace_load_options)
-from moe_place.cli.output import wrote
-from moe_place.cli.replay import (add_cluster_arguments, add_input_arguments, add_rule_arguments, add_split_arguments,
-                                  cluster_slots, rule_settings, split_cost_options)
+from moe_place.cli.output import model_header, plural, wrote
+from moe_place.cli.replay import (add_cluster_arguments, add_input_arguments, add_policy_time_argument,
+                                  add_rule_arguments, add_split_arguments, cluster_slots, policy_price, rule_settings,
+                                  split_cost_options)
 from moe_place.cost.models import infer_model_name
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
     add_rule_arguments(parser)
     add_split_arguments(parser)
+    add_policy_time_argument(parser)
     parser.add_argument("--no-hindsight", action="store_true", help="leave out the hindsight reference")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
@@ -54,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from moe_place.cli.shared import gpu_with_record
     from moe_place.cost.cluster import cluster_cost
     from moe_place.engines.launch import engine_settings
-    from moe_place.online.cadence import DEFAULT_INTERVALS, cadences, sweep
-    from moe_place.online.controller import initial_map
+    from moe_place.online.cadence import DEFAULT_INTERVALS, POLICIES, cadences, sweep
+    from moe_place.online.controller import EngineCadence, initial_map
     from moe_place.online.plot import render_cadence_png
     from moe_place.online.policy import RebalanceRule
     from moe_place.online.replay import load_replay_counts
@@ -68,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
     steps, layers, experts = counts.shape
     physical = cluster_slots(args, experts)
     use_async = not args.sync
+    own = EngineCadence.of(args.engine, use_async=use_async)
+    if steps < own.first_call:  # best against best needs the default at its own cadence, as `replay` runs it
+        raise InputError(str(args.trace or args.synthetic), f"a trace of at least {own.first_call} steps (the first "
+                         f"call of {args.engine}'s policy at its own cadence, every {own.step_interval}; each "
+                         "recorded batch is one step)", f"{plural(steps, 'step')}; for a trace of many steps run: "
+                         f"moe-place cadence --synthetic drift:steps=6000,seed=0 --engine {args.engine}")
     plan = cadences(args.engine, intervals, use_async, steps)
-    if not plan:
-        raise InputError("trace", f"enough steps for one {args.engine} policy call at the shortest interval (a trace "
-                                  "of many steps, such as --synthetic drift:steps=6000)", f"{steps} steps")
     model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"
     gpu = gpu_with_record(args.hardware_from, args.hardware)
 
@@ -79,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
         return cluster_cost(args.gpus, args.nodes, gpu, model, nic_gbit_per_s=args.nic_gbit,
                             copy_schedule=cadence.copy_schedule, migration=cadence.migration, **split_cost_options(args))
 
+    price = policy_price(args, args.engine, use_async)
     start = initial_map(layers, experts, physical, args.gpus, args.nodes)
-    runs = len(plan) * (2 + (not args.no_hindsight))
+    runs = len(plan) * 2   # the two policies step through the trace; the hindsight reference does not
     bar = None if args.no_progress else ProgressBar(runs * steps, f"cadence {args.engine}", "steps")
 
     def step(_step: int) -> None:
@@ -92,16 +98,25 @@ def run(args: argparse.Namespace) -> int:
         result = sweep(counts, cost_of, start, args.engine, intervals, use_async, args.groups,
                        rule_of=lambda cost: RebalanceRule(cost, layers, experts, **rule_settings(args)),
                        hindsight=not args.no_hindsight,
-                       on_step=step, split=args.split == "per-batch")
+                       on_step=step, split=args.split == "per-batch", price=price)
     finally:
         if bar is not None:
             bar.close()
     best_default, best_ours = result.best("default"), result.best("moe-place")
-    settings = engine_settings(args.engine, best_ours.step_interval, best_ours.window, physical - experts, use_async,
-                               model, rule_settings(args))
+    wins = best_ours.total_s < best_default.total_s     # never advise a loss: else keep the engine's default
+    split = args.split == "per-batch"
+    if wins:
+        settings = engine_settings(args.engine, best_ours.step_interval, best_ours.window, physical - experts,
+                                   use_async, model, rule_settings(args), split=split)
+    else:
+        settings = engine_settings(args.engine, best_default.step_interval, best_default.window, physical - experts,
+                                   use_async, ours=False)
+    options = split_cost_options(args)
+    header = model_header(gpu, options["replica_choice"], price)
     doc = {**result.to_json(), "trace": source, "steps": steps, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "model": model, "hardware": gpu.name,
-           "expert_time": gpu.gemm_profile().describe(), "settings": settings}
+           "expert_time": gpu.gemm_profile().describe(), "replica_choice": options["replica_choice"],
+           "policy_time": args.policy_time, "advice": "moe-place" if wins else "default", "settings": settings}
     if args.out:
         write_json_atomic(args.out, doc)
         wrote("json", args.out)
@@ -116,11 +131,10 @@ def run(args: argparse.Namespace) -> int:
     protocol = f"{args.engine}{' sync' if args.sync else ''}"
     print(f"cadence sweep        {protocol}: {steps} steps of {source}, {layers} layers x {experts} experts on "
           f"{args.gpus} GPUs ({args.nodes} node(s), {physical} slots), {model} experts")
-    if args.split == "per-batch" or split_cost_options(args)["replica_choice"] != "even":
-        options = split_cost_options(args)
-        print(f"replica choice       {options['replica_choice']} for both policies"
-              + (" where the split is off; moe-place splits each batch on the layers where it pays"
-                 if args.split == "per-batch" else ""))
+    print(f"model                {header}")
+    if split:
+        print("split                moe-place splits each batch on the layers where it pays; elsewhere, and for the "
+              f"default, {options['replica_choice']}")
     print(f"{'interval':>8} {'window':>7} {'default s':>11} {'moe-place s':>12} {'ratio':>7} {'default GiB':>12} "
           f"{'moe-place GiB':>14}" + ("" if args.no_hindsight else f" {'hindsight s':>12}"))
     for interval in result.intervals():
@@ -141,7 +155,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"hindsight            {total:.3f} s every {interval} ({result.hindsight_ratio:.4f}x the default's "
               "best): "
               "plans made on the next interval's load, moved for free; no policy reaches it")
-    print("settings (moe-place at its best cadence):")
+    if price is not None and not own.policy_in_worker:
+        measured = {policy: sum(r.policy_cpu_s for r in result.runs if r.policy == policy) for policy in POLICIES}
+        print("policy CPU time      priced in the totals; this machine's clock over every run: "
+              + ", ".join(f"{policy} {seconds:.3f} s" for policy, seconds in measured.items())
+              + " (the default: the replay's numpy copy, cheaper than the engine's own code)")
+    if wins:
+        print(f"advice               moe-place every {best_ours.step_interval} steps"
+              + (", with the per-batch split" if split else "") + ":")
+    else:
+        print(f"advice               keep the engine's default policy: moe-place does not beat its best "
+              f"({result.best_ratio:.4f}x); the default at its best cadence, every {best_default.step_interval} "
+              "steps:")
     for line in settings:
         print(f"  {line}")
     return 0

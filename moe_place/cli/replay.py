@@ -12,12 +12,13 @@ from moe_place.cli.options import (add_hardware_from_option, add_out_argument, a
                                    add_trace_options, json_file,
                                    layer_selection, non_negative_float, non_negative_int, png_file, positive_float,
                                    positive_int, share_below_one, trace_load_options)
-from moe_place.cli.output import plural, wrote
+from moe_place.cli.output import model_header, plural, wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS, infer_model_name
 from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
+from moe_place.online.policy_cpu import MACHINE, PolicyCpuPrice
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.progress import ProgressBar
 
@@ -93,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
     add_rule_arguments(parser)
     add_split_arguments(parser)
+    add_policy_time_argument(parser)
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
@@ -126,8 +128,8 @@ def add_split_arguments(parser: argparse.ArgumentParser) -> None:
     split.add_argument("--replica-choice", choices=REPLICA_CHOICE_NAMES, default=None,
                        help="how serving sends an expert's rows to its replicas where the split is off, for both "
                             "policies: engine (vLLM's token-index hash, SGLang's static dispatch), even (1/replicas "
-                            "each, what EPLB assumes), vllm, sglang-static, sglang-dynamic (default: engine with "
-                            "--split per-batch, else even)")
+                            "each, what EPLB assumes), vllm, sglang-static, sglang-dynamic (default: engine, the "
+                            "same in every command)")
     split.add_argument("--split-solve-us", type=non_negative_float, default=None,
                        help="microseconds the split's solve adds to a layer (default 10: the kernel's goal, not a "
                             "measurement; bench/gpu_check.sh times it)")
@@ -138,7 +140,7 @@ def add_split_arguments(parser: argparse.ArgumentParser) -> None:
 
 def split_cost_options(args: argparse.Namespace) -> dict:
     """Keyword arguments of `cluster_cost` for the split options (`add_split_arguments`)."""
-    choice = args.replica_choice or ("engine" if args.split == "per-batch" else "even")
+    choice = args.replica_choice or "engine"
     return dict(replica_choice=ENGINE_REPLICA_CHOICE[args.engine] if choice == "engine" else choice,
                 split_solve_s=DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6,
                 split_allreduce_s=None if args.split_allreduce_us is None else args.split_allreduce_us * 1e-6)
@@ -160,6 +162,24 @@ def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a cap the engine states: slots changed per layer and call (default: none)")
     ours.add_argument("--max-mib", type=positive_float, default=None,
                       help="a cap on MiB copied per call, e.g. the engine's move buffer (default: none)")
+
+
+def add_policy_time_argument(parser: argparse.ArgumentParser) -> None:
+    """`--policy-time priced|measured` (shared with `cadence`): how a policy call is paid where serving waits."""
+    parser.add_argument("--policy-time", choices=("priced", "measured"), default="priced",
+                        help="where the engine waits for the policy (SGLang, vLLM --sync or --migration stall), each "
+                             "call costs: priced, what the engine's own default code and moe-place's rule cost per "
+                             "call in the committed records, scaled to the call's size (the same figures on every "
+                             "run); measured, this machine's clock on each call (the replay's numpy copy of the "
+                             "default costs less than the engine's code) (default priced; the clock is reported "
+                             "either way)")
+
+
+def policy_price(args: argparse.Namespace, engine: str, use_async: bool):
+    """The `PolicyCpuPrice` of `--policy-time priced` under the engine's protocol, else None (the clock)."""
+    if args.policy_time != "priced":
+        return None
+    return PolicyCpuPrice(engine if engine == "sglang" else ("vllm" if use_async else "vllm-sync"))
 
 
 def cluster_slots(args: argparse.Namespace, experts: int) -> int:
@@ -227,6 +247,10 @@ def run(args: argparse.Namespace) -> int:
                                   num_groups=args.groups)
     else:
         start = initial_map(layers, experts, physical, args.gpus, args.nodes)
+    price = policy_price(args, args.engine, migration != "stall")
+    paid_s = None if price is None or kind == "static" else \
+        price.call_s("default" if kind == "engine-default" else "moe-place", layers, experts, physical,
+                     cadence.window_size)
     bar = None if args.no_progress else ProgressBar(steps, f"replay {controller.name}", "steps")
 
     def after_step(_step: int) -> None:
@@ -236,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = replay(counts, controller, cost, start, drain_steps=args.drain_steps, on_step=after_step,
-                        layer_per_step=cadence.layer_per_step, policy_in_worker=cadence.policy_in_worker)
+                        layer_per_step=cadence.layer_per_step, policy_in_worker=cadence.policy_in_worker,
+                        policy_price_s=paid_s)
     finally:  # also when interrupted: the message that follows starts on its own line
         if bar is not None:
             bar.close()
@@ -246,7 +271,9 @@ def run(args: argparse.Namespace) -> int:
            "model": cost.model.name, "expert_bytes": cost.expert_bytes, "copy_schedule": schedule,
            "migration": migration, "engine": args.engine, "step_interval": cadence.step_interval,
            "window": cadence.window_size, "start": args.start, "split": args.split,
-           "replica_choice": cost.replica_choice, "split_overhead_s": cost.split_overhead_s}
+           "replica_choice": cost.replica_choice, "split_overhead_s": cost.split_overhead_s,
+           "policy_time": args.policy_time, "policy_price_s": paid_s,
+           "policy_price_machine": None if paid_s is None else MACHINE}
     if args.out:
         write_json_atomic(args.out, doc)
         wrote("json", args.out)
@@ -259,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"controller            {doc['controller']} ({args.engine} cadence: every {cadence.step_interval} steps "
           f"on the last {cadence.window_size}, {migration} {schedule} copies, {args.start} start map)")
+    print(f"model                 {model_header(cost.gpu, cost.replica_choice, price)}")
     print(f"steps                 {doc['steps']} ({layers} layers x {experts} experts on {args.gpus} x "
           f"{cost.gpu.name}, {args.nodes} node(s), {physical} slots)")
     print(f"rebalances            {doc['rebalances']}")
@@ -266,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"expert-layer time     {doc['total_expert_time_s'] * 1e3:.3f} ms")
     print(f"migration time        {doc['total_migration_time_s'] * 1e3:.3f} ms")
     paid = ("vLLM runs it in its async worker thread, beside serving: not paid" if cadence.policy_in_worker
-            else "serving waits for it: paid")
+            else "serving waits for it: paid" + ("" if paid_s is None else f", {paid_s * 1e3:.3f} ms a call as priced"))
     print(f"policy time           {doc['total_policy_time_s'] * 1e3:.3f} ms ({doc['total_policy_cpu_s'] * 1e3:.3f} ms "
           f"CPU measured; {paid})")
     print(f"total time            {doc['total_time_s'] * 1e3:.3f} ms")
@@ -275,6 +303,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"per-batch split       on {doc['split_layer_steps']} of {steps * layers} layer-steps (each pays "
               f"{cost.split_overhead_s * 1e6:.1f} us: all-reduce of the counts + solve); elsewhere the replica choice "
               f"{cost.replica_choice}")
-    elif cost.replica_choice != "even":
-        print(f"replica choice        {cost.replica_choice}")
     return 0

@@ -26,6 +26,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from moe_place.engines import sglang_startup
+from moe_place.engines.batch_split import SPLIT_ENV
 from moe_place.engines.config import ENV_VARIABLES
 from moe_place.engines.vllm import PLUGIN_ENV
 from moe_place.engines.vllm_policy import STATIC_PLAN_ENV
@@ -47,25 +48,33 @@ def rule_env(rule: dict) -> list[str]:
 
 
 def engine_settings(engine: str, step_interval: int, window: int, redundant: int, use_async: bool = True,
-                    model: str | None = None, rule: dict | None = None) -> list[str]:
-    """The lines that give a cadence in the engine, with moe-place's rule running it (shell-quoted), its
-    settings `rule` (keyword arguments of `RebalanceRule`) as the adapters read them (`rule_env`)."""
+                    model: str | None = None, rule: dict | None = None, split: bool = False,
+                    ours: bool = True) -> list[str]:
+    """The lines that give a cadence in the engine (shell-quoted): with moe-place's rule running it (`ours`), its
+    settings `rule` (keyword arguments of `RebalanceRule`) as the adapters read them (`rule_env`) and the
+    per-batch split where `split` (`MOE_PLACE_SPLIT=per-batch`, and in SGLang the `lp` dispatch it runs in);
+    or, not `ours`, the engine's own default policy at that cadence, nothing of moe-place's set."""
+    if engine not in ("vllm", "sglang"):
+        raise InputError("--engine", "vllm or sglang", engine)
     env = [f"{ENV_VARIABLES['step_interval']}={step_interval}", f"{ENV_VARIABLES['window_steps']}={window}"]
     if model:
         env.append(f"{ENV_VARIABLES['model']}={shlex.quote(model)}")
-    env += rule_env(rule or {})
+    env += rule_env(rule or {}) + ([f"{SPLIT_ENV}=per-batch"] if split else [])
     migration = ENV_VARIABLES["migration"]
     if engine == "vllm":
         config = (f'{{"step_interval": {step_interval}, "window_size": {window}, '
                   f'"num_redundant_experts": {redundant}, "use_async": {"true" if use_async else "false"}}}')
+        serve = f"vllm serve MODEL --enable-expert-parallel --enable-eplb --eplb-config {shlex.quote(config)}"
+        if not ours:
+            return [serve]
         return [f"{PLUGIN_ENV}=default {' '.join(env)} {migration}={'async' if use_async else 'stall'} \\",
-                f"  vllm serve MODEL --enable-expert-parallel --enable-eplb --eplb-config {shlex.quote(config)}"]
-    if engine == "sglang":
-        return [f"{sglang_startup.ENV}=1 {' '.join(env)} {migration}=stall \\",
-                f"  python -m sglang.launch_server --model-path MODEL --enable-eplb --ep-num-redundant-experts "
-                f"{redundant} --eplb-rebalance-num-iterations {step_interval} "
-                f"--expert-distribution-recorder-buffer-size {window}"]
-    raise InputError("--engine", "vllm or sglang", engine)
+                f"  {serve}"]
+    serve = (f"python -m sglang.launch_server --model-path MODEL --enable-eplb --ep-num-redundant-experts {redundant} "
+             f"--eplb-rebalance-num-iterations {step_interval} --expert-distribution-recorder-buffer-size {window}"
+             + (" --ep-dispatch-algorithm lp" if ours and split else ""))
+    if not ours:
+        return [serve]
+    return [f"{sglang_startup.ENV}=1 {' '.join(env)} {migration}=stall \\", f"  {serve}"]
 
 
 TRTLLM_OPTIONS_FILE = "extra_llm_api_options.yaml"   # the name TensorRT-LLM's wide-EP README gives it

@@ -24,6 +24,7 @@ from moe_place.cost.cluster import ReplayCost
 from moe_place.errors import InputError
 from moe_place.online.controller import EngineCadence, make_controller
 from moe_place.online.policy import RebalanceRule
+from moe_place.online.policy_cpu import PolicyCpuPrice
 from moe_place.online.replay import ReplayResult, check_counts_3d, hindsight_next_reference, replay
 from moe_place.online.splitting import SplitChoice
 from moe_place.placement import Placement
@@ -135,7 +136,8 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
           intervals: tuple[int, ...] = DEFAULT_INTERVALS, use_async: bool = True, num_groups: int | None = None,
           rule_of: Callable[[ReplayCost], RebalanceRule] | None = None, hindsight: bool = True,
           default_plan: Callable | None = None, on_run: Callable[[str], None] | None = None,
-          on_step: Callable[[int], None] | None = None, split: bool = False) -> CadenceSweep:
+          on_step: Callable[[int], None] | None = None, split: bool = False,
+          price: PolicyCpuPrice | None = None) -> CadenceSweep:
     """Both policies and the hindsight reference at each cadence (module note).
 
     counts: `[steps, layers, E]`. cost_of: the cost model for a cadence (its migration model).
@@ -144,6 +146,9 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
     port, which costs less CPU time than the engines' own code). on_run: called with a label before each
     replay; on_step: with each replayed step. split: moe-place's rule runs with the per-batch split where it
     pays (`SplitChoice` on the cadence's cost, whose `replica_choice` is what the default runs with).
+    price: where the engine waits for the policy, each call is paid at this price (the engine's own default code
+    and the rule as the committed records measured them, `moe_place.online.policy_cpu`), so that the sweep's
+    verdict repeats; None: at the CPU time each call measured.
     """
     counts = check_counts_3d(counts)
     steps, layers, experts = counts.shape
@@ -162,8 +167,10 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
             controller = make_controller(kind, cadence, layers, experts, rule=rule_of(cost), num_groups=num_groups,
                                          default_plan=default_plan,
                                          splitter=SplitChoice(cost) if split and policy != "default" else None)
+            paid = None if price is None else price.call_s(policy, layers, experts, start.num_physical,
+                                                           cadence.window_size)
             result = replay(counts, controller, cost, start, on_step=on_step, layer_per_step=cadence.layer_per_step,
-                            policy_in_worker=cadence.policy_in_worker)
+                            policy_in_worker=cadence.policy_in_worker, policy_price_s=paid)
             runs.append(CadenceRun.of(policy, cadence, result))
         if hindsight:
             if on_run is not None:

@@ -131,6 +131,7 @@ class ReplayResult:
             "controller": self.controller,
             "steps": self.steps,
             "rebalances": self.rebalances,
+            "calls": int(self.called_at.sum()),
             "rebalance_steps": list(self.rebalance_steps),
             "slots_moved": self.slots_moved,
             "bytes_moved": self.total_bytes_moved,
@@ -194,7 +195,8 @@ def balancedness_of(placement: Placement, counts: np.ndarray) -> float:
 
 def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial: Placement,
            drain_steps: int = 1, on_step: Callable[[int], None] | None = None,
-           layer_per_step: bool = False, policy_in_worker: bool = False) -> ReplayResult:
+           layer_per_step: bool = False, policy_in_worker: bool = False,
+           policy_price_s: float | None = None) -> ReplayResult:
     """Run `controller` over `counts [steps, layers, E]` starting from the map `initial`.
 
     on_step: called with each step's index once it is done (e.g. a progress bar).
@@ -203,6 +205,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
         switching as it is committed, and no call is made before the walk ends.
     policy_in_worker: the policy runs beside serving (`EngineCadence.policy_in_worker`): its CPU
         time is measured (`policy_cpu_s`) but serving does not pay it.
+    policy_price_s: where serving waits for the policy, the seconds it pays per call
+        (`moe_place.online.policy_cpu`, the same on every run); None: the CPU time each call measured.
     A controller with a per-batch split (`split_layers`, bool `[layers]`, set at each call) has those layers'
     batches split (`ReplayCost.served_times_s`) from the next step on, each paying the split's overhead.
     """
@@ -236,7 +240,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
             decision = controller.decide(step, switch.latest)
             called = called_at[step] = bool(getattr(controller, "called", decision is not None))
             policy_cpu[step] = getattr(controller, "last_policy_s", 0.0)
-            policy_s[step] = 0.0 if policy_in_worker else policy_cpu[step]
+            paid = policy_cpu[step] if policy_price_s is None else policy_price_s * called
+            policy_s[step] = 0.0 if policy_in_worker else paid
             split_cpu[step] = getattr(controller, "last_split_s", 0.0)
             chosen = getattr(controller, "split_layers", None)
             if called and chosen is not None:
