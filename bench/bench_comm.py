@@ -4,7 +4,8 @@ held out, and of seeded synthetic traces whose co-activation structure and drift
 
 Real trace. Cases: EP32 on 4 nodes x 8 H100 with R = 0 and R = 32 redundant experts, EP64 on 8 x 8
 with R = 64; the default model of `moe-place plan --objective time` (DeepEP dispatch, SGLang's static
-replica choice, tokens in blocks, NVLink 450 GB/s, one 400 Gbit/s NIC per GPU, weights read once).
+replica choice, tokens in blocks, NVLink 450 GB/s, one 400 Gbit/s NIC per GPU, the expert time of formula 11: the
+one model every command prices with, docs/MODEL.md).
 Samples: `in` (plan on the three recorded batches, judge on the same three) and leave-one-batch-out
 `hold k` (plan on the two others, judge on batch k; the planner never sees batch k). Methods:
 - `contiguous`: the engines' default placement (redundant slots wrap around to experts 0, 1, ...);
