@@ -77,6 +77,8 @@ RECORDS = {
     "comm.json": ("python bench/bench_comm.py --out bench/results/comm.json --plot bench/results/comm.png "
                   "--no-cli-timing --force", "multinode"),
     "comm.png": ("the same command", "multinode"),
+    "published_comm.json": ("python bench/check_published_comm.py --seed 0 --out bench/results/published_comm.json "
+                            "--force", "calibration"),
     "comm_plan_time.json": ("python bench/bench_comm.py --timing-only --out bench/results/comm_plan_time.json --force",
                             "multinode"),
     "offload_heldout_*.json": (f"moe-place offload {TRACE} --gpu-memory M --kv-reserve 4GiB --format json "
@@ -108,6 +110,7 @@ TITLES = {
     "windows": "Planning on windows", "throughput": "Trace throughput", "engines": "In the engines' own code",
     "replay": "Online rebalancing, best against best", "multinode": "Multi-node EP", "offload": "Offloaded serving", "gpu": "GPU microbenchmarks",
     "split-placement": "Placement for the per-batch split", "split": "The per-batch split",
+    "calibration": "The model against published measurements",
 }
 
 
@@ -613,6 +616,25 @@ def multinode() -> str:
                 f"![layer time per method]({RECORD_LINK}comm.png)")
 
 
+def calibration() -> str:
+    data = record("published_comm.json")
+    rows = [[r["table"], r["ep"], r["phase"], r["tokens_per_rank"], f"{r['published_s'] * 1e6:.1f}",
+             f"{r['model_s'] * 1e6:.1f}", f(r["model_over_published"], 3),
+             f"[{r['source']['path']}](https://github.com/{r['source']['repo']}/blob/{r['source']['commit']}/"
+             f"{r['source']['path']})"] for r in data["rows"]]
+    fits = [[fit["fitted_on"], f"{fit['latency_s']['dispatch'] * 1e6:.1f}", f"{fit['latency_s']['combine'] * 1e6:.1f}"]
+            for fit in data["latency_fits"]]
+    return page("calibration",
+                "Formula 3 (dispatch and combine, the bottleneck of each phase's bytes, no start-up) against DeepEP's "
+                "published kernel times, in the published settings (H800 nodes of 8 GPUs, one 400 Gb/s NIC per GPU, "
+                "DeepSeek-V3's hidden size, top-8 of 256 experts, DeepEP's own routing recipe, seeded). "
+                "[Calibration](../calibration.md) says how each row is set up and what the model leaves out.",
+                source("published_comm.json"),
+                table(["table", "EP", "phase", "tokens per rank", "published us", "model us", "model / published",
+                       "source"], rows),
+                "## A fixed start-up per phase, fitted on one table\n\n"
+                + table(["fitted on", "dispatch us", "combine us"], fits))
+
 
 def _split_anatomy(row: dict) -> list[str]:
     """At the best cadence of the rule with the split: the layer-steps it split, its expert time over the rule's
@@ -1033,7 +1055,7 @@ def render_figures() -> dict[str, str]:
 
 PAGES = {"plan-quality": plan_quality, "sizing": sizing, "scale": scale, "dropin": dropin, "windows": windows,
          "throughput": throughput, "engines": engines, "replay": replay, "multinode": multinode, "offload": offload,
-         "gpu": gpu, "split": split, "split-placement": split_placement}
+         "gpu": gpu, "split": split, "split-placement": split_placement, "calibration": calibration}
 
 
 def index() -> str:

@@ -224,7 +224,7 @@ def test_every_record_has_a_results_page():
     pages = gen_results.render()
     for path in sorted((ROOT / "bench" / "results").iterdir()):
         if path.suffix != ".md":
-            assert any(f"records/{path.name})" in text for text in pages.values()), path.name
+            assert any(f"{gen_results.RECORD_LINK}{path.name})" in text for text in pages.values()), path.name
 
 
 def test_the_api_reference_covers_every_module():
