@@ -65,9 +65,9 @@ grouping strength
 
 # The status words a plan's report prints, each with the short meaning printed beside them (`explain`).
 STATUS_MEANINGS = (
-    ("optimal", "proved best (the busiest GPU meets the lower bound)"),
-    ("feasible", "a solver's time limit ended the search before a proof"),
-    ("heuristic", "no proof; the gap bounds how far the busiest GPU is above the best plan's"),
+    ("optimal", "proved best (busiest = lower bound)"),
+    ("feasible", "stopped at the time limit before a proof"),
+    ("heuristic", "not proved; the gap bounds the loss"),
 )
 GROUPING_STRENGTH = ("swaps of two experts between nodes taken to put experts that tokens choose together on "
                      "one node (0: none)")

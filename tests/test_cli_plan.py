@@ -202,8 +202,7 @@ def test_the_table_explains_its_status_words(two_layer_trace, tmp_path, capsys):
                  "--out", str(tmp_path / "p.json"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "heuristic" in out.split("status: ")[0]  # the table shows the word, then the legend defines it
-    assert out.splitlines()[-1] == ("status: heuristic = no proof; the gap bounds how far the busiest GPU is above "
-                                    "the best plan's; gap = (busiest - lower bound) / busiest")
+    assert out.splitlines()[-1] == "status: heuristic = not proved; the gap bounds the loss; gap = (busiest - bound) / busiest"
     assert explain(["heuristic", "optimal"]).startswith("optimal = proved best")
     assert tuple(word for word, _ in STATUS_MEANINGS) == STATUSES  # every status a solver gives has a meaning
 

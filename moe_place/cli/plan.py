@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.split}; the budget plan follows it")
     print_report(report, args.format, header=header)
     if args.format == "table":
-        print(f"status: {explain(row['status'] for row in rows)}; gap = (busiest - lower bound) / busiest")
+        print(f"status: {explain(row['status'] for row in rows)}; gap = (busiest - bound) / busiest")
     if current is not None:
         print(f"plan: {current_line(report, args)}", file=sys.stderr)
     if budget is not None and args.format == "table":
