@@ -31,10 +31,11 @@ def test_json_contract_and_totals(capsys, controller, engine):
     assert (doc["migration"], doc["copy_schedule"]) == ({"vllm": "async", "sglang": "stall"}[engine], "parallel")
     steps = doc["per_step"]
     assert sum(s["expert_time_s"] for s in steps) == pytest.approx(doc["total_expert_time_s"])
+    assert sum(s["comm_time_s"] for s in steps) == pytest.approx(doc["total_comm_time_s"]) and doc["total_comm_time_s"] > 0
     assert sum(s["copy_time_s"] for s in steps) == pytest.approx(doc["total_migration_time_s"])
     assert sum(s["bytes_moved"] for s in steps) == doc["bytes_moved"]
-    assert doc["total_time_s"] == pytest.approx(doc["total_expert_time_s"] + doc["total_migration_time_s"]
-                                                + doc["total_policy_time_s"])
+    assert doc["total_time_s"] == pytest.approx(doc["total_expert_time_s"] + doc["total_comm_time_s"]
+                                                + doc["total_migration_time_s"] + doc["total_policy_time_s"])
     assert sum(s["rebalance"] for s in steps) == doc["rebalances"] == len(doc["rebalance_steps"])
     assert all(s["rebalance"] for s in steps if s["bytes_moved"] or s["copy_time_s"])
     assert all(0 < s["balancedness"] <= 1 for s in steps)

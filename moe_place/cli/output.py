@@ -97,15 +97,17 @@ def print_report(report: dict, fmt: str, header: str = "") -> None:
 
 
 def model_header(gpu, replica_choice: str, price=None, weights: str = "calibrated", block_m: int | None = None,
-                 dispatch: str | None = None) -> str:
+                 dispatch: str = "deepep", replay: bool = False) -> str:
     """One line: the layer-time model a command priced with, the same words in every command (docs/MODEL.md,
-    "One model"). gpu: a `GpuSpec`; price: the replay's `PolicyCpuPrice` (None: the clock), when it has one."""
+    "One model"). gpu: a `GpuSpec`; replay: the line of `replay` and `cadence`, which also say how a policy call
+    is paid (price: their `PolicyCpuPrice`, None: the clock) and that the traffic is each step's expected rows."""
     if weights == "calibrated":
         expert = f"expert time formula 11 on {gpu.name} ({profile_words(gpu)}; BLOCK_M {block_m or 64})"
     else:
         expert = f"expert time weights {weights} on {gpu.name}" + (f" (BLOCK_M {block_m})" if block_m else "")
-    parts = [expert] + ([f"dispatch {dispatch}"] if dispatch else []) + [f"replica choice {replica_choice}"]
-    if price is not None or dispatch is None:   # the replay's commands say how they pay the policy's calls
+    traffic = f"dispatch {dispatch}" + (" (each step's expected rows)" if replay else "")
+    parts = [expert, traffic, f"replica choice {replica_choice}"]
+    if replay:
         parts.append("policy calls priced as the engines' own code and the rule cost in the records" if price
                      is not None else "policy calls at this machine's clock")
     return ", ".join(parts)

@@ -286,12 +286,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"controller            {doc['controller']} ({args.engine} cadence: every {cadence.step_interval} steps "
           f"on the last {cadence.window_size}, {migration} {schedule} copies, {args.start} start map)")
-    print(f"model                 {model_header(cost.gpu, cost.replica_choice, price)}")
+    print(f"model                 {model_header(cost.gpu, cost.replica_choice, price, replay=True)}")
     print(f"steps                 {doc['steps']} ({layers} layers x {experts} experts on {args.gpus} x "
           f"{cost.gpu.name}, {args.nodes} node(s), {physical} slots)")
     print(f"rebalances            {doc['rebalances']}")
     print(f"bytes moved           {doc['bytes_moved'] / 2**20:.1f} MiB ({doc['slots_moved']} slots changed)")
     print(f"expert-layer time     {doc['total_expert_time_s'] * 1e3:.3f} ms")
+    print(f"dispatch + combine    {doc['total_comm_time_s'] * 1e3:.3f} ms")
     print(f"migration time        {doc['total_migration_time_s'] * 1e3:.3f} ms")
     paid = ("vLLM runs it in its async worker thread, beside serving: not paid" if cadence.policy_in_worker
             else "serving waits for it: paid" + ("" if paid_s is None else f", {paid_s * 1e3:.3f} ms a call as priced"))

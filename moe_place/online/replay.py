@@ -32,10 +32,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from moe_place.cost.cluster import ReplayCost
+from moe_place.cost.expected_traffic import expected_phase_times_s
 from moe_place.errors import InputError, check_keys
 from moe_place.online.controller import Controller, StaticController
 from moe_place.online.switch import MapSwitch
-from moe_place.placement import Placement, balancedness
+from moe_place.placement import Placement
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.engine_call import plan_placement
 from moe_place.traces.load import load_trace
@@ -58,6 +59,8 @@ class ReplayResult:
     split_layers: int64 `[steps]`, the layers whose batch the per-batch split took (0 without it);
     split_cpu_s: float64 `[steps]`, the CPU seconds of the split's choice in the policy's call (part of
     policy_cpu_s).
+    comm_time_s: float64 `[steps]`, the layers' dispatch + combine summed (`moe_place.cost.expected_traffic`:
+    the rows each step is expected to move, formula 3).
     balancedness: mean over layers of mean/max GPU load (vLLM's metric) under the map in use.
     Every figure but the policy's times (and the totals that include them) repeats exactly.
     """
@@ -76,8 +79,11 @@ class ReplayResult:
     called_at: np.ndarray | None = None
     split_layers: np.ndarray | None = None
     split_cpu_s: np.ndarray | None = None
+    comm_time_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.comm_time_s is None:
+            object.__setattr__(self, "comm_time_s", np.zeros(len(self.expert_time_s)))
         if self.split_layers is None:
             object.__setattr__(self, "split_layers", np.zeros(len(self.expert_time_s), dtype=np.int64))
         if self.split_cpu_s is None:
@@ -108,6 +114,10 @@ class ReplayResult:
         return float(self.expert_time_s.sum())
 
     @property
+    def total_comm_time_s(self) -> float:
+        return float(self.comm_time_s.sum())
+
+    @property
     def total_migration_time_s(self) -> float:
         return float(self.copy_time_s.sum())
 
@@ -121,10 +131,11 @@ class ReplayResult:
 
     @property
     def total_time_s(self) -> float:
-        return self.total_expert_time_s + self.total_migration_time_s + self.total_policy_time_s
+        return (self.total_expert_time_s + self.total_comm_time_s + self.total_migration_time_s
+                + self.total_policy_time_s)
 
     def cumulative_time_s(self) -> np.ndarray:
-        return np.cumsum(self.expert_time_s + self.copy_time_s + self.policy_time_s)
+        return np.cumsum(self.expert_time_s + self.comm_time_s + self.copy_time_s + self.policy_time_s)
 
     def to_json(self, per_step: bool = True) -> dict:
         out = {
@@ -137,6 +148,7 @@ class ReplayResult:
             "bytes_moved": self.total_bytes_moved,
             "peak_staging_bytes": self.peak_staging_bytes,
             "total_expert_time_s": self.total_expert_time_s,
+            "total_comm_time_s": self.total_comm_time_s,
             "total_migration_time_s": self.total_migration_time_s,
             "total_policy_time_s": self.total_policy_time_s,
             "total_policy_cpu_s": self.total_policy_cpu_s,
@@ -147,7 +159,8 @@ class ReplayResult:
         if per_step:
             decided = set(self.rebalance_steps)
             out["per_step"] = [
-                {"step": i, "expert_time_s": float(self.expert_time_s[i]), "balancedness": float(self.balancedness[i]),
+                {"step": i, "expert_time_s": float(self.expert_time_s[i]), "comm_time_s": float(self.comm_time_s[i]),
+                 "balancedness": float(self.balancedness[i]),
                  "rebalance": i in decided, "bytes_moved": int(self.bytes_moved[i]),
                  "copy_time_s": float(self.copy_time_s[i])}
                 for i in range(self.steps)]
@@ -186,11 +199,6 @@ def initial_placement(counts: np.ndarray, num_gpus: int, num_physical: int, num_
     """The start-up map: planned from the first `window` steps (an offline plan)."""
     counts = check_counts_3d(counts)
     return plan_placement(counts[:window].sum(axis=0), num_physical, num_groups, num_nodes, num_gpus, solver=solver)
-
-
-def balancedness_of(placement: Placement, counts: np.ndarray) -> float:
-    """Mean over layers of mean/max GPU load (1 when perfectly balanced; 1 for an empty step)."""
-    return float(balancedness(placement.gpu_loads(counts)).mean())
 
 
 def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial: Placement,
@@ -266,19 +274,19 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
             peak_staging = max(peak_staging, staging)
         if on_step is not None:
             on_step(step)
-    expert_s, balance = served_steps(cost, served, counts, split)
+    expert_s, comm_s, balance = served_steps(cost, served, counts, split)
     return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
                         slots_moved, peak_staging, policy_s, policy_cpu, slots_at, called_at,
-                        split.sum(axis=1).astype(np.int64), split_cpu)
+                        split.sum(axis=1).astype(np.int64), split_cpu, comm_s)
 
 
 def served_steps(cost: ReplayCost, served: list[Placement], counts: np.ndarray, split: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(expert-layer time `[steps]`, balancedness `[steps]`) of each step on its map `served[step]`, the layers
-    `split [steps, layers]` per-batch split: one batched `ReplayCost.served_times_s` per layer, map row and
-    split (maps change rarely, so a row serves many steps)."""
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(expert-layer time `[steps]`, dispatch + combine `[steps]`, balancedness `[steps]`) of each step on its map
+    `served[step]`, the layers `split [steps, layers]` per-batch split: one batched `_served` per layer, map row
+    and split (maps change rarely, so a row serves many steps)."""
     steps, layers, _ = counts.shape
-    times, balance = np.zeros((steps, layers)), np.zeros((steps, layers))
+    times, comm, balance = np.zeros((steps, layers)), np.zeros((steps, layers)), np.zeros((steps, layers))
     for layer in range(layers):
         groups: dict[tuple[bytes, bool], list[int]] = {}
         rows: dict[bytes, np.ndarray] = {}
@@ -289,9 +297,25 @@ def served_steps(cost: ReplayCost, served: list[Placement], counts: np.ndarray, 
             groups.setdefault((key, bool(split[step, layer])), []).append(step)
         for (key, on), members in groups.items():
             at = np.asarray(members)
-            t, b = cost.served_times_s(np.broadcast_to(rows[key], (at.size, rows[key].size)), counts[at, layer], on)
-            times[at, layer], balance[at, layer] = t, b
-    return times.sum(axis=1), balance.mean(axis=1)
+            times[at, layer], comm[at, layer], balance[at, layer] = _served(
+                cost, np.broadcast_to(rows[key], (at.size, rows[key].size)), counts[at, layer], on)
+    return times.sum(axis=1), comm.sum(axis=1), balance.mean(axis=1)
+
+
+def _served(cost: ReplayCost, phy2log: np.ndarray, load: np.ndarray, split: bool
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`ReplayCost.served_times_s` of map rows `phy2log [rows, P]` serving `load [rows, E]`, with the dispatch and
+    combine of each row (`moe_place.cost.expected_traffic`, DeepEP's routing): (busiest-GPU expert time, the
+    split's overhead included where `split`; dispatch + combine; balancedness), each `[rows]`. Written beside
+    `served_times_s` (cost/cluster.py, which the engines' records digest) until the rule prices the traffic too."""
+    slots = cost.slot_rows(phy2log, load, split).reshape(len(phy2log), cost.num_gpus, -1)
+    times = cost.gpu_times_s(slots).max(axis=-1) + (cost.split_overhead_s if split else 0.0)
+    per_gpu = slots.sum(axis=-1)
+    busiest = per_gpu.max(axis=-1)
+    balance = np.divide(per_gpu.mean(axis=-1), busiest, out=np.ones(len(busiest)), where=busiest > 0)
+    row_bytes = cost.model.row_bytes
+    dispatch, combine = expected_phase_times_s(cost.topology, per_gpu, cost.model.top_k, row_bytes, row_bytes)
+    return times, dispatch + combine, balance
 
 
 def _walk_charge(cost: ReplayCost, copies: list, in_use: Placement, step_counts: np.ndarray,
@@ -364,14 +388,20 @@ def hindsight_next_reference(counts: np.ndarray, cost: ReplayCost, initial: Plac
 
 def _free_migration_run(name: str, counts: np.ndarray, cost: ReplayCost,
                         plans: Iterable[tuple[Placement, range]]) -> ReplayResult:
-    """Each `(plan, steps)` of `plans` serves those steps of `counts`; switches cost nothing."""
+    """Each `(plan, steps)` of `plans` serves those steps of `counts`; switches cost nothing (steps no plan
+    serves cost nothing either)."""
     steps = counts.shape[0]
-    expert_s, balance = np.zeros(steps), np.zeros(steps)
+    covered, served = [], []
     for plan, block in plans:
-        for step in block:
-            expert_s[step] = cost.step_time_s(plan, counts[step])
-            balance[step] = balancedness_of(plan, counts[step])
-    return ReplayResult(name, expert_s, balance, np.zeros(steps, dtype=np.int64), np.zeros(steps), (), 0, 0)
+        covered += list(block)
+        served += [plan] * len(block)
+    expert_s, comm_s, balance = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+    if covered:
+        at = np.asarray(covered)
+        expert_s[at], comm_s[at], balance[at] = served_steps(cost, served, counts[at],
+                                                             np.zeros((at.size, counts.shape[1]), dtype=bool))
+    return ReplayResult(name, expert_s, balance, np.zeros(steps, dtype=np.int64), np.zeros(steps), (), 0, 0,
+                        comm_time_s=comm_s)
 
 
 # ---------------------------------------------------------------------- synthetic traces
