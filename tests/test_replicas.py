@@ -155,8 +155,8 @@ def test_replay_split_json_and_its_guard(capsys):
     plain = run("--replica-choice", "engine")
     split = run("--split", "per-batch")
     assert split["split"] == "per-batch" and split["replica_choice"] == "sglang-static"
-    assert split["total_time_s"] == pytest.approx(split["total_expert_time_s"] + split["total_migration_time_s"]
-                                                  + split["total_policy_time_s"])
+    assert split["total_time_s"] == pytest.approx(split["total_expert_time_s"] + split["total_comm_time_s"]
+                                                  + split["total_migration_time_s"] + split["total_policy_time_s"])
     assert split["split_overhead_s"] == pytest.approx(20.18e-6)
     # decode-sized batches: the choice keeps the split off where it costs more than it saves
     model = lambda doc: doc["total_expert_time_s"] + doc["total_migration_time_s"]   # noqa: E731 (CPU time: noisy)
