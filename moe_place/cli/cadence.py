@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         settings = engine_settings(args.engine, best_default.step_interval, best_default.window, physical - experts,
                                    use_async, ours=False)
     options = split_cost_options(args)
-    header = model_header(gpu, options["replica_choice"], price)
+    header = model_header(gpu, options["replica_choice"], price, replay=True)
     doc = {**result.to_json(), "trace": source, "steps": steps, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "model": model, "hardware": gpu.name,
            "expert_time": gpu.gemm_profile().describe(), "replica_choice": options["replica_choice"],
