@@ -19,8 +19,9 @@ import pytest
 
 from moe_place.cli.main import main
 from moe_place.traces import load_trace
+from moe_place.traces.jsonl import parse_object, parse_with_id_lists
 from moe_place.traces.megatron import read_router_trace
-from moe_place.traces.vllm_routed import read_routed_experts
+from moe_place.traces.vllm_routed import ID_FIELDS, parse_request, read_routed_experts, request_ids
 
 LAYERS, TOP_K, EXPERTS = 4, 2, 8
 PROMPTS, GENERATED = (5, 7, 4), (3, 2, 6)
@@ -130,6 +131,49 @@ def test_n_completions_share_the_prompt_rows(tmp_path):
     trace = load_trace(_write_lines(tmp_path / "n2.jsonl", [response]))
     assert trace.num_tokens == 9 and trace.meta.layer_ids == (0, 1, 2, 3)
     np.testing.assert_array_equal(trace.topk_ids[0], np.concatenate([prompt, first, second]))
+
+
+# ---------------------------------------------------------------------- vLLM: the fast reading of id lists
+def _slow_request(line):
+    obj = parse_object(line, "line")
+    return obj, request_ids(obj, "line")
+
+
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])  # pydantic's compact JSON, json.dumps' default
+def test_fast_id_lists_read_what_json_reads(separators):
+    rng = np.random.default_rng(11)
+    for tokens, layers, k, experts in ((1, 1, 1, 2), (3, 2, 1, 9), (5, 4, 2, 11), (7, 3, 8, 10000), (2, 61, 8, 384)):
+        prompt = np.argsort(rng.random((tokens, layers, experts)), axis=2)[:, :, :k]
+        prompt[0, 0, 0] = experts - 1
+        response = _server_response(0, prompt, prompt[:1])
+        line = json.dumps(response, separators=separators).encode() + b"\n"
+        obj, lists = parse_with_id_lists(line, ID_FIELDS)
+        ids = request_ids(obj, "line", lists)
+        assert lists.all_taken and ids.dtype == np.uint16
+        slow_obj, slow_ids = _slow_request(line)
+        np.testing.assert_array_equal(ids, slow_ids)
+        np.testing.assert_array_equal(parse_request(line, "line")[1], slow_ids)
+        assert obj["model"] == slow_obj["model"] and obj["usage"] == slow_obj["usage"]
+
+
+@pytest.mark.parametrize("value", ["[[[1,2]],[[3]]]", "[[[01,2]]]", "[[[1,-2]]]", "[[[1,,2]]]", "[[[1,2]3]]", "[[1,2]]",
+                                   "[[[1.0,2]]]", "[[[1 ,2]]]", "[[[12345,1]]]", "[[[1,2]],3,[[4,5]]]", '[[[1,"2"]]]'])
+def test_lists_the_fast_path_cannot_prove_are_left_to_json(value):
+    line = b'{"prompt_routed_experts":' + value.encode() + b',"choices":[]}'
+    assert parse_with_id_lists(line, ID_FIELDS) is None
+
+
+def test_field_names_elsewhere_in_the_line_read_as_json_reads_them():
+    routes = [[[1, 2], [3, 4]]]
+    # the field's name inside a string, in another object, and twice in one object (json keeps the last)
+    line = json.dumps({"text": 'say "routed_experts": [[[7, 7]]]', "usage": {"routed_experts": [[[5, 6]]]},
+                       "prompt_routed_experts": routes, "choices": [{"routed_experts": [[[8, 9], [1, 0]]]}]}).encode()
+    np.testing.assert_array_equal(parse_request(line, "line")[1], _slow_request(line)[1])
+    twice = b'{"prompt_routed_experts":[[[1,2]]],"prompt_routed_experts":[[[3,4]]],"choices":[]}'
+    np.testing.assert_array_equal(parse_request(twice, "line")[1], [[[3, 4]]])
+    escaped = b'{"note":"\\u0000moe-place ids 0","prompt_routed_experts":[[[1,2]]],"choices":[]}'
+    assert parse_with_id_lists(escaped, ID_FIELDS) is None
+    np.testing.assert_array_equal(parse_request(escaped, "line")[1], [[[1, 2]]])
 
 
 # ---------------------------------------------------------------------- Megatron: good files

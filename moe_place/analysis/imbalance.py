@@ -71,12 +71,18 @@ def placement_imbalance(placement: Placement, step_counts: np.ndarray) -> Imbala
 
 
 def contiguous_imbalance(step_counts: np.ndarray, ep_size: int) -> Imbalance:
-    """TensorRT-LLM's ratios without a balancer: expert `e` on rank `e // (E / ep_size)`, one slot each."""
-    step_counts = np.asarray(step_counts)
-    layers, experts = step_counts.shape[1:]
+    """TensorRT-LLM's ratios without a balancer: expert `e` on rank `e // (E / ep_size)`, one slot each.
+
+    `placement_imbalance` of `Placement.contiguous`, without building it: slot `e` holds expert `e`
+    alone, so the slots' loads are the counts themselves (the same numbers, a tenth of the time)."""
+    slots = np.asarray(step_counts, dtype=np.float64)
+    if slots.ndim != 3:
+        raise InputError("step_counts", "a 3-D array [iterations, layers, experts]", f"shape {slots.shape}")
+    iterations, layers, experts = slots.shape
     if ep_size < 1 or experts % ep_size:
         raise InputError("ep_size", f"a divisor of the {experts} experts", ep_size)
-    return placement_imbalance(Placement.contiguous(layers, experts, ep_size), step_counts)
+    ranks = slots.reshape(iterations, layers, ep_size, experts // ep_size).sum(axis=3)
+    return Imbalance(by_rank=imbalance_ratio(ranks), by_slot=imbalance_ratio(slots))
 
 
 def _mean(values: np.ndarray) -> float | None:

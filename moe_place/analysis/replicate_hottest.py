@@ -55,9 +55,10 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
     GPU g holds expert e if e is in its block (`e // (E/G) == g`) or in its extra slots so far.
     A pass reads each `[layers, E]` element a few times only: the shares are updated where they
     change (one expert per layer); the choice is one argmax of `share - EXCLUDED * ruled_out`; the
-    loads change on the expert's holders only, found through a list per expert. These are the same
-    float operations on the same values as recomputing every share and subtracting
-    `holders * lost` from every GPU, so the plans are exactly those of that plain formulation.
+    loads change on the expert's holders only (its home GPU, and the GPUs with an extra slot equal to
+    it: one compare over `[layers, G, redundant_per_gpu]`). These are the same float operations on
+    the same values as recomputing every share and subtracting `holders * lost` from every GPU, so
+    the plans are exactly those of that plain formulation.
     """
     layers, experts = load.shape
     block = experts // num_gpus
@@ -74,12 +75,10 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
         return extra
     open_load = gpu_load.copy()  # gpu_load, and inf once a GPU has no free slot left
     free = np.full(layers * num_gpus, redundant_per_gpu)
-    # GPUs holding an extra replica of an expert, as linked lists of slots (flat [row, gpu, slot])
-    first_holder = np.full(layers * experts, -1, dtype=np.int64)
-    next_holder = np.full(layers * num_gpus * redundant_per_gpu, -1, dtype=np.int64)
     after = np.empty((layers, experts))  # scratch: the GPU's load with one more replica of each expert
     over = np.empty((layers, experts), dtype=bool)
     score = np.empty((layers, experts))
+    holds = np.empty((layers, num_gpus, redundant_per_gpu), dtype=bool)  # scratch: extra slots holding the choice
     flat_share, flat_new, flat_replicas, flat_load = (a.reshape(-1) for a in (share, new_share, replicas, load))
     flat_gpu_load, flat_open, flat_score = gpu_load.reshape(-1), open_load.reshape(-1), score.reshape(-1)
     slots = extra.reshape(-1)
@@ -90,8 +89,9 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
         # 2. the hottest expert it may hold that keeps it at or below the busiest GPU, else the coldest
         np.add(flat_gpu_load[at_gpu][:, None], new_share, out=after)
         np.greater(after, gpu_load.max(axis=1)[:, None], out=over)
-        np.copyto(score, share)
-        np.copyto(score, -EXCLUDED, where=over)  # = share - EXCLUDED * over: share + -1e300 is -1e300
+        # score = share - EXCLUDED * over, branch-free (share + -1e300 is -1e300; share + -0.0 is share)
+        np.multiply(over, -EXCLUDED, out=score)
+        score += share
         flat_score[(at_row_expert + gpu * block)[:, None] + own_block] = -EXCLUDED  # its own block
         taken = extra.reshape(-1, redundant_per_gpu)[at_gpu]
         if redundant_per_gpu > 1:  # with one extra slot per GPU, a GPU with a free one holds no extra yet
@@ -114,15 +114,12 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
         at_home = at_row_gpu + home[expert]
         flat_gpu_load[at_home] -= lost
         flat_open[at_home] -= lost
-        node = first_holder[at]
-        while True:
-            holding = np.flatnonzero(node >= 0)
-            if not holding.size:
-                break
-            at_holder = node[holding] // redundant_per_gpu
-            flat_gpu_load[at_holder] -= lost[holding]
-            flat_open[at_holder] -= lost[holding]
-            node[holding] = next_holder[node[holding]]
+        # the GPUs holding it in an extra slot: one per row at most once (a GPU takes an expert once)
+        np.equal(extra, expert[:, None, None], out=holds)
+        at_holder = np.flatnonzero(holds.any(axis=2) if redundant_per_gpu > 1 else holds)  # flat [row, gpu]
+        lost_there = lost[at_holder // num_gpus]
+        flat_gpu_load[at_holder] -= lost_there
+        flat_open[at_holder] -= lost_there
         flat_gpu_load[at_gpu] += gained
         flat_open[at_gpu] += gained
         flat_replicas[at] += 1
@@ -131,8 +128,6 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
         # 4. the slot is filled: the GPU joins the expert's holders
         slot = at_gpu * redundant_per_gpu + redundant_per_gpu - free[at_gpu]
         slots[slot] = expert
-        next_holder[slot] = first_holder[at]
-        first_holder[at] = slot
         free[at_gpu] -= 1
         flat_open[at_gpu[free[at_gpu] == 0]] = np.inf
     assert (extra >= 0).all()
