@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.cli.options import add_record_options, refuse_overwrite
+from moe_place.cli.output import missed_targets
 from moe_place.io import write_json_atomic
 from moe_place.online.policy_cpu import COEFFICIENTS, POLICIES, PROTOCOLS, RECORDS, fit, record_runs
 
@@ -60,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                              sys.argv[1:])],
                                      "model": "t = a L + b L P + c L E W / 1000 seconds per call", "fits": rows})
         print(f"wrote {args.output_json}")
-    return 0 if all(r["committed"] for r in rows) else 1
+    differ = [f"{r['protocol']} {r['policy']}" for r in rows if not r["committed"]]
+    return missed_targets("fit_policy_cpu", [f"the committed prices of moe_place.online.policy_cpu differ from "
+                                             f"this fit: {', '.join(differ)}"] if differ else [])
 
 
 if __name__ == "__main__":

@@ -164,7 +164,10 @@ def test_a_deepseek_layer_numbering_goes_through_to_the_export(tmp_path, capsys)
     assert trace.meta.layer_ids == tuple(range(3, 61))
     plan, out = tmp_path / "plan.json", tmp_path / "lb.yaml"
     assert main(["plan", str(folder), "--gpus", "4", "--redundant", "4", "--out", str(plan), "--no-progress"]) == 0
-    assert main(["export", str(plan), "--engine", "trtllm", "--out", str(out)]) == 0
+    # a plan of 16 experts names no served model: the layers it serves are given (a served model's preset knows them)
+    assert main(["export", str(plan), "--engine", "trtllm", "--out", str(out)]) == 2
+    assert "--moe-layers" in capsys.readouterr().err
+    assert main(["export", str(plan), "--engine", "trtllm", "--moe-layers", "3-60", "--out", str(out)]) == 0
     assert "layer_keys                3-60" in capsys.readouterr().out
     keys = [line.split(":")[0].strip() for line in out.read_text().splitlines() if line.startswith("  ")]
     assert keys == [str(layer) for layer in range(3, 61)]
