@@ -120,3 +120,21 @@ def test_compare_prices_each_plan_as_plan_and_evaluate_do(tmp_path, capsys):
     judged = _json(capsys, ["evaluate", str(plan), TRACE, "--steps", "1-2"])
     assert compared["time_model"] == judged["time_model"]
     assert compared["summary"]["fast"]["layer_time_s"] == pytest.approx(judged["layer_time_s"], rel=1e-12)
+
+
+def test_replay_and_cadence_say_which_default_they_ran(capsys):
+    from moe_place.online import engine_default
+
+    doc = _json(capsys, CADENCE)
+    here = engine_default.available("sglang")
+    if here:
+        assert doc["default_policy"].startswith("sglang ") and doc["default_policy"].endswith("'s own code")
+    else:
+        assert doc["default_policy"] == ("moe-place's numpy copy of DeepSeek's EPLB (the engine's maps; sglang is "
+                                         "not importable here)")
+    numpy = _json(capsys, CADENCE + ["--default-policy", "numpy"])
+    assert numpy["default_policy"] == "moe-place's numpy copy of DeepSeek's EPLB (the engine's maps)"
+    if not here:   # CI: the engine is not installed; asking for its code is one line, exit 2
+        assert main(CADENCE + ["--default-policy", "engine"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--default-policy engine" in err[0] and "no sglang here" in err[0]

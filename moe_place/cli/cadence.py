@@ -16,9 +16,9 @@ import json
 from moe_place.cli.options import (add_out_argument, add_progress_option, int_list, json_file, png_file,
                                    trace_load_options)
 from moe_place.cli.output import model_header, plural, wrote
-from moe_place.cli.replay import (add_cluster_arguments, add_input_arguments, add_policy_time_argument,
-                                  add_rule_arguments, add_split_arguments, cluster_slots, policy_price, rule_settings,
-                                  split_cost_options)
+from moe_place.cli.replay import (add_cluster_arguments, add_default_policy_argument, add_input_arguments,
+                                  add_policy_time_argument, add_rule_arguments, add_split_arguments, cluster_slots,
+                                  default_policy, policy_price, rule_settings, split_cost_options)
 from moe_place.cost.models import infer_model_name
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_rule_arguments(parser)
     add_split_arguments(parser)
     add_policy_time_argument(parser)
+    add_default_policy_argument(parser)
     parser.add_argument("--no-hindsight", action="store_true", help="leave out the hindsight reference")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
                             copy_schedule=cadence.copy_schedule, migration=cadence.migration, **split_cost_options(args))
 
     price = policy_price(args, args.engine, use_async)
+    default_plan, default_words = default_policy(args, args.engine)
     start = initial_map(layers, experts, physical, args.gpus, args.nodes)
     runs = len(plan) * 2   # the two policies step through the trace; the hindsight reference does not
     bar = None if args.no_progress else ProgressBar(runs * steps, f"cadence {args.engine}", "steps")
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         result = sweep(counts, cost_of, start, args.engine, intervals, use_async, args.groups,
                        rule_of=lambda cost: RebalanceRule(cost, layers, experts, **rule_settings(args)),
                        hindsight=not args.no_hindsight,
-                       on_step=step, split=args.split == "per-batch", price=price)
+                       on_step=step, split=args.split == "per-batch", price=price, default_plan=default_plan)
     finally:
         if bar is not None:
             bar.close()
@@ -116,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     doc = {**result.to_json(), "trace": source, "steps": steps, "layers": layers, "experts": experts,
            "gpus": args.gpus, "nodes": args.nodes, "physical": physical, "model": model, "hardware": gpu.name,
            "expert_time": gpu.gemm_profile().describe(), "replica_choice": options["replica_choice"],
-           "policy_time": args.policy_time, "advice": "moe-place" if wins else "default", "settings": settings}
+           "policy_time": args.policy_time, "default_policy": default_words,
+           "advice": "moe-place" if wins else "default", "settings": settings}
     if args.out:
         write_json_atomic(args.out, doc)
         wrote("json", args.out)
@@ -132,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"cadence sweep        {protocol}: {steps} steps of {source}, {layers} layers x {experts} experts on "
           f"{args.gpus} GPUs ({args.nodes} node(s), {physical} slots), {model} experts")
     print(f"model                {header}")
+    print(f"default policy       {default_words}")
     if split:
         print("split                moe-place splits each batch on the layers where it pays; elsewhere, and for the "
               f"default, {options['replica_choice']}")

@@ -18,6 +18,7 @@ from moe_place.cost.models import PRESETS, infer_model_name
 from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
+from moe_place.online import engine_default
 from moe_place.online.policy_cpu import MACHINE, PolicyCpuPrice
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.progress import ProgressBar
@@ -95,6 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_rule_arguments(parser)
     add_split_arguments(parser)
     add_policy_time_argument(parser)
+    add_default_policy_argument(parser)
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--no-per-step", action="store_true", help="json: leave out the per-step list")
     add_out_argument(parser, json_file, "FILE.json", "also write the JSON result to FILE")
@@ -175,6 +177,28 @@ def add_policy_time_argument(parser: argparse.ArgumentParser) -> None:
                              "either way)")
 
 
+def add_default_policy_argument(parser: argparse.ArgumentParser) -> None:
+    """`--default-policy auto|engine|numpy` (shared with `cadence`): which code the engine's default policy runs."""
+    parser.add_argument("--default-policy", choices=("auto", "engine", "numpy"), default="auto",
+                        help="the engine's default policy: engine, the installed engine's own code (vLLM's "
+                             "DefaultEplbPolicy, SGLang's rebalance_experts); numpy, moe-place's copy of DeepSeek's "
+                             "EPLB (the same maps, less CPU time); auto, the engine's code where it is importable "
+                             "here, else the copy (default auto; the output says which ran)")
+
+
+def default_policy(args: argparse.Namespace, engine: str) -> tuple:
+    """(the default's `plan` callable or None for the numpy copy, the words that say which ran)."""
+    here = engine_default.available(engine)
+    if args.default_policy == "engine" and not here:
+        raise InputError("--default-policy engine", f"{engine} importable in this Python (run it in the engine's "
+                         "environment), or --default-policy numpy", f"no {engine} here")
+    if args.default_policy == "numpy" or not here:
+        why = "" if args.default_policy == "numpy" else f"; {engine} is not importable here"
+        return None, f"moe-place's numpy copy of DeepSeek's EPLB (the engine's maps{why})"
+    return (engine_default.default_plan(engine, args.groups),
+            f"{engine} {engine_default.version(engine)}'s own code")
+
+
 def policy_price(args: argparse.Namespace, engine: str, use_async: bool):
     """The `PolicyCpuPrice` of `--policy-time priced` under the engine's protocol, else None (the clock)."""
     if args.policy_time != "priced":
@@ -240,7 +264,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--split per-batch", "--controller ours (the split is moe-place's; the engine's own policy "
                          "runs its own replica choice, --replica-choice)", f"--controller {args.controller}")
     rule = RebalanceRule(cost, layers, experts, **rule_settings(args))
+    default_plan, default_words = default_policy(args, args.engine)
     controller = make_controller(kind, cadence, layers, experts, rule=rule, num_groups=args.groups,
+                                 default_plan=default_plan,
                                  splitter=SplitChoice(cost) if args.split == "per-batch" else None)
     if args.start == "offline":
         start = initial_placement(counts, args.gpus, physical, args.nodes, window=cadence.window_size,
@@ -273,7 +299,8 @@ def run(args: argparse.Namespace) -> int:
            "window": cadence.window_size, "start": args.start, "split": args.split,
            "replica_choice": cost.replica_choice, "split_overhead_s": cost.split_overhead_s,
            "policy_time": args.policy_time, "policy_price_s": paid_s,
-           "policy_price_machine": None if paid_s is None else MACHINE}
+           "policy_price_machine": None if paid_s is None else MACHINE,
+           **({"default_policy": default_words} if kind == "engine-default" else {})}
     if args.out:
         write_json_atomic(args.out, doc)
         wrote("json", args.out)
@@ -287,6 +314,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"controller            {doc['controller']} ({args.engine} cadence: every {cadence.step_interval} steps "
           f"on the last {cadence.window_size}, {migration} {schedule} copies, {args.start} start map)")
     print(f"model                 {model_header(cost.gpu, cost.replica_choice, price, replay=True)}")
+    if kind == "engine-default":
+        print(f"default policy        {default_words}")
     print(f"steps                 {doc['steps']} ({layers} layers x {experts} experts on {args.gpus} x "
           f"{cost.gpu.name}, {args.nodes} node(s), {physical} slots)")
     print(f"rebalances            {doc['rebalances']}")
