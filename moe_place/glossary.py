@@ -41,8 +41,14 @@ home GPU (token home)
     The GPU that holds a token before and after its MoE layer (data-parallel attention puts a
     batch's tokens on the `G` GPUs: contiguous `blocks`, or `round-robin`).
 replica choice
-    Which replica of an expert a (token, expert) pair is sent to (vLLM: position modulo replicas;
-    SGLang static: same GPU, same node, else a fair draw; `node-aware`: ours).
+    Which replica of an expert a (token, expert) pair is sent to: vLLM 0.33 hashes the token's index in its
+    rank's batch (`((t * 2654435769) mod 2^32) mod replicas`); SGLang's `static` dispatch uses a replica on
+    the token's GPU, else its node, else a fair draw per rank; `dynamic` a random replica per pair;
+    `node-aware` is ours (home GPU, home node, a node the token visits anyway, the least loaded).
+per-batch split
+    moe-place's replica choice that shares each batch's rows of an expert among its replicas so that the
+    busiest GPU is least, from the batch's counts all-reduced over the EP group (`moe_place.split`); it
+    costs each layer that all-reduce and the solve, so a per-layer choice turns it on only where it pays.
 dispatch / combine (at multi-node EP)
     Sending tokens to their experts' GPUs and the results back. DeepEP style: one RDMA send per
     token and remote node, then NVLink fan-out inside the node; all-to-all: one send per token
