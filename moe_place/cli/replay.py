@@ -264,7 +264,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--split per-batch", "--controller ours (the split is moe-place's; the engine's own policy "
                          "runs its own replica choice, --replica-choice)", f"--controller {args.controller}")
     rule = RebalanceRule(cost, layers, experts, **rule_settings(args))
-    default_plan, default_words = default_policy(args, args.engine)
+    # the engine's own code (torch, the engine's package) is loaded only where its default policy runs
+    default_plan, default_words = default_policy(args, args.engine) if kind == "engine-default" else (None, None)
     controller = make_controller(kind, cadence, layers, experts, rule=rule, num_groups=args.groups,
                                  default_plan=default_plan,
                                  splitter=SplitChoice(cost) if args.split == "per-batch" else None)
