@@ -167,12 +167,13 @@ def replay_sweep(engine: str, use_async: bool, size, counts: np.ndarray, steps: 
 def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[list, list]:
     label = _label(engine, use_async)
     records, at_default, rows, predictions, advice = [], [], [], [], []
-    print(f"{label}: drifting traces, {args.steps} steps, seed {args.seed}; total = expert-layer time + migration "
+    print(f"{label}: drifting traces, {args.steps} steps, seed {args.seed}; total = expert time + dispatch/combine "
+          f"+ migration "
           f"({'async' if use_async else 'stall'}) + the policy's CPU time"
           f"{' (not paid: the async worker)' if use_async else ''}; every cadence of `moe-place cadence`, the replay's "
           f"prediction beside each run (error: on the total; model: on expert + migration time, without the "
           f"policy's CPU time, which two runs measure apart)")
-    print(f"{'scenario':<22} {'policy':<10} {'every':>6} {'expert s':>9} {'migr. s':>8} {'policy s':>9} "
+    print(f"{'scenario':<22} {'policy':<10} {'every':>6} {'expert s':>9} {'comm s':>8} {'migr. s':>8} {'policy s':>9} "
           f"{'total s':>9} {'GiB':>7} {'calls':>6} {'vs default':>10} {'replay s':>9} {'error':>7} {'model':>7}")
     for scenario in args.drift:
         size = harness.drift_size(scenario, scenarios)
@@ -189,14 +190,15 @@ def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[
                      "at": "default" if interval == replay.default_interval else f"every {interval}",
                      **harness.price_run(run, workload.counts, size)}
                 guess = predicted[policy]
-                p.update(replay_total_s=guess.total_s, replay_expert_s=guess.expert_s,
+                p.update(replay_total_s=guess.total_s, replay_expert_s=guess.expert_s, replay_comm_s=guess.comm_s,
                          replay_migration_s=guess.migration_s, replay_policy_s=guess.policy_s,
                          replay_bytes_moved=guess.bytes_moved, replay_error=guess.total_s / p["total_s"] - 1.0,
-                         replay_model_error=(guess.expert_s + guess.migration_s) / p["model_s"] - 1.0)
+                         replay_model_error=(guess.expert_s + guess.comm_s + guess.migration_s) / p["model_s"] - 1.0)
                 priced[(interval, policy)] = p
         for (interval, policy), p in priced.items():
             base = priced[(interval, "default")]["total_s"]
-            print(f"{scenario:<22} {policy:<10} {interval:>6} {p['expert_s']:>9.3f} {p['migration_s']:>8.3f} "
+            print(f"{scenario:<22} {policy:<10} {interval:>6} {p['expert_s']:>9.3f} {p['comm_s']:>8.3f} "
+                  f"{p['migration_s']:>8.3f} "
                   f"{p['policy_s']:>9.3f} {p['total_s']:>9.3f} {p['bytes_moved'] / 2**30:>7.2f} {p['calls']:>6} "
                   f"{p['total_s'] / base:>10.3f} {p['replay_total_s']:>9.3f} {p['replay_error']:>+7.2%} "
                   f"{p['replay_model_error']:>+7.2%}")

@@ -27,7 +27,7 @@ import torch
 from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.io import write_json_atomic
 from moe_place.placement import keep_unchanged_slots
-from moe_place.solvers.deepseek import eplb_maps, eplb_rebalance
+from moe_place.solvers.deepseek import eplb_maps, eplb_rebalance, plans_hierarchically
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_standins as standins  # noqa: E402  (bench/ is not a package)
@@ -57,7 +57,7 @@ def variant_map(name: str, weight: np.ndarray, replicas: int, groups: int, nodes
     if name == "standin":
         return standins.vllm_default_policy(torch.from_numpy(weight), replicas, groups, nodes, gpus,
                                             None if old is None else torch.from_numpy(old)).numpy()
-    hierarchical = groups % nodes == 0
+    hierarchical = plans_hierarchically(groups, nodes)
     g, n = (groups, nodes) if hierarchical else (1, 1)
     if name == "stable":
         phy2log = eplb_rebalance(weight, replicas, g, n, gpus)

@@ -35,8 +35,8 @@ call (`rebalance_rows`): its step, the busiest/mean GPU load (even split, mean o
 it serves until the next call (summed), slots changed, bytes copied between GPUs
 (`moe_place.cost.migration.plan_copies` with the size's expert bytes), the policy's CPU time and, for a
 hierarchical size, whether every expert group and its replicas sit inside one node. On drift traces
-`price_run` adds, per step, the expert-layer time of the map the engine runs
-(`ReplayCost.step_time_s`), what serving pays for each map change under the engine's migration model
+`price_run` adds, per step, the layer time of the map the engine runs (expert time, and dispatch + combine,
+as the replay prices them: `moe_place.online.replay.served_steps`), what serving pays for each map change under the engine's migration model
 (vLLM async: per committed layer, `ReplayCost.charge` with migration "async"; sync vLLM and SGLang's
 default all-layers update: "stall") and the policy's own CPU time per call (`time.thread_time` in the
 thread that calls it, the garbage collector held off as in the replay: `moe_place.online.controller.cpu_timer`;
@@ -72,8 +72,9 @@ from moe_place.engines import session as rule_session
 from moe_place.engines.sglang import install_rebalance_hook, uninstall_rebalance_hook
 from moe_place.engines.vllm import install, uninstall
 from moe_place.online.controller import EngineCadence, cpu_timer
-from moe_place.online.replay import parse_synthetic
+from moe_place.online.replay import parse_synthetic, served_steps
 from moe_place.placement import Placement, even_split_gpu_loads
+from moe_place.solvers.deepseek import plans_hierarchically
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -97,8 +98,8 @@ RULE_FILES = (
     # these runs leave MOE_PLACE_SPLIT unset, so none of their code runs (the test that every file which runs is
     # here checks it; batch_split and sglang_split run, reading the setting); bench/check_split_engines.py
     # measures them
-    "moe_place/cost/cluster.py", "moe_place/cost/files.py", "moe_place/cost/gemm.py", "moe_place/cost/gemm_profile.py",
-    "moe_place/cost/replicas.py",
+    "moe_place/cost/cluster.py", "moe_place/cost/expected_traffic.py", "moe_place/cost/files.py",
+    "moe_place/cost/gemm.py", "moe_place/cost/gemm_profile.py", "moe_place/cost/replicas.py",
     "moe_place/cost/hardware.py", "moe_place/cost/migration.py", "moe_place/cost/models.py", "moe_place/cost/payback.py",
     "moe_place/cost/topology.py", "moe_place/cost/units.py", "moe_place/placement.py", "moe_place/errors.py",
     "solvers/deepseek.py",
@@ -176,7 +177,7 @@ class Size:
 
     @property
     def hierarchical(self) -> bool:
-        return self.groups is not None and self.groups % self.nodes == 0
+        return plans_hierarchically(self.groups, self.nodes)
 
     @property
     def vllm_groups(self) -> int:
@@ -832,14 +833,15 @@ def rebalance_rows(run: EngineRun, workload: Workload, size: Size) -> list[dict]
 
 
 def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
-    """Total time of a run on the cost model (module note): expert-layer time per step of the map in use, what
-    serving pays for each map change under the run's migration model, and the policy's own CPU time where
-    the engine waits for it (not in vLLM's async worker thread, which runs beside serving: `policy_cpu_s`; the
-    calls as the engine made them, not the least of their repeats).
+    """Total time of a run on the cost model (module note): the layer time per step of the map in use (expert
+    time, dispatch + combine), what serving pays for each map change under the run's migration model, and the
+    policy's own CPU time where the engine waits for it (not in vLLM's async worker thread, which runs beside
+    serving: `policy_cpu_s`; the calls as the engine made them, not the least of their repeats).
     `model_s` is the first two (deterministic), `total_s` all three (`policy_wall_s`: its wall time)."""
     cost = size.cost(run.migration)
     placements = [_placement(m, size) for m in run.maps]
-    expert_s = np.array([cost.step_time_s(placements[i], counts[t]) for t, i in enumerate(run.map_of_step)])
+    expert_s, comm_s, _ = served_steps(cost, [placements[i] for i in run.map_of_step], counts,
+                                       np.zeros(counts.shape[:2], dtype=bool))
     migration_s = 0.0
     moved = 0
     for t in np.flatnonzero(np.diff(run.map_of_step)) + 1:
@@ -849,8 +851,9 @@ def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
         moved += int(sum(c.num_bytes for c in copies if not c.local))
     policy_cpu_s = float(sum(c.cpu_s if c.cpu_first_s is None else c.cpu_first_s for c in run.calls))   # as called
     policy_s = 0.0 if run.migration == "async" else policy_cpu_s   # vLLM's async worker: beside serving
-    model_s = float(expert_s.sum()) + migration_s
-    return {"expert_s": float(expert_s.sum()), "migration_s": migration_s, "policy_s": policy_s,
+    model_s = float(expert_s.sum() + comm_s.sum()) + migration_s
+    return {"expert_s": float(expert_s.sum()), "comm_s": float(comm_s.sum()), "migration_s": migration_s,
+            "policy_s": policy_s,
             "policy_cpu_s": policy_cpu_s, "model_s": model_s, "total_s": model_s + policy_s,
             "policy_wall_s": float(sum(c.wall_s for c in run.calls)), "bytes_moved": moved,
             "calls": len(run.calls), "map_changes": int(np.count_nonzero(np.diff(run.map_of_step)))}

@@ -100,7 +100,7 @@ import torch
 
 from moe_place.cost.models import ExpertShape, get_model
 from moe_place.placement import keep_unchanged_slots
-from moe_place.solvers.deepseek import _inverse, balanced_packing, replicate_experts
+from moe_place.solvers.deepseek import _inverse, balanced_packing, plans_hierarchically, replicate_experts
 
 VLLM_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"
@@ -168,7 +168,7 @@ def vllm_default_policy(weight, num_replicas: int, num_groups: int, num_nodes: i
     """vLLM 0.33's `DefaultEplbPolicy.rebalance_experts` (module note): `phy2log` int64 `[layers, P]`.
     order: the packing steps' sort (`engine_eplb`; the tests replay the orders vLLM's own sort returned)."""
     loads = weight.float().cpu().numpy() if hasattr(weight, "float") else np.asarray(weight, dtype=np.float32)
-    hierarchical = num_groups % num_nodes == 0
+    hierarchical = plans_hierarchically(num_groups, num_nodes)
     phy2log, _, _ = engine_eplb(loads, num_replicas, num_groups if hierarchical else 1,
                                 num_nodes if hierarchical else 1, num_ranks, "vllm", order)
     if old_global_expert_indices is not None and num_ranks > 0 and num_replicas % num_ranks == 0:
@@ -307,7 +307,7 @@ def compute_algorithm(raw_algorithm: str, num_groups: int | None, num_nodes: int
     """SGLang's `compute_algorithm`: "auto" -> `deepseek_hierarchical` when the groups split over the nodes."""
     if raw_algorithm != "auto":
         return EplbAlgorithm[raw_algorithm]
-    hierarchical = num_groups is not None and num_groups % num_nodes == 0
+    hierarchical = plans_hierarchically(num_groups, num_nodes)
     return EplbAlgorithm.deepseek_hierarchical if hierarchical else EplbAlgorithm.deepseek
 
 

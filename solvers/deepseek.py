@@ -251,6 +251,14 @@ def eplb_rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_n
     return _rebalance_hierarchical(weight, num_replicas, groups, nodes, num_gpus, stable_descending_order)[0]
 
 
+def plans_hierarchically(num_groups: int | None, num_nodes: int) -> bool:
+    """Whether EPLB plans hierarchically (expert groups packed onto nodes first): the original's test,
+    `num_groups % num_nodes == 0`, which vLLM's default policy and SGLang's `auto` apply as well; no groups
+    (None or 0, what engines pass for a model without them) is the global policy. The one place moe-place
+    decides it."""
+    return bool(num_groups) and num_nodes >= 1 and num_groups % num_nodes == 0
+
+
 def check_eplb_arguments(num_experts: int, num_replicas: int, num_groups: int, num_nodes: int,
                          num_gpus: int) -> bool:
     """Check the EPLB signature's sizes where the original asserts; True for the hierarchical policy.
@@ -265,7 +273,7 @@ def check_eplb_arguments(num_experts: int, num_replicas: int, num_groups: int, n
     """
     if num_gpus < 1:
         raise ParameterError("num_gpus", "an integer >= 1", num_gpus)
-    hierarchical = num_groups >= 1 and num_nodes >= 1 and num_groups % num_nodes == 0
+    hierarchical = plans_hierarchically(num_groups, num_nodes)
     if hierarchical:
         if num_experts % num_groups:
             raise ParameterError("num_groups", f"a divisor of the {num_experts} logical experts", num_groups)

@@ -17,6 +17,7 @@ from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
+from moe_place.solvers.deepseek import plans_hierarchically
 
 DEFAULT_SOLVER = "quick"  # deterministic and bounded: an engine waits for it (moe_place.eplb's module note)
 
@@ -31,7 +32,7 @@ def effective_topology(num_experts: int, num_groups: int | None, num_nodes: int,
     """
     if num_nodes < 1 or num_gpus % num_nodes:
         num_nodes = 1
-    if not num_groups or num_groups < 1 or num_experts % num_groups or num_groups % num_nodes:
+    if not plans_hierarchically(num_groups, num_nodes) or num_experts % num_groups:
         return None, num_nodes
     return num_groups, num_nodes
 

@@ -28,14 +28,15 @@ import numpy as np
 
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
-from moe_place.solvers.deepseek import balanced_packing
+from moe_place.solvers.deepseek import balanced_packing, plans_hierarchically
 
 REPACK_GAIN = 0.01  # a layer re-packs its groups only when that lowers its busiest node's load by more than this share
 
 
 def is_hierarchical(problem: PlacementProblem) -> bool:
-    """True when `problem` asks for EPLB's hierarchical policy: groups, several nodes, groups % nodes == 0."""
-    return bool(problem.num_groups and problem.num_nodes > 1 and problem.num_groups % problem.num_nodes == 0)
+    """True when `problem` asks for EPLB's hierarchical policy (`plans_hierarchically`) over several nodes (on one
+    node there is nothing to split)."""
+    return problem.num_nodes > 1 and plans_hierarchically(problem.num_groups, problem.num_nodes)
 
 
 @dataclass(frozen=True)

@@ -19,26 +19,31 @@ W = 36 * 2**20
 
 
 def test_stall_pays_the_copy_time_async_the_contention_share():
-    moves = Migration(TOPO, W, 4096, alpha_s=5e-6, model="stall")
+    moves = Migration(TOPO, W, alpha_s=5e-6, model="stall")
     copies = [Copy(0, 1, W), Copy(1, 2, W), Copy(3, 3, W)]  # NVLink, NIC, local (free)
     copy_s = W / TOPO.path_bandwidth_bytes_per_s(0, 1) + W / TOPO.path_bandwidth_bytes_per_s(1, 2) + 2 * 5e-6
     stall = moves.charge(copies, expert_s=1e-3, comm_s=3e-4)
     assert stall.copy_s == pytest.approx(copy_s) and stall.charged_s == stall.copy_s and stall.steps == 0
-    lazy = Migration(TOPO, W, 4096, alpha_s=5e-6, model="async").charge(copies, expert_s=1e-3, comm_s=3e-4)
+    lazy = Migration(TOPO, W, alpha_s=5e-6, model="async").charge(copies, expert_s=1e-3, comm_s=3e-4)
     # a step carries t + d = 1.3 ms of copy work; the d = 0.3 ms beside dispatch/combine delay them
     assert lazy.copy_s == pytest.approx(copy_s)
     assert lazy.charged_s == pytest.approx(copy_s * 0.3 / 1.3)
     assert lazy.steps == math.ceil(copy_s / 1.3e-3) and lazy.steps >= 1
-    assert Migration(TOPO, W, 4096, model="async").charge([Copy(2, 2, W)], 1e-3, 3e-4).steps == 0  # nothing to copy
+    assert Migration(TOPO, W, model="async").charge([Copy(2, 2, W)], 1e-3, 3e-4).steps == 0  # nothing to copy
 
 
-def test_comm_time_is_the_busiest_receiver_over_its_slower_link():
-    moves = Migration(TOPO, W, 4096)
+def test_async_copies_run_beside_the_expected_dispatch_and_combine():
+    cost = cluster_cost(4, 2, "H100", "DeepSeek-V3", migration="async")
     placement = Placement(np.array([[0, 1, 2, 3]]), 4, 4, 2)   # one expert per GPU
-    load = np.array([[400.0, 100, 100, 100]])                    # GPU 0 receives 400 rows
-    nvlink, nic = TOPO.path_bandwidth_bytes_per_s(1, 0), TOPO.path_bandwidth_bytes_per_s(2, 0)
-    per_row = max(1 / 4 / nvlink, 2 / 4 / nic) * 4096  # 1 of 4 sources on the server, 2 across the NIC
-    assert moves.comm_time_s(placement, load) == pytest.approx(2 * 400 * per_row)
+    load = np.array([[400.0, 100, 100, 100]])                    # GPU 0 computes 400 rows
+    expert, comm, _ = cost.served_times_s(placement.phy2log, load)
+    assert comm[0] > 0 and cost.rows_parts_s(placement.phy2log, load, 4)[1] == pytest.approx(comm)
+    # GPU 0's port carries more than under an even load: the hot GPU's rows lengthen both phases
+    assert cost.served_times_s(placement.phy2log, np.array([[175.0] * 4]))[1][0] < comm[0]
+    copies = [Copy(0, 2, W)]
+    charge = cost.charge(copies, placement, load)
+    step = expert[0] + comm[0]
+    assert charge.charged_s == pytest.approx(charge.copy_s * comm[0] / step)
 
 
 def test_async_replay_switches_after_the_copies_and_pays_less_than_stall():

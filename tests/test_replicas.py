@@ -11,7 +11,7 @@ from moe_place.cost.comm import SlotTable, choose_replicas, static_rank_table
 from moe_place.cost.replicas import (allreduce_latency_s, slot_rows, split_overhead_s, vllm_hash_fractions)
 from moe_place.errors import InputError
 from moe_place.cost.cluster import cluster_cost
-from moe_place.online.splitting import SplitChoice
+from moe_place.online.splitting import CHOICE_SWEEPS, SplitChoice
 from moe_place.placement import Placement
 
 
@@ -101,9 +101,10 @@ def test_the_split_choice_uses_the_engines_per_step_window():
     expected = []
     for layer in range(2):
         rows = np.broadcast_to(placement.phy2log[layer], (5, 80))
-        engine, _ = choice.cost.served_times_s(rows, steps[-5:, layer], split=False)
-        split, _ = choice.cost.served_times_s(rows, steps[-5:, layer], split=True)
-        expected.append((engine - split).mean())
+        engine, engine_comm, _ = choice.cost.served_times_s(rows, steps[-5:, layer], split=False)
+        split, split_comm, _ = choice.cost.served_times_s(rows, steps[-5:, layer], split=True,
+                                                          max_sweeps=CHOICE_SWEEPS)
+        expected.append((engine + engine_comm - split - split_comm).mean())
     np.testing.assert_allclose(choice.saving_s, expected)
 
 

@@ -1,9 +1,12 @@
 """What a step and a rebalance cost on a given cluster: the cost model, vectorised for replay.
 
-Expert time of one layer is the busiest GPU's calibrated grouped-GEMM time (formula 11, with the
-padding of formula 4 and the tile traffic of formula 5; the GPU's `gemm_profile()`):
-`moe_place.cost.gemm.expert_times_s` over every GPU and layer at once. Rows of a slot are its
-expert's dispatches split evenly over the replicas, rounded up to whole rows.
+A layer takes dispatch + the busiest GPU's expert time + combine (docs/MODEL.md, "One model"). Expert
+time is the busiest GPU's calibrated grouped-GEMM time (formula 11, with the padding of formula 4 and
+the tile traffic of formula 5; the GPU's `gemm_profile()`): `moe_place.cost.gemm.expert_times_s` over
+every GPU and layer at once. Rows of a slot are its expert's dispatches split over the replicas as the
+replica choice says, rounded up to whole rows. Dispatch and combine are those the GPUs' rows are
+expected to move (`moe_place.cost.expected_traffic`, DeepEP's routing): a count-level step does not
+say which token chose which experts.
 
 A rebalance is priced by the migration model `moe_place.cost.migration`: one copy per slot whose
 expert changes, from the cheapest holder in the map in use; copy time `serial` (formula 7) or
@@ -18,6 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
+from moe_place.cost.expected_traffic import expected_phase_times_s
 from moe_place.cost.gemm import DEFAULT_WEIGHTS, expert_times_s
 from moe_place.cost.hardware import GpuSpec, builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS, Copy, Migration, MigrationCharge
@@ -74,7 +78,7 @@ class ReplayCost:
     @cached_property
     def moves(self) -> Migration:
         """The migration model of this cluster (copies, their time, what serving pays)."""
-        return Migration(self.topology, self.model.expert_bytes, self.model.row_bytes, self.alpha_s,
+        return Migration(self.topology, self.model.expert_bytes, self.alpha_s,
                          self.copy_schedule, self.migration)
 
     @property
@@ -122,29 +126,45 @@ class ReplayCost:
     def _static(self) -> dict:
         return {}
 
+    def comm_times_s(self, gpu_rows: np.ndarray) -> np.ndarray:
+        """float64 `[rows]`: dispatch + combine of layer-steps whose GPUs compute `gpu_rows [rows, G]` (the rows
+        they are expected to move: `moe_place.cost.expected_traffic`, DeepEP's routing; combine sends a row
+        back as it came)."""
+        row_bytes = self.model.row_bytes
+        dispatch, combine = expected_phase_times_s(self.topology, gpu_rows, self.model.top_k, row_bytes, row_bytes)
+        return dispatch + combine
+
     def layer_times_s(self, placement: Placement, expert_load: np.ndarray) -> np.ndarray:
         """float64 `[layers]`: busiest-GPU expert time of each layer for `expert_load [layers, E]`, its rows
-        reaching the replicas as `replica_choice` says."""
+        reaching the replicas as `replica_choice` says (no dispatch or combine: `served_times_s` has them)."""
         slots = self.slot_rows(placement.phy2log, np.asarray(expert_load, dtype=np.float64))
         return self.gpu_times_s(slots.reshape(placement.num_layers, placement.num_gpus, -1)).max(axis=-1)
 
     def served_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False,
-                       max_sweeps: int = MAX_SWEEPS) -> tuple[np.ndarray, np.ndarray]:
-        """(busiest-GPU expert time `[rows]`, the overhead of the split included where `split`; balancedness,
-        mean over max GPU rows `[rows]`) of map rows `phy2log [rows, P]` serving batches `expert_load [rows, E]`:
-        what the replay charges each layer of each step."""
+                       max_sweeps: int = MAX_SWEEPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What the replay charges each layer of each step: (busiest-GPU expert time `[rows]`, the split's
+        overhead included where `split`; dispatch + combine `[rows]`; balancedness, mean over max GPU rows
+        `[rows]`) of map rows `phy2log [rows, P]` serving batches `expert_load [rows, E]`."""
         slots = self.slot_rows(phy2log, expert_load, split, max_sweeps).reshape(len(phy2log), self.num_gpus, -1)
         times = self.gpu_times_s(slots).max(axis=-1) + (self.split_overhead_s if split else 0.0)
         per_gpu = slots.sum(axis=-1)
         busiest = per_gpu.max(axis=-1)
         balance = np.divide(per_gpu.mean(axis=-1), busiest, out=np.ones(len(busiest)), where=busiest > 0)
-        return times, balance
+        return times, self.comm_times_s(per_gpu), balance
 
     def rows_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
-        """float64 `[rows]`: `layer_times_s` of map rows `phy2log [rows, P]` under loads `expert_load
-        [rows, E]`, unchecked (`even_split_slot_loads`): for a caller whose maps are valid."""
+        """float64 `[rows]`: the layer time (dispatch + busiest-GPU expert time + combine) of map rows `phy2log
+        [rows, P]` under loads `expert_load [rows, E]`: what the rule prices its plans with (`rows_parts_s`)."""
+        expert, comm = self.rows_parts_s(phy2log, expert_load, num_gpus)
+        return expert + comm
+
+    def rows_parts_s(self, phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """(busiest-GPU expert time `[rows]`, dispatch + combine `[rows]`) of map rows `phy2log [rows, P]` under
+        loads `expert_load [rows, E]`, split evenly over replicas and unchecked (`even_split_slot_loads`): for a
+        caller whose maps are valid."""
         slots = even_split_slot_loads(phy2log, expert_load).reshape(len(phy2log), num_gpus, -1)
-        return self.gpu_times_s(slots).max(axis=-1)
+        return self.gpu_times_s(slots).max(axis=-1), self.comm_times_s(slots.sum(axis=-1))
 
     def step_time_s(self, placement: Placement, expert_load: np.ndarray) -> float:
         """Expert-layer time of one step: the sum over layers of the busiest GPU's time."""
@@ -164,8 +184,8 @@ class ReplayCost:
         moves = self.moves
         if moves.model == "stall":
             return moves.charge(copies)
-        return moves.charge(copies, self.step_time_s(placement, expert_load),
-                            moves.comm_time_s(placement, expert_load))
+        expert, comm, _ = self.served_times_s(placement.phy2log, np.asarray(expert_load, dtype=np.float64))
+        return moves.charge(copies, float(expert.sum()), float(comm.sum()))
 
 
 def cluster_topology(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H100",

@@ -21,7 +21,7 @@ What serving pays for them (`MIGRATION_MODELS`):
 - `async`: the copies run on a side stream while serving goes on with the old map (vLLM's
   `use_async`, SGLang's layer-chunked updates); the switch comes after the copies complete. The
   contention model: a step is `t` seconds of expert compute, during which the links carry no
-  serving traffic, and `d` seconds of dispatch + combine on the links (`Migration.comm_time_s`).
+  serving traffic, and `d` seconds of dispatch + combine on the links (`ReplayCost.served_times_s`).
   Copies use a link at full bandwidth while serving leaves it idle and share it fairly (half each)
   with dispatch/combine otherwise. So a step carries `t + d` seconds of copy work, the copies
   complete after `T_copy / (t + d)` steps, and each second of copy work done beside
@@ -37,7 +37,7 @@ import numpy as np
 
 from moe_place.cost.topology import Topology
 from moe_place.errors import InputError
-from moe_place.placement import Placement, even_split_gpu_loads
+from moe_place.placement import Placement
 
 COPY_SCHEDULES = ("serial", "parallel")
 MIGRATION_MODELS = ("stall", "async")
@@ -208,14 +208,12 @@ class MigrationCharge:
 class Migration:
     """The migration model of one cluster: copy sizes, routes, schedule and what serving pays.
 
-    topology: the cluster. expert_bytes: `W_e`. row_bytes: bytes of one dispatched row (dispatch
-    and combine each move it once). alpha_s: fixed cost per copy. schedule: `COPY_SCHEDULES`.
+    topology: the cluster. expert_bytes: `W_e`. alpha_s: fixed cost per copy. schedule: `COPY_SCHEDULES`.
     model: `MIGRATION_MODELS` (module note).
     """
 
     topology: Topology
     expert_bytes: float
-    row_bytes: float
     alpha_s: float = 5e-6
     schedule: str = "serial"
     model: str = "stall"
@@ -227,8 +225,8 @@ class Migration:
             raise InputError("migration", f"one of {', '.join(MIGRATION_MODELS)}", self.model)
         if self.alpha_s < 0:
             raise InputError("alpha_s", "seconds >= 0", self.alpha_s)
-        if not self.expert_bytes > 0 or not self.row_bytes > 0:
-            raise InputError("expert_bytes / row_bytes", "numbers > 0", (self.expert_bytes, self.row_bytes))
+        if not self.expert_bytes > 0:
+            raise InputError("expert_bytes", "a number > 0", self.expert_bytes)
 
     def copies(self, old: Placement, new: Placement, layers: np.ndarray | None = None) -> list[Copy]:
         """`plan_copies` on this cluster."""
@@ -252,26 +250,6 @@ class Migration:
 
     def path(self, copy: Copy) -> str:
         return copy_path(self.topology, copy)
-
-    def comm_time_s(self, placement: Placement, expert_load: np.ndarray) -> float:
-        """Seconds of dispatch + combine link time of one step (`d` of the module note), summed over layers.
-
-        expert_load: float `[layers, E]` rows per logical expert (split evenly over replicas).
-        Per layer, the busiest receiver: a GPU receives its rows from sources spread evenly over
-        all GPUs (1/G of them local), those of its own server over NVLink, the others over its
-        NIC; the two links work at once, so the slower one sets the time (formula 3, receive
-        side). Combine sends the same rows back: twice that.
-        """
-        rows = even_split_gpu_loads(placement.phy2log, np.asarray(expert_load, dtype=np.float64), placement.num_gpus)
-        topo, gpus = self.topology, placement.num_gpus
-        per_server, bandwidth = topo.gpus_per_server, topo.path_bandwidths()
-        times = []
-        if per_server > 1:      # GPU 1 shares GPU 0's server
-            times.append((per_server - 1) / gpus / bandwidth[1, 0])
-        if gpus > per_server:   # GPU `per_server` is on the next server
-            times.append((gpus - per_server) / gpus / bandwidth[per_server, 0])
-        seconds_per_row = max(times, default=0.0) * self.row_bytes
-        return float(2.0 * rows.max(axis=1).sum() * seconds_per_row)
 
     def charge(self, copies: list[Copy], expert_s: float = 0.0, comm_s: float = 0.0) -> MigrationCharge:
         """What serving pays for `copies` when a step takes `expert_s` of compute and `comm_s` of

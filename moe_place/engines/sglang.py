@@ -82,6 +82,7 @@ from moe_place.errors import InputError
 from moe_place.io import write_atomic
 from moe_place.online.policy import warm_up
 from moe_place.placement import Placement
+from moe_place.solvers.deepseek import plans_hierarchically
 from moe_place.solvers.engine_call import plan_placement
 
 MAP_KEY = "physical_to_logical_map"
@@ -308,7 +309,7 @@ class PaybackRebalance:
         name = getattr(algorithm, "name", algorithm)   # SGLang passes its EplbAlgorithm enum
         gpus = num_physical_experts // num_local_physical_experts
         if name is None:
-            name = "deepseek_hierarchical" if num_groups is not None and num_groups % max(num_nodes, 1) == 0 \
+            name = "deepseek_hierarchical" if plans_hierarchically(num_groups, max(num_nodes, 1)) \
                 else "deepseek"   # what SGLang's "auto" resolves to
         if name not in RULE_ALGORITHMS or (str(name).startswith("elasticity_aware") and self._ranks_down(gpus)):
             return None

@@ -61,7 +61,7 @@ from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
 from moe_place.online.estimate import Draw, EstimateState, LoadEstimate, step_sums
 from moe_place.placement import Placement, align_slots, even_split_gpu_loads
-from moe_place.solvers.deepseek import eplb_rebalance
+from moe_place.solvers.deepseek import eplb_rebalance, plans_hierarchically
 
 SAME_PATTERN_NOISE = 3.0     # two windows show one pattern when they differ by at most this many noise widths
 SAME_PATTERN_FLOOR = 0.02    # ... or by at most this total-variation distance, whatever the noise
@@ -203,6 +203,8 @@ class RebalanceRule:
             raise InputError("max_bytes", "an integer >= 0 (or none)", self.max_bytes)
         if self.estimate not in ESTIMATES:
             raise InputError("estimate", f"one of {', '.join(ESTIMATES)}", self.estimate)
+        if self._hierarchical and self.num_experts % self.num_groups:
+            raise InputError("num_groups", f"a divisor of the {self.num_experts} experts", self.num_groups)
 
     @property
     def load_estimate(self) -> LoadEstimate:
@@ -247,7 +249,7 @@ class RebalanceRule:
         priced = open_layers[~explained[open_layers]]
         fresh, moved, copy_s = self._match_and_copy(current, planned, priced)   # step 4's copies
         cur_s, new_s = self._layer_times(current, fresh, planned, lam, open_layers, priced)
-        step = self._step_times(current, lam, cur_s)
+        step = self._step_times(current, lam)
         verdicts = [self._judge(layer, int(moved[layer]), float(copy_s[layer]), step, float(deficit[layer]),
                                 float(floor[layer]), bool(explained[layer]), float(cur_s[layer] - new_s[layer]),
                                 float(horizon[layer]))
@@ -313,9 +315,7 @@ class RebalanceRule:
 
     @property
     def _hierarchical(self) -> bool:
-        nodes = self.cost.topology.num_servers
-        return bool(self.num_groups and self.num_experts % self.num_groups == 0 and nodes > 1
-                    and self.num_groups % nodes == 0)
+        return plans_hierarchically(self.num_groups, self.cost.topology.num_servers)
 
     def _plan(self, lam: np.ndarray, num_physical: int) -> np.ndarray:
         """int64 `[layers, P]`: DeepSeek EPLB's plan of every layer of `lam` (step 2), hierarchical when
@@ -401,15 +401,16 @@ class RebalanceRule:
         new_s[open_layers] = times[self.num_layers:]
         return cur_s, new_s
 
-    def _step_times(self, current: Placement, lam: np.ndarray, cur_s: np.ndarray) -> Callable[[], tuple[float, float]]:
-        """`step()`: a step's expert and dispatch/combine seconds on the map in use (what asynchronous copies run
-        beside), worked out when the first layer is priced; a stalling engine's charge does not use the link
-        time."""
-        moves = self.cost.moves
+    def _step_times(self, current: Placement, lam: np.ndarray) -> Callable[[], tuple[float, float]]:
+        """`step()`: a step's expert and dispatch/combine seconds on the map in use, every layer (what asynchronous
+        copies run beside), worked out when the first layer is priced; a stalling engine's charge uses neither."""
 
         @cache
         def step() -> tuple[float, float]:
-            return float(cur_s.sum()), (moves.comm_time_s(current, lam) if moves.model == "async" else 0.0)
+            if self.cost.moves.model != "async":
+                return 0.0, 0.0
+            expert, comm = self.cost.rows_parts_s(current.phy2log, lam, current.num_gpus)
+            return float(expert.sum()), float(comm.sum())
 
         return step
 

@@ -283,8 +283,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
 def served_steps(cost: ReplayCost, served: list[Placement], counts: np.ndarray, split: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(expert-layer time `[steps]`, dispatch + combine `[steps]`, balancedness `[steps]`) of each step on its map
-    `served[step]`, the layers `split [steps, layers]` per-batch split: one batched `_served` per layer, map row
-    and split (maps change rarely, so a row serves many steps)."""
+    `served[step]`, the layers `split [steps, layers]` per-batch split: one batched `ReplayCost.served_times_s`
+    per layer, map row and split (maps change rarely, so a row serves many steps)."""
     steps, layers, _ = counts.shape
     times, comm, balance = np.zeros((steps, layers)), np.zeros((steps, layers)), np.zeros((steps, layers))
     for layer in range(layers):
@@ -297,25 +297,9 @@ def served_steps(cost: ReplayCost, served: list[Placement], counts: np.ndarray, 
             groups.setdefault((key, bool(split[step, layer])), []).append(step)
         for (key, on), members in groups.items():
             at = np.asarray(members)
-            times[at, layer], comm[at, layer], balance[at, layer] = _served(
-                cost, np.broadcast_to(rows[key], (at.size, rows[key].size)), counts[at, layer], on)
+            times[at, layer], comm[at, layer], balance[at, layer] = cost.served_times_s(
+                np.broadcast_to(rows[key], (at.size, rows[key].size)), counts[at, layer], on)
     return times.sum(axis=1), comm.sum(axis=1), balance.mean(axis=1)
-
-
-def _served(cost: ReplayCost, phy2log: np.ndarray, load: np.ndarray, split: bool
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`ReplayCost.served_times_s` of map rows `phy2log [rows, P]` serving `load [rows, E]`, with the dispatch and
-    combine of each row (`moe_place.cost.expected_traffic`, DeepEP's routing): (busiest-GPU expert time, the
-    split's overhead included where `split`; dispatch + combine; balancedness), each `[rows]`. Written beside
-    `served_times_s` (cost/cluster.py, which the engines' records digest) until the rule prices the traffic too."""
-    slots = cost.slot_rows(phy2log, load, split).reshape(len(phy2log), cost.num_gpus, -1)
-    times = cost.gpu_times_s(slots).max(axis=-1) + (cost.split_overhead_s if split else 0.0)
-    per_gpu = slots.sum(axis=-1)
-    busiest = per_gpu.max(axis=-1)
-    balance = np.divide(per_gpu.mean(axis=-1), busiest, out=np.ones(len(busiest)), where=busiest > 0)
-    row_bytes = cost.model.row_bytes
-    dispatch, combine = expected_phase_times_s(cost.topology, per_gpu, cost.model.top_k, row_bytes, row_bytes)
-    return times, dispatch + combine, balance
 
 
 def _walk_charge(cost: ReplayCost, copies: list, in_use: Placement, step_counts: np.ndarray,

@@ -4,8 +4,8 @@ The split (`moe_place.split`) lowers a layer's busiest GPU in each batch, but it
 of the batch's counts and a solve on its critical path (`moe_place.cost.replicas.split_overhead_s`). Without
 redundant experts it can move nothing; on small batches, or where the replicas already share the load well,
 it saves less than it costs. So at every call the engine makes, `SplitChoice.decide` prices, per layer and on
-the map the engine will run, the mean expert time of a batch under the engine's own replica choice and under
-the split, over batches like the window's, and turns the split on where the saving is more than the overhead
+the map the engine will run, the mean layer time of a batch (dispatch, the busiest GPU's expert time, combine:
+`ReplayCost.served_times_s`) under the engine's own replica choice and under the split, over batches like the window's, and turns the split on where the saving is more than the overhead
 (times `1 + margin`). A layer's choice stands while its map row is unchanged, for up to `REFRESH_STEPS`
 steps, so a short cadence does not pay for it at every call (the choice is part of the policy's call and
 its CPU time is the policy's, which SGLang and vLLM's sync mode wait for). Two cases cost next to nothing:
@@ -50,7 +50,7 @@ class SplitChoice:
     cost: the serving cost model, with the engine's own replica choice (`ReplayCost.replica_choice`) and the
         split's solve time (`split_solve_s`). margin: the saving must exceed the overhead by this share.
     on: bool `[layers]`, the last choice (None before the first call). saving_s: float `[layers]`, the
-        last priced saving per batch (expert time under the engine's choice minus under the split, before
+        last priced saving per batch (layer time under the engine's choice minus under the split, before
         the overhead).
     """
 
@@ -137,8 +137,8 @@ class SplitChoice:
         open_ = BOUND_SLACK * saving > overhead
         if open_.any():
             take = np.broadcast_to(open_[None], (n, count)).reshape(-1)
-            split, _ = self.cost.served_times_s(rows[take], flat[take], split=True, max_sweeps=CHOICE_SWEEPS)
-            saving[open_] = (engine[take] - (split - self.cost.split_overhead_s)).reshape(n, -1).mean(axis=0)
+            split, comm, _ = self.cost.served_times_s(rows[take], flat[take], split=True, max_sweeps=CHOICE_SWEEPS)
+            saving[open_] = (engine[take] - (split + comm - self.cost.split_overhead_s)).reshape(n, -1).mean(axis=0)
         self.saving_s[due] = saving
         self.on[due] = open_ & (saving > overhead)
         if step is not None:
@@ -159,18 +159,21 @@ class SplitChoice:
         return ceiling + noise * np.divide(engine, busiest, out=np.zeros(len(rows)), where=busiest > 0)
 
     def _ceiling_s(self, rows: np.ndarray, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(busiest-GPU time under the engine's replica choice `[n]`, the most the split can save `[n]`, that GPU's
-        rows `[n]`) of map rows `[n, P]` serving `loads [n, E]` (the `decide` note)."""
+        """(layer time under the engine's replica choice `[n]`, the most the split can save `[n]`, the busiest
+        GPU's rows `[n]`) of map rows `[n, P]` serving `loads [n, E]` (the `decide` note): the expert time down to
+        the busiest GPU's rows scaled to the mean, dispatch and combine down to those of every GPU at the mean."""
         gpus = self.cost.num_gpus
         slots = self.cost.slot_rows(rows, loads).reshape(len(rows), gpus, -1)
         times = self.cost.gpu_times_s(slots)                                             # [n, G]
         busiest = np.argmax(times, axis=1)
         top = slots[np.arange(len(rows)), busiest]                                       # [n, S]
-        scale = np.divide(slots.sum(axis=(1, 2)) / gpus, top.sum(axis=1), out=np.ones(len(rows)),
-                          where=top.sum(axis=1) > 0)
+        per_gpu = slots.sum(axis=2)                                                      # [n, G]
+        scale = np.divide(per_gpu.mean(axis=1), top.sum(axis=1), out=np.ones(len(rows)), where=top.sum(axis=1) > 0)
         floor = self.cost.gpu_times_s((top * np.minimum(scale, 1.0)[:, None])[:, None, :])[:, 0]
-        engine = times.max(axis=1)
-        return engine, np.maximum(engine - floor, 0.0), top.sum(axis=1)
+        comm = self.cost.comm_times_s(np.concatenate([per_gpu, np.repeat(per_gpu.mean(axis=1, keepdims=True), gpus,
+                                                                        axis=1)])).reshape(2, -1)
+        engine = times.max(axis=1) + comm[0]
+        return engine, np.maximum(engine - floor - comm[1], 0.0), top.sum(axis=1)
 
     def _batches(self, window: np.ndarray, window_steps: int) -> np.ndarray:
         if window.ndim == 3:
