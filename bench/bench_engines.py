@@ -171,7 +171,7 @@ def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[
           f"+ migration "
           f"({'async' if use_async else 'stall'}) + the policy's CPU time"
           f"{' (not paid: the async worker)' if use_async else ''}; every cadence of `moe-place cadence`, the replay's "
-          f"prediction beside each run (error: on the total; model: on expert + migration time, without the "
+          f"prediction beside each run (error: on the total; model: on the model's time, without the "
           f"policy's CPU time, which two runs measure apart)")
     print(f"{'scenario':<22} {'policy':<10} {'every':>6} {'expert s':>9} {'comm s':>8} {'migr. s':>8} {'policy s':>9} "
           f"{'total s':>9} {'GiB':>7} {'calls':>6} {'vs default':>10} {'replay s':>9} {'error':>7} {'model':>7}")

@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
                                              "machine": {**engine_policies.machine(), "jobs": args.jobs,
                                                          "torch_threads": threads},
                                              "traces": records,
-                                             "verdicts": lines})
+                                             "verdicts": lines, "provenance": engine_policies.provenance()})
     if args.plot:
         write_atomic(args.plot, render_cadence_png(records))
     return missed_targets("bench_replay", missed)

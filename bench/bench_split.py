@@ -52,7 +52,7 @@ from moe_place.traces.load import load_trace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_replay  # noqa: E402  (bench/ is not a package)
-from engine_policies import machine  # noqa: E402
+from engine_policies import machine, provenance  # noqa: E402
 
 SECTIONS = ("accuracy", "replay", "guard")
 TARGET_ACCURACY = 1.005      # the fast split's busiest GPU over the whole-row optimum, every layer and batch
@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return interrupted("bench_split")
     doc["seconds"] = round(time.perf_counter() - started, 1)
+    doc["provenance"] = provenance()
     lines = report(doc)
     print("\n".join(lines))
     if args.output_json:

@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay import PROTOCOLS, SCENARIOS, STATIONARY  # noqa: E402 - bench/ is not a package
+from engine_policies import provenance  # noqa: E402
 
 from moe_place.cli.options import add_record_options, refuse_overwrite  # noqa: E402
 from moe_place.cli.output import interrupted  # noqa: E402
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         return interrupted("bench_stationary")
     print(table(record))
     if args.output_json:
-        write_json_atomic(args.output_json, {"command": ["bench_stationary.py", *(argv or sys.argv[1:])], **record})
+        write_json_atomic(args.output_json, {"command": ["bench_stationary.py", *(argv or sys.argv[1:])], **record,
+                                             "provenance": provenance()})
         print(f"wrote {args.output_json}")
     return 0
 
