@@ -6,7 +6,8 @@ import pytest
 
 from moe_place.cost.cluster import cluster_cost, cluster_topology
 from moe_place.cost.comm import (REPLICA_CHOICES, CommModel, SlotTable, choose_replicas, compute_only_s, layer_cost,
-                                 local_positions, step_cost, token_homes, water_fill, vllm_replica_index)
+                                 local_positions, step_cost, token_homes, water_fill)
+from moe_place.cost.replicas import vllm_replica_index
 from moe_place.cost.gemm import WEIGHT_MODES, gpu_expert_work, gpu_times_s
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import ExpertShape, get_model

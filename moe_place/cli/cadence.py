@@ -163,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
         measured = {policy: sum(r.policy_cpu_s for r in result.runs if r.policy == policy) for policy in POLICIES}
         print("policy CPU time      priced in the totals; this machine's clock over every run: "
               + ", ".join(f"{policy} {seconds:.3f} s" for policy, seconds in measured.items())
-              + " (the default: the replay's numpy copy, cheaper than the engine's own code)")
+              + ("" if default_plan is not None else
+                 " (the default: the replay's numpy copy, cheaper than the engine's own code)"))
     if wins:
         print(f"advice               moe-place every {best_ours.step_interval} steps"
               + (", with the per-batch split" if split else "") + ":")

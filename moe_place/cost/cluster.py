@@ -166,10 +166,6 @@ class ReplayCost:
         slots = even_split_slot_loads(phy2log, expert_load).reshape(len(phy2log), num_gpus, -1)
         return self.gpu_times_s(slots).max(axis=-1), self.comm_times_s(slots.sum(axis=-1))
 
-    def step_time_s(self, placement: Placement, expert_load: np.ndarray) -> float:
-        """Expert-layer time of one step: the sum over layers of the busiest GPU's time."""
-        return float(self.layer_times_s(placement, expert_load).sum())
-
     # ------------------------------------------------------------------ migration
     def copies(self, old: Placement, new: Placement, layers: np.ndarray | None = None) -> list[Copy]:
         """The copies that turn `old` into `new` (`moe_place.cost.migration.plan_copies`)."""

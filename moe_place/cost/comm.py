@@ -57,7 +57,7 @@ from moe_place.cost.models import ExpertShape
 from moe_place.cost.topology import Topology
 from moe_place.cost.traffic import phase_time_s
 from moe_place.errors import InputError
-from moe_place.cost.replicas import KNUTH_MULTIPLIER, SlotTable, static_rank_table
+from moe_place.cost.replicas import SlotTable, static_rank_table, vllm_replica_index
 from moe_place.split import map_tokens
 
 DISPATCH_STYLES = ("deepep", "all-to-all")
@@ -84,13 +84,6 @@ def local_positions(home: np.ndarray, num_gpus: int) -> np.ndarray:
     local = np.empty(home.size, dtype=np.int64)
     local[order] = np.arange(home.size) - starts[home[order]]
     return local
-
-
-def vllm_replica_index(token_index: np.ndarray, replicas: np.ndarray) -> np.ndarray:
-    """int64: vLLM 0.33's replica of a token with index `token_index` in its rank's batch among `replicas`
-    copies, `((t * 2654435769) mod 2^32) mod replicas` (module docstring)."""
-    hashed = (np.asarray(token_index, dtype=np.int64) * KNUTH_MULTIPLIER) & 0xFFFFFFFF
-    return hashed % np.maximum(np.asarray(replicas, dtype=np.int64), 1)
 
 
 def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, rule: str = ENGINE_REPLICA_CHOICE,

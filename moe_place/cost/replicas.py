@@ -71,11 +71,17 @@ def split_overhead_s(num_gpus: int, num_nodes: int, solve_s: float = DEFAULT_SOL
     return allreduce_latency_s(num_gpus, num_nodes) + solve_s
 
 
+def vllm_replica_index(token_index: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+    """int64: vLLM 0.33's replica of a token with index `token_index` in its rank's batch among `replicas`
+    copies, `((t * 2654435769) mod 2^32) mod replicas` (module note)."""
+    hashed = (np.asarray(token_index, dtype=np.int64) * KNUTH_MULTIPLIER) & 0xFFFFFFFF
+    return hashed % np.maximum(np.asarray(replicas, dtype=np.int64), 1)
+
+
 def vllm_hash_fractions(tokens_per_rank: int, replicas: int) -> np.ndarray:
     """float64 `[replicas]`: the share of token indices `t < tokens_per_rank` whose hash picks each replica."""
     n = max(int(tokens_per_rank), 1)
-    residue = ((np.arange(n, dtype=np.int64) * KNUTH_MULTIPLIER) & 0xFFFFFFFF) % max(int(replicas), 1)
-    return np.bincount(residue, minlength=replicas) / n
+    return np.bincount(vllm_replica_index(np.arange(n), replicas), minlength=replicas) / n
 
 
 def slot_rows(phy2log: np.ndarray, counts: np.ndarray, num_gpus: int, choice: str, *, num_nodes: int = 1,

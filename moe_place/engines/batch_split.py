@@ -34,6 +34,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from moe_place.engines.guard import Guard
+from moe_place.engines.tensors import to_numpy
 from moe_place.errors import InputError
 from moe_place.split import map_tokens, split_shares
 
@@ -75,7 +76,7 @@ def split_of(counts, row, num_ranks: int) -> np.ndarray:
     over the layer's map `row` (int `[P]`, slot `p` on rank `p // (P / num_ranks)`); every rank gets the same
     shares from the same counts. moe-place's numpy reference (`moe_place.split.split_shares`): the GPU kernels
     (`moe_place.kernels.split`) take the CUDA path once merged, here and in `map_dispatches`."""
-    return split_shares(_host(row), _host(counts), num_ranks)
+    return split_shares(to_numpy(row, np.int64), to_numpy(counts, np.int64), num_ranks)
 
 
 def map_dispatches(topk_ids, row, shares, rank: int, num_ranks: int):
@@ -83,9 +84,9 @@ def map_dispatches(topk_ids, row, shares, rank: int, num_ranks: int):
     batch's `shares` (`split_of`): `moe_place.split.map_tokens` for this rank."""
     import torch  # lazy: see count_dispatches
 
-    phy2log, share = _host(row), _host(shares)
+    phy2log, share = to_numpy(row, np.int64), to_numpy(shares, np.int64)
     experts = int(phy2log.max()) + 1
-    ids = topk_ids.detach().cpu().numpy().astype(np.int64)
+    ids = to_numpy(topk_ids, np.int64)
     valid = (ids >= 0) & (ids < experts)
     slots = np.full(ids.shape, -1, dtype=np.int64)
     if valid.any():    # a rank's dispatches in token order, as map_tokens reads [T, k]
@@ -94,8 +95,6 @@ def map_dispatches(topk_ids, row, shares, rank: int, num_ranks: int):
     return torch.from_numpy(slots).to(device=topk_ids.device, dtype=topk_ids.dtype)
 
 
-def _host(values) -> np.ndarray:
-    return np.asarray(values.detach().cpu().numpy() if hasattr(values, "detach") else values, dtype=np.int64)
 
 
 def split_step(topk_ids, num_experts: int, row, num_ranks: int, all_reduce: Callable, guard: Guard, entry: str):
@@ -112,7 +111,7 @@ def split_step(topk_ids, num_experts: int, row, num_ranks: int, all_reduce: Call
     total = guard.call(entry, lambda: all_reduce(local), lambda: None)
     if total is None or not counted:
         return None
-    return guard.call(entry, lambda: (_host(total), split_of(total, row, num_ranks)), lambda: None)
+    return guard.call(entry, lambda: (to_numpy(total, np.int64), split_of(total, row, num_ranks)), lambda: None)
 
 
 @dataclass

@@ -77,7 +77,7 @@ from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, ex
 from moe_place.engines.guard import Guard
 from moe_place.engines.session import RuleSession
 from moe_place.engines.sglang_split import sglang_dispatch_algorithm
-from moe_place.engines.tensors import placement_tensors
+from moe_place.engines.tensors import placement_tensors, to_numpy
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 from moe_place.online.policy import warm_up
@@ -318,8 +318,7 @@ class PaybackRebalance:
     def _answer(self, name: str, tokens_per_expert, num_physical_experts: int, num_local_physical_experts: int,
                 num_groups: int | None, num_nodes: int, algorithm: Any = None):
         gpus = num_physical_experts // num_local_physical_experts
-        loads = tokens_per_expert.detach().to("cpu").numpy() if hasattr(tokens_per_expert, "detach") \
-            else np.asarray(tokens_per_expert)   # the rule checks and converts the counts once
+        loads = to_numpy(tokens_per_expert)   # the rule checks and converts the counts once
         if loads.ndim == 2:
             loads = loads[None]
         _, num_layers, num_experts = loads.shape
@@ -328,7 +327,7 @@ class PaybackRebalance:
         current = None
         old = self.current_map()
         if old is not None:
-            old = np.asarray(old.detach().to("cpu").numpy() if hasattr(old, "detach") else old, dtype=np.int64)
+            old = to_numpy(old, np.int64)
             if old.shape == (num_layers, num_physical_experts):
                 current = Placement(old, num_experts, gpus, nodes, allow_colocated=True)
         if current is None:  # no map to migrate from: a fresh plan

@@ -40,6 +40,7 @@ import numpy as np
 from moe_place.engines.batch_split import FLAGS, map_dispatches, split_step
 from moe_place.engines.guard import LOG, Guard, ensure_handler
 from moe_place.engines.sglang_managers import DISPATCH_MODULE, SETUP_MODULE
+from moe_place.engines.tensors import to_numpy
 
 SOLVER_MODULE = "sglang.srt.eplb.lplb_solver"
 RUNTIME_MODULE = "sglang.srt.runtime_context"
@@ -69,8 +70,7 @@ class SplitLPSolver:
 
         self.num_gpus = int(num_gpus)
         self.ep_group = ep_group
-        self.row = phy2log.detach().cpu().numpy().astype(np.int64)
-        self.log2phy = log2phy.detach().cpu().numpy().astype(np.int64)
+        self.row, self.log2phy = to_numpy(phy2log, np.int64, copy=True), to_numpy(log2phy, np.int64, copy=True)
         self.num_logical = self.log2phy.shape[0]
         if len(self.row) % self.num_gpus:
             raise ValueError(f"SplitLPSolver: {len(self.row)} slots do not split over {self.num_gpus} GPUs")
@@ -136,7 +136,7 @@ def adopt_flags(split: SglangSplit) -> None:
         votes = torch.from_numpy(proposal.astype(np.float32)).to(first._prob.device)
         total = votes if first.ep_group is None else first.ep_group.all_reduce(votes)
         size = 1 if first.ep_group is None else int(first.ep_group.world_size)
-        return (total.detach().cpu().numpy() >= size - 0.5).astype(np.int32)   # every rank said yes
+        return (to_numpy(total) >= size - 0.5).astype(np.int32)   # every rank said yes
 
     flags = split.guard.call("sglang.lplb_init", lambda: FLAGS.adopt(key, range(key[0]), agree),
                              lambda: np.zeros(key[0], dtype=bool))

@@ -21,6 +21,14 @@ def is_torch_tensor(value: Any) -> bool:
     return hasattr(value, "detach")
 
 
+def to_numpy(value: Any, dtype: type | None = None, copy: bool = False) -> np.ndarray:
+    """A host numpy array of a torch tensor (any device) or an array-like, as `dtype` when given (`copy`: never a
+    view of the engine's memory): the one conversion at the engines' edge."""
+    if is_torch_tensor(value):
+        value = value.detach().to("cpu").numpy()
+    return np.array(value, dtype=dtype) if copy else np.asarray(value, dtype=dtype)
+
+
 def weight_to_numpy(weight: Any, dtype: type = np.float64) -> np.ndarray:
     """`[layers, E]` of `dtype` from a torch tensor (any dtype/device) or an array-like.
 

@@ -62,7 +62,7 @@ from moe_place.engines.batch_split import FLAGS, split_enabled
 from moe_place.engines.config import EngineConfig, EngineModel, load_engine_config, solver_settings
 from moe_place.engines.guard import Guard
 from moe_place.engines.session import RuleSession
-from moe_place.engines.tensors import placement_tensors, weight_to_numpy
+from moe_place.engines.tensors import placement_tensors, to_numpy, weight_to_numpy
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.planfile import read_plan
@@ -251,7 +251,7 @@ class MoePlaceContextPolicy(PolicyCore):
 
     def _plan(self, context, policy_state):
         ours = _our_state(policy_state)
-        loads = context.load_window_cpu.detach().to("cpu").double().numpy()
+        loads = to_numpy(context.load_window_cpu, np.float64, copy=True)
         if loads.ndim == 2:
             loads = loads[None]
         topo = context.topology
@@ -356,9 +356,7 @@ def current_placement(old, num_experts: int, num_gpus: int, shape: tuple[int, in
     """The map vLLM runs now as a Placement, or None when absent or unusable (wrong shape, -1 slots)."""
     if old is None:
         return None
-    if hasattr(old, "detach"):
-        old = old.detach().to("cpu").numpy()
-    old = np.asarray(old)
+    old = to_numpy(old)
     if old.shape != shape or old.size == 0 or old.min() < 0 or old.max() >= num_experts:
         return None
     try:

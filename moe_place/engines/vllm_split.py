@@ -37,6 +37,7 @@ import numpy as np
 
 from moe_place.engines.batch_split import FLAGS, map_dispatches, split_step
 from moe_place.engines.guard import Guard
+from moe_place.engines.tensors import to_numpy
 
 ROUTER_MODULE = "vllm.model_executor.layers.fused_moe.router.base_router"
 STATE_MODULE = "vllm.distributed.eplb.eplb_state"
@@ -84,7 +85,7 @@ class VllmSplit:
         import torch  # lazy: vLLM has it
 
         group = self.group()
-        log2phy = state.logical_to_physical_map.detach().cpu().numpy()
+        log2phy = to_numpy(state.logical_to_physical_map)
         view = state.expert_load_view
         row = np.full(view.shape[0], -1, dtype=np.int64)        # phy2log of the layer, from its log2phy
         experts = np.broadcast_to(np.arange(log2phy.shape[0])[:, None], log2phy.shape)
