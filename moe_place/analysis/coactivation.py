@@ -105,10 +105,11 @@ def top_pairs(sample: TokenSample, loads: np.ndarray) -> TopPairs:
 
     sample: the trace's token sample (`Trace.token_sample()`), ids `[n, layers, k]`.
     loads: int64 `[layers, E]` dispatches per expert over the whole trace (tokens picking it).
-    One layer after the other (a layer is ~0.2 ms of small numpy calls, which a second thread
-    slows down more than it helps: it waits for the GIL), after one transpose of the sample to
-    `[layers, k, tokens]` (each top-k position of a layer contiguous: a strided `[tokens, k]`
-    compare along k is ten times slower).
+    The pairs are chosen one layer after the other (a layer is ~0.2 ms of small numpy calls, which
+    a second thread slows down more than it helps: it waits for the GIL), after one transpose of
+    the tokens they are chosen on to `[layers, k, tokens]` (each top-k position of a layer
+    contiguous: a strided `[tokens, k]` compare along k is ten times slower); a sampled trace's
+    other tokens are counted for every layer at once (`_tokens_picking`), in the sample's layout.
     """
     loads = np.asarray(loads)
     ids = sample.ids
@@ -118,38 +119,36 @@ def top_pairs(sample: TokenSample, loads: np.ndarray) -> TopPairs:
     num_experts = loads.shape[1]
     chosen_on = n if sample.complete else n // CHOOSE_ON
     experts = np.full((layers, 2), -1, dtype=np.int64)
+    chosen_count = [0] * layers  # tokens of the first `chosen_on` picking the layer's pair
+    if n and k > 1:
+        by_layer = np.empty((layers, k, chosen_on), dtype=key_dtype(num_experts * num_experts))
+        by_layer[...] = ids[:chosen_on].transpose(1, 2, 0)
+        keys = np.empty((k * (k - 1) // 2, chosen_on), dtype=by_layer.dtype)
+        for layer in range(layers):
+            pair = _most_frequent_pair(_pair_keys(by_layer[layer], num_experts, keys), num_experts)
+            if pair is not None:
+                experts[layer, 0], experts[layer, 1], chosen_count[layer] = pair
+    paired = [layer for layer in range(layers) if experts[layer, 0] >= 0]
+    load_ab = {layer: int(loads[layer, experts[layer, 0]]) * int(loads[layer, experts[layer, 1]]) for layer in paired}
+    for layer in paired:
+        if load_ab[layer] == 0:
+            raise InputError("loads", "the trace's loads (its sample's experts have some)",
+                             f"0 for expert {experts[layer, 0]} or {experts[layer, 1]}")
     tokens = np.zeros(layers)
     lift = np.full(layers, np.nan)
     stderr = np.zeros(layers)
     total = sample.num_tokens
-    by_layer = np.empty((layers, k, n), dtype=key_dtype(num_experts * num_experts))
-    by_layer[...] = ids.transpose(1, 2, 0)
-    keys = np.empty((k * (k - 1) // 2, chosen_on), dtype=by_layer.dtype)
-
-    def layer_pair(layer: int) -> None:
-        cols = by_layer[layer]  # [k, n]
-        pair = _most_frequent_pair(_pair_keys(cols[:, :chosen_on], num_experts, keys), num_experts)
-        if pair is None:
-            return
-        a, b, count = pair
-        load_ab = int(loads[layer, a]) * int(loads[layer, b])
-        if load_ab == 0:
-            raise InputError("loads", "the trace's loads (its sample's experts have some)", f"0 for expert {a} or {b}")
-        if sample.complete:
-            tokens[layer] = count
-            lift[layer] = total * count / load_ab
-        else:
-            rest = cols[:, chosen_on:]
-            hits = int(np.count_nonzero((rest == a).any(axis=0) & (rest == b).any(axis=0)))
-            share, se = _proportion(hits, rest.shape[1], total - chosen_on)
+    if sample.complete:
+        for layer in paired:
+            tokens[layer] = chosen_count[layer]
+            lift[layer] = total * chosen_count[layer] / load_ab[layer]
+    elif paired:
+        hits = _tokens_picking(ids[chosen_on:], experts)
+        for layer in paired:
+            share, se = _proportion(int(hits[layer]), n - chosen_on, total - chosen_on)
             tokens[layer] = share * total
-            lift[layer] = share * total * total / load_ab
-            stderr[layer] = se * total * total / load_ab
-        experts[layer] = a, b
-
-    if n and k > 1:
-        for layer in range(layers):
-            layer_pair(layer)
+            lift[layer] = share * total * total / load_ab[layer]
+            stderr[layer] = se * total * total / load_ab[layer]
     estimated_on = n if sample.complete else n - chosen_on
     return TopPairs(experts, tokens, lift, stderr, total, chosen_on, estimated_on)
 
@@ -207,6 +206,24 @@ def _most_frequent_pair(pair_keys: np.ndarray, num_experts: int) -> tuple[int, i
         a, b = divmod(int(pairs[best]), num_experts)
         count = int(counts[best])
     return (a, b, count) if count > 0 else None
+
+
+def _tokens_picking(ids: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """int64 `[layers]`: the tokens of `ids` int `[m, layers, k]` whose layer-l ids hold both experts
+    of `pairs[l]` (int `[layers, 2]`; -1 for none: 0 tokens).
+
+    One pass for all layers in the ids' own layout: each layer's pair, repeated at its k positions,
+    is compared with every token's `[layers * k]` ids (a contiguous compare: no transpose), and the
+    (token, layer) rows holding each expert are marked.
+    """
+    m, layers, k = ids.shape
+    flat = ids.reshape(m, layers * k)
+    holds = np.zeros((2, m * layers), dtype=bool)  # [expert of the pair, row token * layers + layer]
+    for which, expert in enumerate(pairs.T):
+        at = np.repeat(np.where(expert >= 0, expert, 0), k).astype(ids.dtype)  # -1: expert 0 (its count dropped)
+        holds[which, np.flatnonzero(flat == at) // k] = True
+    hits = (holds[0] & holds[1]).reshape(m, layers).sum(axis=0, dtype=np.int64)
+    return np.where(pairs[:, 0] >= 0, hits, 0)
 
 
 def _proportion(hits: int, drawn: int, population: int) -> tuple[float, float]:

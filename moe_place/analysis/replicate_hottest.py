@@ -49,14 +49,16 @@ def replicate_hottest_phy2log(expert_load: np.ndarray, num_gpus: int, redundant_
 
 
 def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> np.ndarray:
-    """int64 `[layers, G, redundant_per_gpu]`: the expert in each extra slot (greedy, see module).
+    """int `[layers, G, redundant_per_gpu]`: the expert in each extra slot (greedy, see module).
 
     load: float64 `[layers, E]`. All layers advance together, one extra slot per layer per pass.
     GPU g holds expert e if e is in its block (`e // (E/G) == g`) or in its extra slots so far.
     A pass reads each `[layers, E]` element a few times only: the shares are updated where they
     change (one expert per layer); the choice is one argmax of `share - EXCLUDED * ruled_out`; the
-    loads change on the expert's holders only (its home GPU, and the GPUs with an extra slot equal to
-    it: one compare over `[layers, G, redundant_per_gpu]`). These are the same float operations on
+    busiest GPU's load is read at its argmax (along short rows several times faster than a max);
+    the loads change on the expert's holders only (its home GPU, and the GPUs with an extra slot
+    equal to it: one compare over `[layers, G, redundant_per_gpu]`, on ids of the narrowest integer
+    type that holds them). These are the same float operations on
     the same values as recomputing every share and subtracting `holders * lost` from every GPU, so
     the plans are exactly those of that plain formulation.
     """
@@ -65,12 +67,11 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
     rows = np.arange(layers)
     at_row_expert, at_row_gpu = rows * experts, rows * num_gpus  # flat index of [row, 0]
     home = np.arange(experts) // block
-    own_block = np.arange(block)
     replicas = np.ones((layers, experts))
     share = load / replicas  # the load per replica now, and with one more replica
     new_share = load / (replicas + 1)
     gpu_load = load.reshape(layers, num_gpus, block).sum(axis=2)
-    extra = np.full((layers, num_gpus, redundant_per_gpu), -1, dtype=np.int64)
+    extra = np.full((layers, num_gpus, redundant_per_gpu), -1, dtype=np.min_scalar_type(-experts))
     if redundant_per_gpu == 0:
         return extra
     open_load = gpu_load.copy()  # gpu_load, and inf once a GPU has no free slot left
@@ -78,9 +79,10 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
     after = np.empty((layers, experts))  # scratch: the GPU's load with one more replica of each expert
     over = np.empty((layers, experts), dtype=bool)
     score = np.empty((layers, experts))
-    holds = np.empty((layers, num_gpus, redundant_per_gpu), dtype=bool)  # scratch: extra slots holding the choice
+    holds = np.empty(extra.shape, dtype=bool)  # scratch: extra slots holding the choice
     flat_share, flat_new, flat_replicas, flat_load = (a.reshape(-1) for a in (share, new_share, replicas, load))
     flat_gpu_load, flat_open, flat_score = gpu_load.reshape(-1), open_load.reshape(-1), score.reshape(-1)
+    blocks = score.reshape(layers, num_gpus, block)  # [row, gpu]: the GPU's own block of scores
     slots = extra.reshape(-1)
     for _ in range(num_gpus * redundant_per_gpu):
         # 1. the least loaded GPU with a free slot
@@ -88,11 +90,12 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
         at_gpu = at_row_gpu + gpu
         # 2. the hottest expert it may hold that keeps it at or below the busiest GPU, else the coldest
         np.add(flat_gpu_load[at_gpu][:, None], new_share, out=after)
-        np.greater(after, gpu_load.max(axis=1)[:, None], out=over)
+        busiest = flat_gpu_load[at_row_gpu + gpu_load.argmax(axis=1)]
+        np.greater(after, busiest[:, None], out=over)
         # score = share - EXCLUDED * over, branch-free (share + -1e300 is -1e300; share + -0.0 is share)
         np.multiply(over, -EXCLUDED, out=score)
         score += share
-        flat_score[(at_row_expert + gpu * block)[:, None] + own_block] = -EXCLUDED  # its own block
+        blocks[rows, gpu] = -EXCLUDED  # its own block
         taken = extra.reshape(-1, redundant_per_gpu)[at_gpu]
         if redundant_per_gpu > 1:  # with one extra slot per GPU, a GPU with a free one holds no extra yet
             layer_of, slot = np.nonzero(taken >= 0)
@@ -115,7 +118,7 @@ def _fill_redundant(load: np.ndarray, num_gpus: int, redundant_per_gpu: int) -> 
         flat_gpu_load[at_home] -= lost
         flat_open[at_home] -= lost
         # the GPUs holding it in an extra slot: one per row at most once (a GPU takes an expert once)
-        np.equal(extra, expert[:, None, None], out=holds)
+        np.equal(extra, expert.astype(extra.dtype)[:, None, None], out=holds)
         at_holder = np.flatnonzero(holds.any(axis=2) if redundant_per_gpu > 1 else holds)  # flat [row, gpu]
         lost_there = lost[at_holder // num_gpus]
         flat_gpu_load[at_holder] -= lost_there

@@ -20,6 +20,7 @@ from moe_place.analysis.persistence import Persistence, persistence
 from moe_place.analysis.profile import LoadProfile, load_profile
 from moe_place.analysis.windows import window_loads
 from moe_place.errors import InputError
+from moe_place.traces.count import resolve_workers, run_chunks
 from moe_place.traces.model import Trace
 
 #: Version of the JSON written by `analysis_to_json`; bump when a key changes meaning.
@@ -81,13 +82,32 @@ def analyze_trace(trace: Trace, ep_sizes: Sequence[int] | None = None, top_n: in
     top_n = default_top_n(trace) if top_n is None else int(top_n)
     windows = window_loads(counts, window_steps)
     points = ep_sweep(total, sizes)
-    shifts = tuple(out_of_sample(windows, p.ep_size) if windows.shape[0] > 1 and p.ep_size > 1 else None
-                   for p in points)
+    shifts = _out_of_sample_by_size(windows, [p.ep_size for p in points])
     sample = trace.token_sample()
     pairs = None if sample is None else top_pairs(sample, total)
     return TraceAnalysis(trace=trace, window_steps=window_steps, profile=load_profile(total, top_n),
                          persistence=persistence(windows, top_n), active=active_experts(counts, trace.top_k),
                          ep=points, out_of_sample=shifts, pairs=pairs)
+
+
+def _out_of_sample_by_size(windows: np.ndarray, ep_sizes: Sequence[int]) -> tuple[OutOfSample | None, ...]:
+    """`out_of_sample(windows, G)` for each EP size G of `ep_sizes` (None with one window or G = 1).
+
+    windows: `[windows, layers, E]` loads. The sizes are planned on `resolve_workers()` threads (the
+    counting's, `moe_place.traces.count`), the largest first: a plan takes one pass over
+    `[windows * layers, E]` per GPU, and numpy releases the GIL inside each pass. The results do
+    not depend on the threads.
+    """
+    shifts: list[OutOfSample | None] = [None] * len(ep_sizes)
+    if windows.shape[0] < 2:
+        return tuple(shifts)
+
+    def plan(pos: int) -> None:
+        shifts[pos] = out_of_sample(windows, ep_sizes[pos])  # each call its own slot
+
+    todo = sorted((pos for pos, size in enumerate(ep_sizes) if size > 1), key=lambda pos: -ep_sizes[pos])
+    run_chunks(todo, resolve_workers(), plan)
+    return tuple(shifts)
 
 
 # ---------------------------------------------------------------------- JSON
