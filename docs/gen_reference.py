@@ -5,8 +5,9 @@
 writes docs/reference/cli.md (every subcommand of `moe_place.cli.main.build_parser`, every option with its
 help as `moe-place CMD --help` gives it), docs/reference/formats.md (the file formats, from the docstrings
 of the modules that read and write them) and docs/reference/api/*.md (each module's docstring, then its
-public classes and functions with their signatures and docstrings, in source order). Nothing here is
-typed by hand: change the parser or the docstring, then rerun this. The one machine-dependent figure in
+public classes and functions with their signatures and docstrings, in source order), and docs/glossary.md
+(`moe_place.glossary.TERMS`, each term with its other spellings, `ALIASES`). Nothing here is typed by hand:
+change the parser, the docstring or the glossary, then rerun this. The one machine-dependent figure in
 the help texts, the usable core count of `--jobs`, is written as `N`.
 """
 
@@ -20,10 +21,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pagegen import GENERATED_NOTE, write_or_check  # noqa: E402 - the docs' own helper, beside this file
+from pagegen import DOCS, GENERATED_NOTE, write_or_check  # noqa: E402 - the docs' own helper, beside this file
 
 from moe_place.cli.main import COMMANDS, build_parser  # noqa: E402
 from moe_place.cores import usable_cores  # noqa: E402
+from moe_place.glossary import ALIASES, TERMS  # noqa: E402
 
 SCRIPT = "docs/gen_reference.py"
 
@@ -321,9 +323,47 @@ def formats_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def render() -> dict[str, str]:
+# ------------------------------------------------------------------------------------------ the glossary
+GLOSSARY = "glossary.md"  # beside the task pages, not in reference/: written by `_write_or_check_glossary`
+
+
+def glossary_page() -> str:
+    """docs/glossary.md: every term of `moe_place.glossary.TERMS`, alphabetically, its aliases beside it."""
+    spellings: dict[str, list[str]] = {}
+    for alias, term in ALIASES.items():
+        spellings.setdefault(term, []).append(f"`{alias}`")
+    lines = [GENERATED_NOTE.format(script=SCRIPT).rstrip("\n"), "", "# Glossary", "",
+             "The words of the code, the engines and the commands' tables, defined once in "
+             "`moe_place/glossary.py` ([API](reference/api/basics.md)). Other spellings follow a term in brackets; "
+             "in a printed name `n` stands for a number (`EP8` is EP`n`).", "",
+             "| term | meaning |", "| --- | --- |"]
+    for term in sorted(TERMS, key=lambda t: t.replace("`", "").lower()):
+        shown = term + (f" ({', '.join(spellings[term])})" if term in spellings else "")
+        lines.append(f"| {cell(shown)} | {cell(TERMS[term])} |")
+    return "\n".join(lines) + "\n"
+
+
+def reference_pages() -> dict[str, str]:
     return {"reference/cli.md": cli_page(), "reference/formats.md": formats_page(), **api_pages()}
 
 
+def render() -> dict[str, str]:
+    """Every page this script generates, paths under docs/ (tests/test_docs.py checks them all)."""
+    return {**reference_pages(), GLOSSARY: glossary_page()}
+
+
+def _write_or_check_glossary(check: bool) -> int:
+    text, path = glossary_page(), DOCS / GLOSSARY
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return 0
+    if check:
+        print(f"{SCRIPT}: docs/{GLOSSARY} is not what the generator renders: run `python {SCRIPT}`", file=sys.stderr)
+        return 1
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote docs/{GLOSSARY}")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(write_or_check(SCRIPT, "reference", render))
+    code = write_or_check(SCRIPT, "reference", reference_pages)  # parses --check (and refuses anything else)
+    sys.exit(max(code, _write_or_check_glossary("--check" in sys.argv[1:])))
