@@ -152,7 +152,8 @@ def run_sweeps(spec: str, cluster: str, redundant_per_gpu: int, protocol: str, s
                                                           policy_in_worker=cadence.policy_in_worker))
         rule = runs["rule"][("moe-place", at)]   # the rule's own CPU time from its run: the choice is free too
         free = {"free_split_at": at,
-                "free_split_ratio": (result.expert_s + result.migration_s + rule["policy_s"]) / best["default"],
+                "free_split_ratio": (result.expert_s + result.comm_s + result.migration_s + rule["policy_s"])
+                / best["default"],
                 "free_split_expert_over_rule": result.expert_s / rule["expert_s"]}
     return {"protocol": protocol, "redundant": redundant_per_gpu * gpus, "gpus": gpus, "nodes": nodes,
             "best_s": best, "rule_ratio": best["rule"] / best["default"],
@@ -167,7 +168,8 @@ def split_over_rule(split: dict, rule: dict) -> float:
     CPU time per call varies by 20% between two identical runs on a shared machine, more than the split
     changes) and the split's choice's CPU time, measured in its run, added where the engine pays for it."""
     paid = split["policy_s"] > 0                          # the engine waits for the policy (SGLang, vLLM sync)
-    split_total = split["expert_s"] + split["migration_s"] + rule["policy_s"] + (split["split_cpu_s"] if paid else 0)
+    split_total = (split["expert_s"] + split["comm_s"] + split["migration_s"] + rule["policy_s"]
+                   + (split["split_cpu_s"] if paid else 0))
     return split_total / rule["total_s"]
 
 

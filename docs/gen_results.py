@@ -453,8 +453,8 @@ def engines() -> str:
                 *(_drift_section(cadence, best_rows, prediction_rows, repeat_rows) if every_cadence else
                   ("## Drifting traces\n\nThe replay's drifting traces (`bench/bench_replay.py` SCENARIOS, seed "
                    f"{cadence['seed']}, {cadence['steps']} steps) in the engines' code, priced on the cost model: "
-                   "expert-layer time + what serving pays for migration + the policy's CPU time where the engine "
-                   "waits for it (not in vLLM's async worker), both policies at the engine's default cadence and at "
+                   "expert time + dispatch and combine + what serving pays for migration + the policy's CPU time "
+                   "where the engine waits for it (not in vLLM's async worker), both policies at the engine's default cadence and at "
                    "each one's best cadence in the replay record (window = interval); best against best: each "
                    "policy's best of these runs.",
                    table(["engine (mode)", "trace", "moe-place / default at the engine's default cadence",
@@ -497,8 +497,8 @@ def _guard_section() -> list[str]:
 def _drift_section(cadence: dict, best_rows: list[list], prediction_rows: list[list],
                    repeat_rows: list[list]) -> tuple[str, ...]:
     return ("## Drifting traces\n\nThe replay's drifting traces (`bench/bench_replay.py` SCENARIOS, seed "
-            f"{cadence['seed']}, {cadence['steps']} steps) in the engines' code, priced on the cost model: expert-layer "
-            "time + what serving pays for migration + the policy's CPU time where the engine waits for it (not in "
+            f"{cadence['seed']}, {cadence['steps']} steps) in the engines' code, priced on the one model: expert time "
+            "+ dispatch and combine + what serving pays for migration + the policy's CPU time where the engine waits for it (not in "
             "vLLM's async worker), both policies at every cadence `moe-place cadence` tries (window = interval) and "
             "at the engine's default. Each policy's best cadence in the engine's code, the cadence `moe-place "
             "cadence` advises for it (its replay of the same trace, cluster and protocol) with that cadence's total "
@@ -506,15 +506,16 @@ def _drift_section(cadence: dict, best_rows: list[list], prediction_rows: list[l
             table(["engine (mode)", "trace", "default: best", "default: advised", "moe-place: best",
                    "moe-place: advised", "best against best"], best_rows),
             "The replay's prediction of every run beside it: the replay's total over the engine's, the worst run, "
-            "the same without the policy's CPU time (expert + migration, which does not depend on the machine), "
+            "the same without the policy's CPU time (expert + dispatch/combine + migration, which does not depend on "
+            "the machine), "
             "and how many runs are within 1%:",
             table(["engine (mode)", "trace", "runs", "worst error on the total", "where",
-                   "worst on expert + migration", "within 1%"], prediction_rows),
+                   "worst without CPU time", "within 1%"], prediction_rows),
             *(("Where the engine waits for the policy (SGLang, vLLM sync), its CPU time is part of the total, and "
                "it is measured, not modelled: by the engine's harness in one run and by the replay in another. The "
                "same engine run measured again, back to back (`--repeat-runs`: the run the CPU time weighs most in, "
                "per trace), gives the spread of identical runs' totals. Where that spread is above 1%, no "
-               "prediction of the total can be within 1% of every run on this machine; expert + migration time, "
+               "prediction of the total can be within 1% of every run on this machine; the time without it, "
                "which is modelled, is.",
                table(["engine (mode)", "trace", "run", "policy's CPU seconds, identical runs", "totals' spread"],
                      repeat_rows)) if repeat_rows else ()))
@@ -580,8 +581,8 @@ def replay() -> str:
                 "policy (its own code, as the engine runs it) and with moe-place's rule. Best against best: each "
                 "policy's least total over the intervals, moe-place's over the default's. Hindsight: plans made on "
                 "the next interval's load, moved for free, at its best interval, over the default's best (no policy "
-                "reaches it). Total = expert-layer time + migration + the policy's CPU time where the engine waits "
-                f"for it ({data['policy_time']}). [Online rebalancing](../online.md) explains the protocols, its "
+                "reaches it). Total = expert time + dispatch and combine + migration + the policy's CPU time where "
+                f"the engine waits for it ({data['policy_time']}). [Online rebalancing](../online.md) explains the protocols, its "
                 "[design notes](../design/online.md) where the gains and losses come from.",
                 source("replay_vllm.json", "replay_sglang.json", "replay_vllm.png", "replay_sglang.png",
                        "stationary.json"), *parts)
@@ -638,12 +639,13 @@ def calibration() -> str:
 
 def _split_anatomy(row: dict) -> list[str]:
     """At the best cadence of the rule with the split: the layer-steps it split, its expert time over the rule's
-    at that cadence (expert + migration, no CPU time) and the CPU seconds of the per-layer choice."""
+    at that cadence (expert + dispatch/combine + migration, no CPU time) and the CPU seconds of the per-layer
+    choice."""
     runs = {name: {r["step_interval"]: r for r in doc["runs"] if r["policy"] == "moe-place"}
             for name, doc in row["sweeps"].items()}
     best = min(runs["split"].values(), key=lambda r: r["total_s"])
     rule = runs["rule"][best["step_interval"]]
-    model = lambda r: r["expert_s"] + r["migration_s"]  # noqa: E731
+    model = lambda r: r["expert_s"] + r.get("comm_s", 0.0) + r["migration_s"]  # noqa: E731
     return [f"{best['split_layer_steps']:,} (every {best['step_interval']})", f(model(best) / model(rule), 4),
             f"{best['split_cpu_s']:.3f}"]
 
@@ -681,12 +683,12 @@ def split() -> str:
                   "goal, not a GPU measurement).",
                   table(["trace", "cluster", "redundant", "protocol", "rule", "rule + split", "target",
                          "split overhead us/layer", "at rule + split's best cadence: layer-steps split",
-                         "expert time, with the split over without", "the choice's CPU s",
+                         "layer time, with the split over without", "the choice's CPU s",
                          "rule + a free split (its expert time over the rule's)"], rows),
                   f"Targets (rule + split at most 0.94x with R = G, 0.90x with R = 2G): {met}. The two totals come "
                   "from two runs, each with its own measure of the rule's CPU time, which SGLang's protocol pays "
                   "and which moves by several percent between identical runs on a shared machine; the last three "
-                  "columns are the split's own part: the layer-steps it ran, the expert and migration time with it "
+                  "columns are the split's own part: the layer-steps it ran, the layer and migration time with it "
                   "over the same cadence without it, and the CPU time of the per-layer choice. The last column "
                   "is what no charged split can beat: the rule at its best cadence with the split on every layer "
                   "of every batch from the first step, its all-reduce, solve and choice free, over the default's "
@@ -984,7 +986,7 @@ def _engine_figures(modes: tuple[str, ...], what: str) -> str:
               "moe-place / default", *(f"{_range(_engine_advised(m, 'moe-place'))} / {_range(_engine_advised(m, 'default'))}"
                                        for m in modes)],
              ["the replay's prediction of each of those runs, worst error on the total (the policy's CPU time "
-              "measured in both) / on expert + migration time",
+              "measured in both) / on the time without it",
               *(f"{pct(_engine_prediction(m), 2, sign=False)} / {pct(_engine_prediction(m, 'replay_model_error'), 2, sign=False)}"
                 for m in modes)],
              [f"the policy's CPU time per call over the engine's own, {len(_engine_cpu(modes[0]))} sizes (measured)",
