@@ -14,8 +14,8 @@ Per call, for `L` layers of `E` experts on `P` slots with a window of `W` steps:
 
 fitted per protocol and policy by least squares on the relative error, each run weighted by the square
 root of its calls, on the tuning traces only (`bench/fit_policy_cpu.py` prints the errors on both sets;
-`tests/test_policy_cpu.py` refits the records and compares). A run's calls are priced within -61% to +91% of
-what they measured (the spread of single runs), their sum over a set's runs within -25% to +5%.
+`tests/test_policy_cpu.py` refits the records and compares). A run's calls are priced within -57% to +76% of
+what they measured (the spread of single runs), their sum over a set's runs within -15% to -2%.
 The prices are those of that machine: a faster CPU pays both policies less, in proportion.
 """
 
@@ -35,12 +35,12 @@ RECORDS = {"sglang": "bench/results/replay_sglang.json", "vllm-sync": "bench/res
 MACHINE = "one core of a 2-core AMD EPYC with AVX-512, one torch thread"
 # seconds per unit of each term, (a, b, c): `fit(...)` of the records above (the test refits and compares)
 COEFFICIENTS = {
-    ("sglang", "default"): (6.396670867e-05, 1.945305310e-06, 2.296926670e-06),
-    ("sglang", "moe-place"): (2.133017225e-04, 1.113751560e-06, 6.270188810e-06),
-    ("vllm-sync", "default"): (4.214071796e-05, 4.402088910e-06, 0.0),
-    ("vllm-sync", "moe-place"): (1.481271657e-04, 1.056712550e-06, 4.133191500e-07),
-    ("vllm", "default"): (4.150432191e-05, 4.429408410e-06, 0.0),
-    ("vllm", "moe-place"): (1.546856890e-04, 1.044288640e-06, 3.782784000e-07),
+    ("sglang", "default"): (9.467879524e-05, 1.850768898e-06, 1.711181294e-06),
+    ("sglang", "moe-place"): (2.212697612e-04, 1.335658344e-06, 5.728621719e-06),
+    ("vllm-sync", "default"): (6.576478662e-05, 4.156112245e-06, 5.778962230e-08),
+    ("vllm-sync", "moe-place"): (1.926649340e-04, 9.429568623e-07, 2.488581794e-07),
+    ("vllm", "default"): (9.270350826e-05, 4.121532994e-06, 0.0),
+    ("vllm", "moe-place"): (2.334917873e-04, 8.557419986e-07, 1.190752932e-07),
 }
 
 
