@@ -516,7 +516,7 @@ def _drift_section(cadence: dict, best_rows: list[list], prediction_rows: list[l
                "same engine run measured again, back to back (`--repeat-runs`: the run the CPU time weighs most in, "
                "per trace), gives the spread of identical runs' totals. Where that spread is above 1%, no "
                "prediction of the total can be within 1% of every run on this machine; the time without it, "
-               "which is modelled, is.",
+               "which is modelled, is predicted as the previous table's \"worst without CPU time\" says.",
                table(["engine (mode)", "trace", "run", "policy's CPU seconds, identical runs", "totals' spread"],
                      repeat_rows)) if repeat_rows else ()))
 
