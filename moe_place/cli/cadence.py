@@ -165,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
               + ", ".join(f"{policy} {seconds:.3f} s" for policy, seconds in measured.items())
               + ("" if default_plan is not None else
                  " (the default: the replay's numpy copy, cheaper than the engine's own code)"))
+        if split:
+            chose = sum(r.split_cpu_s for r in result.runs if r.policy == "moe-place")
+            print(f"split choice CPU     {chose:.3f} s on this machine's clock over moe-place's runs, not in the "
+                  "priced totals (the price is the rule's call; bench/bench_split.py pays the choice at the clock)")
     if wins:
         print(f"advice               moe-place every {best_ours.step_interval} steps"
               + (", with the per-batch split" if split else "") + ":")

@@ -155,6 +155,7 @@ class ReplayResult:
             "total_time_s": self.total_time_s,
             "mean_balancedness": float(self.balancedness.mean()) if self.steps else 0.0,
             "split_layer_steps": int(self.split_layers.sum()),
+            "split_cpu_s": float(self.split_cpu_s.sum()),
         }
         if per_step:
             decided = set(self.rebalance_steps)
