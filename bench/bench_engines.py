@@ -168,8 +168,7 @@ def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[
     label = _label(engine, use_async)
     records, at_default, rows, predictions, advice = [], [], [], [], []
     print(f"{label}: drifting traces, {args.steps} steps, seed {args.seed}; total = expert time + dispatch/combine "
-          f"+ migration "
-          f"({'async' if use_async else 'stall'}) + the policy's CPU time"
+          f"+ migration ({'async' if use_async else 'stall'}) + the policy's CPU time"
           f"{' (not paid: the async worker)' if use_async else ''}; every cadence of `moe-place cadence`, the replay's "
           f"prediction beside each run (error: on the total; model: on the model's time, without the "
           f"policy's CPU time, which two runs measure apart)")
@@ -198,8 +197,7 @@ def drift_section(engine: str, use_async: bool, args, scenarios: dict) -> tuple[
         for (interval, policy), p in priced.items():
             base = priced[(interval, "default")]["total_s"]
             print(f"{scenario:<22} {policy:<10} {interval:>6} {p['expert_s']:>9.3f} {p['comm_s']:>8.3f} "
-                  f"{p['migration_s']:>8.3f} "
-                  f"{p['policy_s']:>9.3f} {p['total_s']:>9.3f} {p['bytes_moved'] / 2**30:>7.2f} {p['calls']:>6} "
+                  f"{p['migration_s']:>8.3f} {p['policy_s']:>9.3f} {p['total_s']:>9.3f} {p['bytes_moved'] / 2**30:>7.2f} {p['calls']:>6} "
                   f"{p['total_s'] / base:>10.3f} {p['replay_total_s']:>9.3f} {p['replay_error']:>+7.2%} "
                   f"{p['replay_model_error']:>+7.2%}")
         if replay.default_interval:

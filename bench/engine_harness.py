@@ -36,8 +36,8 @@ it serves until the next call (summed), slots changed, bytes copied between GPUs
 (`moe_place.cost.migration.plan_copies` with the size's expert bytes), the policy's CPU time and, for a
 hierarchical size, whether every expert group and its replicas sit inside one node. On drift traces
 `price_run` adds, per step, the layer time of the map the engine runs (expert time, and dispatch + combine,
-as the replay prices them: `moe_place.online.replay.served_steps`), what serving pays for each map change under the engine's migration model
-(vLLM async: per committed layer, `ReplayCost.charge` with migration "async"; sync vLLM and SGLang's
+as the replay prices them: `moe_place.online.replay.served_steps`), what serving pays for each map change
+under the engine's migration model (vLLM async: per committed layer, `ReplayCost.charge` with migration "async"; sync vLLM and SGLang's
 default all-layers update: "stall") and the policy's own CPU time per call (`time.thread_time` in the
 thread that calls it, the garbage collector held off as in the replay: `moe_place.online.controller.cpu_timer`;
 its wall time is recorded beside). In SGLang's runs each call is also run
@@ -853,8 +853,7 @@ def price_run(run: EngineRun, counts: np.ndarray, size: Size) -> dict:
     policy_s = 0.0 if run.migration == "async" else policy_cpu_s   # vLLM's async worker: beside serving
     model_s = float(expert_s.sum() + comm_s.sum()) + migration_s
     return {"expert_s": float(expert_s.sum()), "comm_s": float(comm_s.sum()), "migration_s": migration_s,
-            "policy_s": policy_s,
-            "policy_cpu_s": policy_cpu_s, "model_s": model_s, "total_s": model_s + policy_s,
+            "policy_s": policy_s, "policy_cpu_s": policy_cpu_s, "model_s": model_s, "total_s": model_s + policy_s,
             "policy_wall_s": float(sum(c.wall_s for c in run.calls)), "bytes_moved": moved,
             "calls": len(run.calls), "map_changes": int(np.count_nonzero(np.diff(run.map_of_step)))}
 

@@ -177,6 +177,10 @@ def add_policy_time_argument(parser: argparse.ArgumentParser) -> None:
                              "either way)")
 
 
+# what `replay` and `cadence` say of the split's per-layer choice where policy calls are priced
+SPLIT_CHOICE_UNPRICED = "(the price is the rule's call; bench/bench_split.py pays the choice at the clock)"
+
+
 def add_default_policy_argument(parser: argparse.ArgumentParser) -> None:
     """`--default-policy auto|engine|numpy` (shared with `cadence`): which code the engine's default policy runs."""
     parser.add_argument("--default-policy", choices=("auto", "engine", "numpy"), default="auto",
@@ -336,5 +340,5 @@ def run(args: argparse.Namespace) -> int:
               f"{cost.replica_choice}")
         if paid_s is not None and not cadence.policy_in_worker:
             print(f"split choice CPU      {doc['split_cpu_s'] * 1e3:.3f} ms on this machine's clock, not in the priced "
-                  "total (the price is the rule's call; bench/bench_split.py pays the choice at the clock)")
+                  f"total {SPLIT_CHOICE_UNPRICED}")
     return 0

@@ -32,7 +32,6 @@ from typing import Callable, Iterable
 import numpy as np
 
 from moe_place.cost.cluster import ReplayCost
-from moe_place.cost.expected_traffic import expected_phase_times_s
 from moe_place.errors import InputError, check_keys
 from moe_place.online.controller import Controller, StaticController
 from moe_place.online.switch import MapSwitch

@@ -5,8 +5,8 @@ of the batch's counts and a solve on its critical path (`moe_place.cost.replicas
 redundant experts it can move nothing; on small batches, or where the replicas already share the load well,
 it saves less than it costs. So at every call the engine makes, `SplitChoice.decide` prices, per layer and on
 the map the engine will run, the mean layer time of a batch (dispatch, the busiest GPU's expert time, combine:
-`ReplayCost.served_times_s`) under the engine's own replica choice and under the split, over batches like the window's, and turns the split on where the saving is more than the overhead
-(times `1 + margin`). A layer's choice stands while its map row is unchanged, for up to `REFRESH_STEPS`
+`ReplayCost.served_times_s`) under the engine's own replica choice and under the split, over batches like the
+window's, and turns the split on where the saving is more than the overhead (times `1 + margin`). A layer's choice stands while its map row is unchanged, for up to `REFRESH_STEPS`
 steps, so a short cadence does not pay for it at every call (the choice is part of the policy's call and
 its CPU time is the policy's, which SGLang and vLLM's sync mode wait for). Two cases cost next to nothing:
 a layer whose map replicates no expert is off without pricing (the split has no choice to make there), and
