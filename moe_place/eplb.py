@@ -58,12 +58,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moe_place.engines.config import solver_settings
 from moe_place.engines.tensors import (is_torch_tensor, maps_as_result, placement_tensors, torch_descending_order,
                                        weight_to_numpy)
 from moe_place.errors import ParameterError
 from moe_place.solvers.deepseek import check_eplb_arguments, eplb_maps
-from moe_place.solvers.engine_call import plan_placement
+from moe_place.solvers.engine_call import plan_placement, solver_settings
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch  # lazy: torch only for the returned tensors

@@ -3,13 +3,14 @@
 Engines hand their balancer DeepSeek EPLB's arguments; `plan_placement` turns them into a
 `PlacementProblem` as EPLB reads them (`effective_topology`: hierarchical only when the groups are a
 multiple of the nodes) and plans it with `moe_place.solvers.solve`. The solver and its time limit are
-arguments: nothing here reads the environment (the drop-in `moe_place.eplb` and the engine adapters
-read `MOE_PLACE_SOLVER` / `MOE_PLACE_TIME_LIMIT`, `moe_place.engines.config.solver_settings`).
+arguments; the drop-in `moe_place.eplb` and the engine adapters read them from `MOE_PLACE_SOLVER` /
+`MOE_PLACE_TIME_LIMIT` with `solver_settings`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
@@ -20,6 +21,8 @@ from moe_place.solvers import solve
 from moe_place.solvers.deepseek import plans_hierarchically
 
 DEFAULT_SOLVER = "quick"  # deterministic and bounded: an engine waits for it (moe_place.eplb's module note)
+SOLVER_ENV = "MOE_PLACE_SOLVER"
+TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"
 
 
 def effective_topology(num_experts: int, num_groups: int | None, num_nodes: int, num_gpus: int) -> tuple[int | None, int]:
@@ -68,3 +71,18 @@ def plan_placement(loads: np.ndarray, num_replicas: int, num_groups: int | None,
     for note in solution.notes:  # e.g. a time limit that returned the anytime plan
         logging.getLogger("moe_place").info("rebalance_experts: %s", note)
     return solution.placement
+
+
+def solver_settings(solver: str | None = None, time_limit_s: float | None = None) -> tuple[str, float | None]:
+    """The solver name and time limit of a fresh plan: the arguments first, then `MOE_PLACE_SOLVER` /
+    `MOE_PLACE_TIME_LIMIT`, then the default ("quick", no limit)."""
+    name = solver or os.environ.get(SOLVER_ENV) or DEFAULT_SOLVER
+    if time_limit_s is None and os.environ.get(TIME_LIMIT_ENV):
+        text = os.environ[TIME_LIMIT_ENV]
+        try:
+            time_limit_s = float(text)
+        except ValueError:
+            raise InputError(TIME_LIMIT_ENV, "a number of seconds", text) from None
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise InputError("time_limit_s", "a positive number of seconds", time_limit_s)
+    return name, time_limit_s

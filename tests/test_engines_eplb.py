@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from moe_place import eplb as dropin  # noqa: E402
-from moe_place.engines import config as engine_config  # noqa: E402
+from moe_place.solvers import engine_call  # noqa: E402
 from moe_place.errors import InputError  # noqa: E402
 from moe_place.placement import Placement  # noqa: E402
 from moe_place.solvers import deepseek as reference  # noqa: E402
@@ -22,8 +22,8 @@ README_PHY2LOG = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
 
 @pytest.fixture(autouse=True)
 def _no_env(monkeypatch):
-    monkeypatch.delenv(engine_config.SOLVER_ENV, raising=False)
-    monkeypatch.delenv(engine_config.TIME_LIMIT_ENV, raising=False)
+    monkeypatch.delenv(engine_call.SOLVER_ENV, raising=False)
+    monkeypatch.delenv(engine_call.TIME_LIMIT_ENV, raising=False)
 
 
 def _max_gpu_load(phy2log, weight, gpus):
@@ -52,7 +52,7 @@ def test_shapes_dtypes_and_padding_match_eplb(dtype):
 
 
 def test_eplb_solver_reproduces_the_readme_example_exactly(monkeypatch):
-    monkeypatch.setenv(engine_config.SOLVER_ENV, "eplb")
+    monkeypatch.setenv(engine_call.SOLVER_ENV, "eplb")
     phy2log, _, _ = dropin.rebalance_experts(torch.tensor(README_WEIGHT), 16, 4, 2, 8)
     assert phy2log.tolist() == README_PHY2LOG
 
@@ -76,16 +76,16 @@ def test_solver_and_time_limit_come_from_keywords_or_environment(monkeypatch):
     weight = torch.tensor(README_WEIGHT)
     by_keyword = dropin.rebalance_experts(weight, 16, 4, 2, 8, solver="eplb")[0]
     assert by_keyword.tolist() == README_PHY2LOG
-    assert engine_config.solver_settings() == ("quick", None)
-    monkeypatch.setenv(engine_config.SOLVER_ENV, "cpsat")
-    monkeypatch.setenv(engine_config.TIME_LIMIT_ENV, "2.5")
-    assert engine_config.solver_settings() == ("cpsat", 2.5)
-    assert engine_config.solver_settings("fast", 1.0) == ("fast", 1.0)  # keywords win
-    monkeypatch.setenv(engine_config.TIME_LIMIT_ENV, "soon")
-    with pytest.raises(InputError, match=engine_config.TIME_LIMIT_ENV):
+    assert engine_call.solver_settings() == ("quick", None)
+    monkeypatch.setenv(engine_call.SOLVER_ENV, "cpsat")
+    monkeypatch.setenv(engine_call.TIME_LIMIT_ENV, "2.5")
+    assert engine_call.solver_settings() == ("cpsat", 2.5)
+    assert engine_call.solver_settings("fast", 1.0) == ("fast", 1.0)  # keywords win
+    monkeypatch.setenv(engine_call.TIME_LIMIT_ENV, "soon")
+    with pytest.raises(InputError, match=engine_call.TIME_LIMIT_ENV):
         dropin.rebalance_experts(weight, 16, 4, 2, 8)
-    monkeypatch.delenv(engine_config.TIME_LIMIT_ENV)
-    monkeypatch.setenv(engine_config.SOLVER_ENV, "magic")
+    monkeypatch.delenv(engine_call.TIME_LIMIT_ENV)
+    monkeypatch.setenv(engine_call.SOLVER_ENV, "magic")
     with pytest.raises(InputError, match="solver"):
         dropin.rebalance_experts(weight, 16, 4, 2, 8)
 

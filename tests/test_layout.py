@@ -245,3 +245,11 @@ def test_every_hypothesis_test_is_derandomized():
     first, seen = seen, []
     drawn()
     assert seen == first
+
+
+def test_the_dropin_imports_only_what_it_runs():
+    """`import moe_place.eplb` (DeepSeek's drop-in) loads no module of the online rule, the CLI or the cost model."""
+    code = "import sys, moe_place.eplb; print(' '.join(sorted(m for m in sys.modules if m.startswith('moe_place'))))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "moe_place.eplb" in loaded
+    assert not [m for m in loaded if m.split(".")[1:2] in (["online"], ["cli"], ["cost"])], loaded

@@ -34,7 +34,8 @@ says what the rule understood: model, expert bytes and where they came from, har
 An environment variable set to "none" clears a cap the file sets.
 
 Where the adapters and the drop-in (`moe_place.eplb`) plan afresh (no map in use yet), the solver and
-its time limit come from `MOE_PLACE_SOLVER` and `MOE_PLACE_TIME_LIMIT` (`solver_settings`).
+its time limit come from `MOE_PLACE_SOLVER` and `MOE_PLACE_TIME_LIMIT`
+(`moe_place.solvers.engine_call.solver_settings`).
 """
 
 from __future__ import annotations
@@ -52,15 +53,12 @@ from moe_place.cost.models import ExpertShape, get_model, infer_model_name, mode
 from moe_place.engines.guard import LOG, ensure_handler
 from moe_place.errors import InputError, check_keys
 from moe_place.online.policy import ESTIMATES, RebalanceRule
-from moe_place.solvers.engine_call import DEFAULT_SOLVER
 
 CONFIG_ENV = "MOE_PLACE_CONFIG"
 MODEL_ENV = "MOE_PLACE_MODEL"
 DEFAULT_MODEL = "Qwen3-30B-A3B"   # the expert dimensions where neither the engine nor the config says
 DEFAULT_CADENCE = (3000, 1000)    # vLLM 0.33's EPLBConfig step_interval / window_size, where the engine does not say
 EXPERT_BYTES_TOLERANCE = 0.05     # a preset's bytes are weights only; the engine's include scales and padding
-SOLVER_ENV = "MOE_PLACE_SOLVER"
-TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"
 
 
 @dataclass(frozen=True)
@@ -266,21 +264,6 @@ def load_engine_config(environ: Mapping[str, str] | None = None) -> EngineConfig
         except ValueError:
             raise InputError(var, f"a {kind}" + (" or none" if key in _CAPS else ""), repr(text)) from None
     return EngineConfig(**values)
-
-
-def solver_settings(solver: str | None = None, time_limit_s: float | None = None) -> tuple[str, float | None]:
-    """The solver name and time limit of a fresh plan: the arguments first, then `MOE_PLACE_SOLVER` /
-    `MOE_PLACE_TIME_LIMIT`, then the default ("quick", no limit)."""
-    name = solver or os.environ.get(SOLVER_ENV) or DEFAULT_SOLVER
-    if time_limit_s is None and os.environ.get(TIME_LIMIT_ENV):
-        text = os.environ[TIME_LIMIT_ENV]
-        try:
-            time_limit_s = float(text)
-        except ValueError:
-            raise InputError(TIME_LIMIT_ENV, "a number of seconds", text) from None
-    if time_limit_s is not None and not time_limit_s > 0:
-        raise InputError("time_limit_s", "a positive number of seconds", time_limit_s)
-    return name, time_limit_s
 
 
 def _read_file(path: Path) -> dict:

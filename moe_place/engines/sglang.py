@@ -72,8 +72,7 @@ import numpy as np
 
 from moe_place.engines import sglang_managers
 from moe_place.engines.batch_split import FLAGS, SPLIT_ENV, check_split_setting
-from moe_place.engines.config import (EngineConfig, EngineModel, config_dims, expert_bytes_of, load_engine_config,
-                                      solver_settings)
+from moe_place.engines.config import EngineConfig, EngineModel, config_dims, expert_bytes_of, load_engine_config
 from moe_place.engines.guard import Guard
 from moe_place.engines.session import RuleSession
 from moe_place.engines.sglang_split import sglang_dispatch_algorithm
@@ -83,7 +82,7 @@ from moe_place.io import write_atomic
 from moe_place.online.policy import warm_up
 from moe_place.placement import Placement
 from moe_place.solvers.deepseek import plans_hierarchically
-from moe_place.solvers.engine_call import plan_placement
+from moe_place.solvers.engine_call import plan_placement, solver_settings
 
 MAP_KEY = "physical_to_logical_map"
 SUFFIXES = (".json", ".pt")

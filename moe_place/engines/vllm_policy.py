@@ -59,7 +59,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from moe_place.engines.batch_split import FLAGS, split_enabled
-from moe_place.engines.config import EngineConfig, EngineModel, load_engine_config, solver_settings
+from moe_place.engines.config import EngineConfig, EngineModel, load_engine_config
 from moe_place.engines.guard import Guard
 from moe_place.engines.session import RuleSession
 from moe_place.engines.tensors import placement_tensors, to_numpy, weight_to_numpy
@@ -67,7 +67,7 @@ from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.planfile import read_plan
 from moe_place.solvers.deepseek import check_eplb_arguments
-from moe_place.solvers.engine_call import plan_placement
+from moe_place.solvers.engine_call import plan_placement, solver_settings
 
 RETURN_STYLES = ("auto", "tuple", "phy2log")
 INTERFACES = ("auto", "legacy", "plan_rebalance", "context")
@@ -102,7 +102,7 @@ class PolicyCore:
     returns: "auto" | "tuple" | "phy2log" (legacy interface only).
     config: the rule's settings (None: `load_engine_config()` at first use).
     solver / time_limit_s: moe-place's solver for a fresh plan, made where vLLM gives no usable map in use
-        (None: `MOE_PLACE_SOLVER` / `MOE_PLACE_TIME_LIMIT`, default "quick", `engines.config.solver_settings`).
+        (None: `MOE_PLACE_SOLVER` / `MOE_PLACE_TIME_LIMIT`, default "quick", `solvers.engine_call.solver_settings`).
     max_moved_slots: a cap on slots changed per layer and call (None: the config's).
     static_plan: path of a fixed placement (None: `MOE_PLACE_STATIC_PLAN`, unset: plan online).
     """
