@@ -146,11 +146,10 @@ class ReplayCost:
         overhead included where `split`; dispatch + combine `[rows]`; balancedness, mean over max GPU rows
         `[rows]`) of map rows `phy2log [rows, P]` serving batches `expert_load [rows, E]`."""
         slots = self.slot_rows(phy2log, expert_load, split, max_sweeps).reshape(len(phy2log), self.num_gpus, -1)
-        times = self.gpu_times_s(slots).max(axis=-1) + (self.split_overhead_s if split else 0.0)
-        per_gpu = slots.sum(axis=-1)
+        expert, comm, per_gpu = self._parts_s(slots)
         busiest = per_gpu.max(axis=-1)
         balance = np.divide(per_gpu.mean(axis=-1), busiest, out=np.ones(len(busiest)), where=busiest > 0)
-        return times, self.comm_times_s(per_gpu), balance
+        return expert + (self.split_overhead_s if split else 0.0), comm, balance
 
     def rows_times_s(self, phy2log: np.ndarray, expert_load: np.ndarray, num_gpus: int) -> np.ndarray:
         """float64 `[rows]`: the layer time (dispatch + busiest-GPU expert time + combine) of map rows `phy2log
@@ -163,8 +162,14 @@ class ReplayCost:
         """(busiest-GPU expert time `[rows]`, dispatch + combine `[rows]`) of map rows `phy2log [rows, P]` under
         loads `expert_load [rows, E]`, split evenly over replicas and unchecked (`even_split_slot_loads`): for a
         caller whose maps are valid."""
-        slots = even_split_slot_loads(phy2log, expert_load).reshape(len(phy2log), num_gpus, -1)
-        return self.gpu_times_s(slots).max(axis=-1), self.comm_times_s(slots.sum(axis=-1))
+        expert, comm, _ = self._parts_s(even_split_slot_loads(phy2log, expert_load).reshape(len(phy2log), num_gpus, -1))
+        return expert, comm
+
+    def _parts_s(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(busiest-GPU expert time `[rows]`, dispatch + combine `[rows]`, rows per GPU `[rows, G]`) of rows per slot
+        `slots [rows, G, slots per GPU]`: the one layer time of `served_times_s` and `rows_parts_s`."""
+        per_gpu = slots.sum(axis=-1)
+        return self.gpu_times_s(slots).max(axis=-1), self.comm_times_s(per_gpu), per_gpu
 
     # ------------------------------------------------------------------ migration
     def copies(self, old: Placement, new: Placement, layers: np.ndarray | None = None) -> list[Copy]:

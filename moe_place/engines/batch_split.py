@@ -95,8 +95,6 @@ def map_dispatches(topk_ids, row, shares, rank: int, num_ranks: int):
     return torch.from_numpy(slots).to(device=topk_ids.device, dtype=topk_ids.dtype)
 
 
-
-
 def split_step(topk_ids, num_experts: int, row, num_ranks: int, all_reduce: Callable, guard: Guard, entry: str):
     """(global counts int64 `[E]`, shares int64 `[P]`): the all-reduce of this rank's counts (`all_reduce(local)`
     returns the sum over the EP group) and the batch's split, or None where anything failed (the caller then

@@ -35,9 +35,8 @@ def weight_to_numpy(weight: Any, dtype: type = np.float64) -> np.ndarray:
     ParameterError unless a non-empty 2-D array of finite loads >= 0. A tensor is converted by
     torch (`.float()` for float32, as DeepSeek's original converts, `.double()` otherwise).
     """
-    if is_torch_tensor(weight):  # copy to the host first
-        host = weight.detach().to("cpu")
-        weight = (host.float() if dtype == np.float32 else host.double()).numpy()
+    if is_torch_tensor(weight):  # torch converts (bfloat16 has no numpy dtype)
+        weight = to_numpy(weight.float() if dtype == np.float32 else weight.double())
     try:
         loads = np.asarray(weight, dtype=dtype)
     except (TypeError, ValueError):
