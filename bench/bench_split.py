@@ -16,10 +16,17 @@ Three sections, each printing a table and its targets (MET / NOT MET; exit 1 if 
    with R = G and 0.90x with R = 2G, in both protocols. Beside each, the rule with a free split (no all-reduce,
    no solve, no choice: on every layer of every batch) at the rule's best cadence: what no charged split can
    beat.
+   Target too: the split's choice costs at most 0.5% best against best where it runs (rule + split over the
+   rule alone, each at its best cadence, at most 1.005 on every row).
 3. `guard`: traces where the split has nothing to give, no redundant experts and decode-sized batches (512
    tokens a step): the rule with `--split per-batch` at most 1.005x the rule without it at every cadence.
+4. `choice_price`: what the choice's two stages cost this core per slot of a layer's map row (the screen on the
+   mean batch; the pricing in full, per batch priced) at four sizes, the median of 5 timings;
+   `moe_place.online.splitting`'s `SCREEN_S_PER_SLOT` and `PRICE_S_PER_SLOT` are at least the most of them
+   (tests/test_replicas.py checks).
 
-    python bench/bench_split.py [--sections accuracy,replay,guard] [--steps 3000] [--out FILE.json] [--force]
+    python bench/bench_split.py [--sections accuracy,replay,guard,choice_price] [--steps 3000] [--out FILE.json]
+        [--force]
 
 The committed record: `python bench/bench_split.py --out bench/results/split.json --force`.
 """
@@ -43,6 +50,8 @@ from moe_place.online.cadence import CadenceRun, cadences, sweep
 from moe_place.online.controller import initial_map, make_controller
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import replay
+from moe_place.online.splitting import (CHOICE_SWEEPS, PRICE_S_PER_SLOT, SCREEN_S_PER_SLOT, SPLIT_SAMPLES,
+                                        SplitChoice)
 from moe_place.cost.cluster import cluster_cost
 from moe_place.online.replay import parse_synthetic
 from moe_place.solvers.deepseek import eplb_rebalance
@@ -54,10 +63,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_replay  # noqa: E402  (bench/ is not a package)
 from engine_policies import machine, provenance  # noqa: E402
 
-SECTIONS = ("accuracy", "replay", "guard")
+SECTIONS = ("accuracy", "replay", "guard", "choice_price")
 TARGET_ACCURACY = 1.005      # the fast split's busiest GPU over the whole-row optimum, every layer and batch
 TARGET_SPLIT = {1: 0.94, 2: 0.90}   # rule + split at its best cadence over the default at its best: R = G, 2G
 TARGET_GUARD = 1.005         # rule + split over the rule alone, at every cadence, where the split cannot pay
+TARGET_CHOICE = 1.005        # rule + split over the rule alone, each at its best cadence, on every replay row
+PRICE_SIZES = ((8, 1, 64, 8, "Qwen3-30B-A3B", 4096), (8, 1, 64, 16, "Qwen3-30B-A3B", 32768),   # (G, N, E, R,
+               (32, 4, 256, 32, "DeepSeek-V3", 65536), (32, 4, 256, 64, "DeepSeek-V3", 65536))   # model, tokens)
 INTERVALS = (10, 50, 200, 1000)
 PROTOCOLS = {"vllm": ("vllm", True), "sglang": ("sglang", False)}
 REPLAY_TRACES = ("1x8-qwen3-30b-e101", "1x8-qwen3-30b-e103", "4x8-deepseek-v3-e104", "4x8-deepseek-v3-e105")
@@ -187,7 +199,8 @@ def replay_section(steps: int, progress) -> dict:
                          f"{row['split_ratio']:.4f}, rule + a free split {row['free_split_ratio']:.4f}")
     met = {f: all(r["split_ratio"] <= TARGET_SPLIT[f] for r in rows if r["redundant"] == f * r["gpus"])
            for f in TARGET_SPLIT}
-    return {"rows": rows, "met": met}
+    choice = max(r["split_ratio"] / r["rule_ratio"] for r in rows)
+    return {"rows": rows, "met": met, "choice_worst": choice, "choice_met": choice <= TARGET_CHOICE}
 
 
 def guard_section(steps: int, progress) -> dict:
@@ -199,6 +212,38 @@ def guard_section(steps: int, progress) -> dict:
             progress(f"{name} {protocol}: worst rule + split / rule {max(row['split_over_rule_at'].values()):.4f}")
     worst = max(max(r["split_over_rule_at"].values()) for r in rows)
     return {"rows": rows, "worst": worst, "met": worst <= TARGET_GUARD}
+
+
+# ---------------------------------------------------------------------- 4. what the choice costs
+def choice_price_section(repeats: int = 5) -> dict:
+    """Seconds per slot of a layer's map row of the split choice's screen and of its pricing in full (per batch
+    priced), timed on this thread (`SplitChoice._noisy_ceiling_s`; `_ceiling_s` and the split's solve on
+    `SPLIT_SAMPLES` batches) for 8 layers of EPLB maps of Dirichlet(0.5) loads at each of `PRICE_SIZES`."""
+    rows = []
+    rng = np.random.default_rng(0)
+    for gpus, nodes, experts, redundant, model, tokens in PRICE_SIZES:
+        choice = SplitChoice(cluster_cost(gpus, nodes, "H100", model, replica_choice="sglang-static"))
+        slots, layers = experts + redundant, 8
+        popularity = rng.dirichlet(np.full(experts, 0.5), size=layers)
+        plan = eplb_rebalance(popularity * 1000, slots, 1, 1, gpus)
+        batches = np.stack([rng.multinomial(tokens * 8, p, size=SPLIT_SAMPLES) for p in popularity], axis=1)
+        flat = batches.reshape(-1, experts).astype(np.float64)
+        tiled = np.broadcast_to(plan[None], (SPLIT_SAMPLES, layers, slots)).reshape(-1, slots)
+        screen, full = [], []
+        for _ in range(repeats):
+            started = time.thread_time()
+            choice._noisy_ceiling_s(plan, batches.mean(axis=0))
+            middle = time.thread_time()
+            choice._ceiling_s(tiled, flat)
+            choice.cost.served_times_s(tiled, flat, split=True, max_sweeps=CHOICE_SWEEPS)
+            screen.append(middle - started)
+            full.append(time.thread_time() - middle)
+        rows.append({"gpus": gpus, "experts": experts, "slots": slots, "tokens": tokens,
+                     "screen_s_per_slot": float(np.median(screen)) / (layers * slots),
+                     "price_s_per_slot": float(np.median(full)) / (layers * slots * SPLIT_SAMPLES)})
+    most = {key: max(r[key] for r in rows) for key in ("screen_s_per_slot", "price_s_per_slot")}
+    met = most["screen_s_per_slot"] <= SCREEN_S_PER_SLOT and most["price_s_per_slot"] <= PRICE_S_PER_SLOT
+    return {"rows": rows, "most": most, "met": met}
 
 
 # ---------------------------------------------------------------------- the command
@@ -221,6 +266,9 @@ def report(doc: dict) -> list[str]:
         for f, met in doc["replay"]["met"].items():
             lines.append(f"  R = {f}G: rule + split <= {TARGET_SPLIT[f]} on every trace and protocol: "
                          f"{'MET' if met else 'NOT MET'}")
+        lines.append(f"  the split's choice, rule + split over the rule alone (best against best): worst "
+                     f"{doc['replay']['choice_worst']:.4f} (target <= {TARGET_CHOICE}: "
+                     f"{'MET' if doc['replay']['choice_met'] else 'NOT MET'})")
     if "guard" in doc:
         g = doc["guard"]
         lines.append("guard: rule + split over the rule alone at every cadence, where the split has nothing to give")
@@ -229,6 +277,14 @@ def report(doc: dict) -> list[str]:
             lines.append(f"  {r['trace']:<28} {r['protocol']:<7} worst {worst:.4f} "
                          f"({', '.join(f'{i}: {v:.4f}' for i, v in r['split_over_rule_at'].items())})")
         lines.append(f"  worst {g['worst']:.4f} (target <= {TARGET_GUARD}: {'MET' if g['met'] else 'NOT MET'})")
+    if "choice_price" in doc:
+        c = doc["choice_price"]
+        lines.append("choice_price: the split choice's CPU per slot of a layer's map row (this core)")
+        lines += [f"  G={r['gpus']:>2} E={r['experts']:>3} P={r['slots']:>3} {r['tokens']:>6} tokens  screen "
+                  f"{r['screen_s_per_slot'] * 1e6:.3f} us  priced {r['price_s_per_slot'] * 1e6:.3f} us a batch"
+                  for r in c["rows"]]
+        lines.append(f"  the prices moe-place charges, screen {SCREEN_S_PER_SLOT * 1e6:.3f} us and priced "
+                     f"{PRICE_S_PER_SLOT * 1e6:.3f} us, at least the most measured: {'MET' if c['met'] else 'NOT MET'}")
     return lines
 
 
@@ -264,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
             doc["replay"] = replay_section(args.steps, progress)
         if "guard" in sections:
             doc["guard"] = guard_section(args.steps, progress)
+        if "choice_price" in sections:
+            doc["choice_price"] = choice_price_section()
+            progress(f"choice_price: most {doc['choice_price']['most']}")
     except KeyboardInterrupt:
         return interrupted("bench_split")
     doc["seconds"] = round(time.perf_counter() - started, 1)

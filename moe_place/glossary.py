@@ -166,8 +166,9 @@ TERMS: dict[str, str] = {
     "policy time": "The policy's own time that serving pays: all of it where it waits (SGLang, vLLM sync), "
                    "nothing in vLLM's async worker; the CPU seconds measured are beside it.",
     "split choice CPU": "With `--split per-batch`: the CPU seconds of the split's per-layer choice in moe-place's "
-                        "policy calls, on this machine's clock; a priced total pays the rule's call only, so it is "
-                        "reported beside it (bench/bench_split.py pays it at the clock).",
+                        "policy calls, on this machine's clock; a priced total pays its committed price instead "
+                        "(per slot of the layers it screens and prices; each call's at most 0.2% of the serving "
+                        "time until the next call).",
     "total time": "Expert-layer time + dispatch + combine + migration time + policy time.",
     "cadence sweep": "`cadence`: the engine's protocol and the trace replayed at each rebalance interval.",
     "interval": "Steps between two calls of the rebalance policy (the engine's `step_interval`).",

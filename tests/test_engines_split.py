@@ -179,7 +179,7 @@ def test_without_the_variable_the_policy_offers_nothing(monkeypatch):
         window = torch.tensor([3000, 3000, 3000, 3000, 6000, 6000, 100, 100], dtype=torch.float).repeat(LAYERS, 1)
         policy.rebalance_experts(window * 750, PHY2LOG.shape[1], 1, 1, GPUS, PHY2LOG.clone())
         assert (LAYERS, EXPERTS) not in FLAGS.pending
-        assert all(session.splitter is None for session in policy._sessions.values())
+        assert all(session.rule.split is None for session in policy._sessions.values())
 
 
 def test_the_split_variable_is_checked_at_start(monkeypatch):

@@ -11,7 +11,8 @@ from moe_place.cost.comm import SlotTable, choose_replicas, static_rank_table
 from moe_place.cost.replicas import (allreduce_latency_s, slot_rows, split_overhead_s, vllm_hash_fractions)
 from moe_place.errors import InputError
 from moe_place.cost.cluster import cluster_cost
-from moe_place.online.splitting import CHOICE_SWEEPS, SplitChoice
+from moe_place.online.splitting import (CHOICE_CPU_SHARE, CHOICE_SWEEPS, PRICE_S_PER_SLOT, SCREEN_S_PER_SLOT,
+                                       SplitChoice)
 from moe_place.placement import Placement
 
 
@@ -80,15 +81,18 @@ def test_the_split_choice_turns_on_where_the_saving_beats_the_overhead():
     window = np.stack([rng.multinomial(65536 * 8, p) for p in popularity]).astype(float)   # large batches
     cheap = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="sglang-static",
                                      split_solve_s=0.0, split_allreduce_s=0.0))
-    assert cheap.decide(window * 10, 10, placement).all() and (cheap.saving_s > 0).all()
+    cheap_state = cheap.decide(None, window * 10, 10, placement)
+    assert cheap_state.on.all() and (cheap_state.saving_s > 0).all()
     dear = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="sglang-static",
                                     split_allreduce_s=1.0))
-    assert not dear.decide(window * 10, 10, placement).any()
+    dear_state = dear.decide(None, window * 10, 10, placement)
+    assert not dear_state.on.any()
     # settled by the ceiling without a split solved: the most the split could save, at least what it saved
-    assert (dear.saving_s >= 0.9 * cheap.saving_s).all()
+    assert (dear_state.saving_s >= 0.9 * cheap_state.saving_s).all()
     # no redundant experts: nothing to split, never on
     bare = Placement(np.tile(np.arange(64), (2, 1)), 64, 8)
-    assert not cheap.decide(window, 1, bare).any() and cheap.saving_s == pytest.approx(0.0)
+    bare_state = cheap.decide(cheap_state, window, 1, bare)
+    assert not bare_state.on.any() and bare_state.saving_s == pytest.approx(0.0)
 
 
 def test_the_split_choice_uses_the_engines_per_step_window():
@@ -97,7 +101,7 @@ def test_the_split_choice_uses_the_engines_per_step_window():
     steps = rng.multinomial(4096 * 8, np.full(64, 1 / 64), size=(40, 2)).astype(float)
     choice = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="even",
                                       split_solve_s=0.0, split_allreduce_s=0.0), samples=5)
-    choice.decide(steps, 40, placement)
+    state = choice.decide(None, steps, 40, placement)
     expected = []
     for layer in range(2):
         rows = np.broadcast_to(placement.phy2log[layer], (5, 80))
@@ -105,7 +109,7 @@ def test_the_split_choice_uses_the_engines_per_step_window():
         split, split_comm, _ = choice.cost.served_times_s(rows, steps[-5:, layer], split=True,
                                                           max_sweeps=CHOICE_SWEEPS)
         expected.append((engine + engine_comm - split - split_comm).mean())
-    np.testing.assert_allclose(choice.saving_s, expected)
+    np.testing.assert_allclose(state.saving_s, expected)
 
 
 def test_the_split_choice_costs_next_to_nothing_where_the_split_cannot_pay(monkeypatch):
@@ -114,29 +118,53 @@ def test_the_split_choice_costs_next_to_nothing_where_the_split_cannot_pay(monke
     window = rng.multinomial(512 * 8 * 10, np.full(64, 1 / 64), size=2).astype(float)   # decode-sized batches
     choice = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="sglang-static",
                                       split_allreduce_s=1.0))
-    assert not choice.decide(window, 10, placement, step=10).any()   # off by far more than half the overhead
+    state = choice.decide(None, window, 10, placement, step=10)
+    assert not state.on.any()   # off by far more than half the overhead
     priced = []
-    monkeypatch.setattr(choice, "_ceiling_s", lambda *a: priced.append(1) or pytest.fail("priced again"))
+    monkeypatch.setattr(SplitChoice, "_ceiling_s", lambda *a: priced.append(1) or pytest.fail("priced again"))
     moved = placement.phy2log.copy()
     moved[:, [0, 1]] = moved[:, [1, 0]]                       # the rule moved slots: the layers stay off, unpriced
-    assert not choice.decide(window, 10, Placement(moved, 64, 8, allow_colocated=True), step=20).any()
+    state = choice.decide(state, window, 10, Placement(moved, 64, 8, allow_colocated=True), step=20)
+    assert not state.on.any()
     bare = Placement(np.tile(np.arange(64), (2, 1)), 64, 8)   # no replicated expert: off without pricing
-    assert not choice.decide(window, 10, bare, step=30).any() and not priced
-    assert not choice.decide(window, 10, bare, step=30 + 5000).any() and not priced   # old: still nothing to price
+    state = choice.decide(state, window, 10, bare, step=30)
+    assert not state.on.any() and not priced
+    old = choice.decide(state, window, 10, bare, step=30 + 5000)   # old: still nothing to price
+    assert not old.on.any() and not priced
     # priced again: layers that gain a replicated expert, and layers whose batches grow by more than half
     monkeypatch.undo()
     calls = []
-    real = choice._ceiling_s
-    monkeypatch.setattr(choice, "_ceiling_s", lambda *a: calls.append(len(a[0])) or real(*a))
-    choice.decide(window, 10, placement, step=40)
-    assert calls == [2] and not choice.on.any()
+    real = SplitChoice._ceiling_s
+    monkeypatch.setattr(SplitChoice, "_ceiling_s", lambda self, *a: calls.append(len(a[0])) or real(self, *a))
+    state = choice.decide(state, window, 10, placement, step=40)
+    assert calls == [2] and not state.on.any()
     calls.clear()
-    choice.decide(window * 1.4, 10, placement, step=50)
+    assert choice.decide(state, window * 1.4, 10, placement, step=50).calls == state.calls + 1
     assert calls == []
     grown = window.copy()
     grown[1] *= 1.6
-    choice.decide(grown, 10, placement, step=40 + 1000)   # the choice is old: the grown layer only
+    choice.decide(state, grown, 10, placement, step=40 + 1000)   # the choice is old: the grown layer only
     assert calls == [1]
+
+
+def test_the_split_choice_prices_no_more_than_the_call_can_afford():
+    placement = _placement()
+    rng = np.random.default_rng(1)
+    window = np.stack([rng.multinomial(65536 * 8, p) for p in rng.dirichlet(np.full(64, 0.3), size=2)]) * 10.0
+    choice = SplitChoice(cluster_cost(8, 1, "H100", "Qwen3-30B-A3B", replica_choice="sglang-static",
+                                      split_solve_s=0.0, split_allreduce_s=0.0))
+    free = choice.decide(None, window, 10, placement, step=0)   # no cap: both layers priced, both on
+    assert free.on.all() and free.price_s == pytest.approx(2 * (SCREEN_S_PER_SLOT + 4 * PRICE_S_PER_SLOT) * 80)
+    layer_s = choice.cost.served_times_s(placement.phy2log, window / 10, split=False)
+    step_s = float((layer_s[0] + layer_s[1]).sum())
+    one = 2 * SCREEN_S_PER_SLOT * 80 + 4 * PRICE_S_PER_SLOT * 80   # the screen of both, one layer priced
+    interval = int(np.ceil(one / (CHOICE_CPU_SHARE * step_s))) + 1
+    capped = choice.decide(None, window, 10, placement, step=0, interval_steps=interval)
+    assert capped.on.tolist() == [True, False] and capped.price_s == pytest.approx(one)
+    assert capped.price_s <= CHOICE_CPU_SHARE * interval * step_s * 1.05   # within the budget (screen estimate)
+    # the layer left waiting is due at the next call, which prices it
+    later = choice.decide(capped, window, 10, placement, step=interval, interval_steps=interval)
+    assert later.on.all() and later.price_s == pytest.approx(one - 2 * SCREEN_S_PER_SLOT * 80 + SCREEN_S_PER_SLOT * 80)
 
 
 def test_replay_split_json_and_its_guard(capsys):
@@ -144,12 +172,11 @@ def test_replay_split_json_and_its_guard(capsys):
     import contextlib
     import io
 
-    def run(*extra):
+    def run(*extra, trace="drift:steps=400,layers=2,experts=32,tokens=512,seed=4", interval="50"):
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):
-            code = main(["replay", "--synthetic", "drift:steps=400,layers=2,experts=32,tokens=512,seed=4", "--gpus",
-                         "8", "--engine", "sglang", "--step-interval", "50", "--format", "json", "--no-progress",
-                         "--no-per-step", *extra])
+            code = main(["replay", "--synthetic", trace, "--gpus", "8", "--engine", "sglang", "--step-interval",
+                         interval, "--format", "json", "--no-progress", "--no-per-step", *extra])
         assert code == 0
         return json.loads(buffer.getvalue())
 
@@ -162,7 +189,10 @@ def test_replay_split_json_and_its_guard(capsys):
     # decode-sized batches: the choice keeps the split off where it costs more than it saves
     model = lambda doc: doc["total_expert_time_s"] + doc["total_migration_time_s"]   # noqa: E731 (CPU time: noisy)
     assert split["split_layer_steps"] == 0 and model(split) <= 1.005 * model(plain)
-    free = run("--split", "per-batch", "--split-solve-us", "0", "--split-allreduce-us", "0")
+    # a free split on prefill-sized batches, at a cadence whose serving time affords pricing the choice
+    large = dict(trace="drift:steps=700,layers=2,experts=32,tokens=65536,seed=4", interval="300")
+    plain = run("--replica-choice", "engine", **large)
+    free = run("--split", "per-batch", "--split-solve-us", "0", "--split-allreduce-us", "0", **large)
     assert free["split_layer_steps"] > 0 and free["total_expert_time_s"] < plain["total_expert_time_s"]
     assert math.isfinite(free["mean_balancedness"]) and free["mean_balancedness"] > plain["mean_balancedness"]
     capsys.readouterr()

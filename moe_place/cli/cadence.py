@@ -16,7 +16,7 @@ import json
 from moe_place.cli.options import (add_out_argument, add_progress_option, int_list, json_file, png_file,
                                    trace_load_options)
 from moe_place.cli.output import model_header, plural, wrote
-from moe_place.cli.replay import (SPLIT_CHOICE_UNPRICED, add_cluster_arguments, add_default_policy_argument,
+from moe_place.cli.replay import (SPLIT_CHOICE_PRICED, add_cluster_arguments, add_default_policy_argument,
                                   add_input_arguments, add_policy_time_argument, add_rule_arguments,
                                   add_split_arguments, cluster_slots, default_policy, policy_price, rule_settings,
                                   split_cost_options)
@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
                  " (the default: the replay's numpy copy, cheaper than the engine's own code)"))
         if split:
             chose = sum(r.split_cpu_s for r in result.runs if r.policy == "moe-place")
-            print(f"split choice CPU     {chose:.3f} s on this machine's clock over moe-place's runs, not in the "
-                  f"priced totals {SPLIT_CHOICE_UNPRICED}")
+            print(f"split choice CPU     {chose:.3f} s on this machine's clock over moe-place's runs; "
+                  f"{SPLIT_CHOICE_PRICED}")
     if wins:
         print(f"advice               moe-place every {best_ours.step_interval} steps"
               + (", with the per-batch split" if split else "") + ":")

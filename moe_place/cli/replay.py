@@ -178,7 +178,7 @@ def add_policy_time_argument(parser: argparse.ArgumentParser) -> None:
 
 
 # what `replay` and `cadence` say of the split's per-layer choice where policy calls are priced
-SPLIT_CHOICE_UNPRICED = "(the price is the rule's call; bench/bench_split.py pays the choice at the clock)"
+SPLIT_CHOICE_PRICED = "priced in the total by its committed price per slot (moe_place.online.splitting)"
 
 
 def add_default_policy_argument(parser: argparse.ArgumentParser) -> None:
@@ -267,12 +267,12 @@ def run(args: argparse.Namespace) -> int:
     if args.split == "per-batch" and kind != "ours":
         raise InputError("--split per-batch", "--controller ours (the split is moe-place's; the engine's own policy "
                          "runs its own replica choice, --replica-choice)", f"--controller {args.controller}")
-    rule = RebalanceRule(cost, layers, experts, **rule_settings(args))
+    rule = RebalanceRule(cost, layers, experts, split=SplitChoice(cost) if args.split == "per-batch" else None,
+                         **rule_settings(args))
     # the engine's own code (torch, the engine's package) is loaded only where its default policy runs
     default_plan, default_words = default_policy(args, args.engine) if kind == "engine-default" else (None, None)
     controller = make_controller(kind, cadence, layers, experts, rule=rule, num_groups=args.groups,
-                                 default_plan=default_plan,
-                                 splitter=SplitChoice(cost) if args.split == "per-batch" else None)
+                                 default_plan=default_plan)
     if args.start == "offline":
         start = initial_placement(counts, args.gpus, physical, args.nodes, window=cadence.window_size,
                                   num_groups=args.groups)
@@ -339,6 +339,5 @@ def run(args: argparse.Namespace) -> int:
               f"{cost.split_overhead_s * 1e6:.1f} us: all-reduce of the counts + solve); elsewhere the replica choice "
               f"{cost.replica_choice}")
         if paid_s is not None and not cadence.policy_in_worker:
-            print(f"split choice CPU      {doc['split_cpu_s'] * 1e3:.3f} ms on this machine's clock, not in the priced "
-                  f"total {SPLIT_CHOICE_UNPRICED}")
+            print(f"split choice CPU      {doc['split_cpu_s'] * 1e3:.3f} ms on this machine's clock; {SPLIT_CHOICE_PRICED}")
     return 0

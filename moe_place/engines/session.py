@@ -6,15 +6,15 @@ with `RuleSession.decide`, which returns the map to run and the session the next
 session it read is left as it was, so an engine may plan twice from one session (vLLM's context interface
 plans from a state that changes only when a plan is committed).
 
-With the per-batch split on (`MOE_PLACE_SPLIT=per-batch`, `moe_place.engines.batch_split`) the session also
-holds the split's per-layer choice (`moe_place.online.splitting.SplitChoice`), made at each call on the map
-the engine will run, priced against the engine's own replica choice where the split is off; `split_layers`
-is its answer (the adapters offer it to the forward pass).
+With the per-batch split on (`MOE_PLACE_SPLIT=per-batch`, `moe_place.engines.batch_split`) the rule also makes
+the split's per-layer choice (`RebalanceRule.split`) at each call, on the map the engine will run, priced
+against the engine's own replica choice where the split is off; `split_layers` is its answer (the adapters
+offer it to the forward pass). The replay's controller (`moe_place.online.controller.RuleController`) calls
+the same `RebalanceRule.decide`.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,7 +40,6 @@ class RuleSession:
     window_steps: int
     engine: EngineModel | None = None
     calls: int = 0
-    splitter: SplitChoice | None = None
 
     @classmethod
     def start(cls, config: EngineConfig, engine_name: str, engine: EngineModel | None, interval: int, window: int,
@@ -53,26 +52,23 @@ class RuleSession:
         `moe_place.cost.replicas.REPLICA_CHOICES`); None: the split is off."""
         rule = config.rule(num_gpus, num_nodes, num_layers, num_experts, num_groups, engine=engine,
                            migration=migration)
-        splitter = None if split is None else SplitChoice(replace(rule.cost, replica_choice=split))
+        if split is not None:
+            rule = replace(rule, split=SplitChoice(replace(rule.cost, replica_choice=split)))
         line = first_call_line(engine_name, rule, engine, config, cadence)
         log_first_call(line + ("" if split is None else f"; per-batch split where it pays (else {split})"))
-        return cls(rule, rule.create_state(), interval, window, engine, splitter=splitter)
+        return cls(rule, rule.create_state(), interval, window, engine)
 
     def decide(self, window: np.ndarray, current: Placement,
                window_steps: int | None = None) -> tuple[Placement, "RuleSession"]:
         """(the map to run next: the rule's new map or `current`, the session after this call).
 
         window: the engine's window (`RebalanceRule.decide`); window_steps: the steps a summed window covers."""
-        answer = self.rule.decide(self.state, window, current, self.interval, window_steps)
+        answer = self.rule.decide(self.state, window, current, self.interval, window_steps,
+                                  step=self.calls * self.interval)
         placement = current if answer.decision is None else answer.decision.placement
-        splitter = self.splitter
-        if splitter is not None:   # a copy decides: this session's choice stays as it was (module note)
-            splitter = copy.deepcopy(splitter, {id(splitter.cost): splitter.cost})
-            steps = len(window) if np.ndim(window) == 3 else (window_steps or self.window_steps)
-            splitter.decide(window, steps, placement, step=self.calls * self.interval)
-        return placement, replace(self, state=answer.state, calls=self.calls + 1, splitter=splitter)
+        return placement, replace(self, state=answer.state, calls=self.calls + 1)
 
     @property
     def split_layers(self) -> np.ndarray | None:
         """bool `[layers]`: the layers the split should take after the last call (None: split off, or no call yet)."""
-        return None if self.splitter is None else self.splitter.on
+        return None if self.state.split is None else self.state.split.on

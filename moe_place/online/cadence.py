@@ -15,7 +15,7 @@ where the engines live (`moe_place.engines.launch.engine_settings`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -165,9 +165,11 @@ def sweep(counts: np.ndarray, cost_of: Callable[[EngineCadence], ReplayCost], st
             if on_run is not None:
                 on_run(f"{policy} every {cadence.step_interval}")
             kind = "engine-default" if policy == "default" else "ours"
-            controller = make_controller(kind, cadence, layers, experts, rule=rule_of(cost), num_groups=num_groups,
-                                         default_plan=default_plan,
-                                         splitter=SplitChoice(cost) if split and policy != "default" else None)
+            rule = rule_of(cost)
+            if split and policy != "default":
+                rule = replace(rule, split=SplitChoice(cost))
+            controller = make_controller(kind, cadence, layers, experts, rule=rule, num_groups=num_groups,
+                                         default_plan=default_plan)
             paid = None if price is None else price.call_s(policy, layers, experts, start.num_physical,
                                                            cadence.window_size)
             result = replay(counts, controller, cost, start, on_step=on_step, layer_per_step=cadence.layer_per_step,

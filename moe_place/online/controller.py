@@ -44,7 +44,6 @@ import numpy as np
 
 from moe_place.errors import InputError
 from moe_place.online.policy import Decision, RebalanceRule, RuleState
-from moe_place.online.splitting import SplitChoice
 from moe_place.online.window import SlidingWindow
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.split import even_shares
@@ -259,16 +258,16 @@ class RuleController(_OnCadence):
 
     last_verdicts: the last call's, one per layer (`RuleAnswer.verdicts`); last_policy_s: its CPU seconds
     (`time.thread_time`), the rule's and the split choice's (both run in the policy's call), 0 after a step
-    without a call; last_split_s: the split choice's part.
-    splitter: the per-batch split's per-layer choice (`moe_place.online.splitting.SplitChoice`), made at each
-        call on the map the engine will run; its result is `split_layers` (None without a splitter).
+    without a call; last_split_s: the split choice's part, last_split_price_s its committed price
+    (`RuleAnswer.split_price_s`). split_layers: the layers the per-batch split takes (`RuleAnswer.split_layers`;
+    None where the rule has no `split`).
     """
 
     rule: RebalanceRule | None = None
     name: str = "ours"
-    splitter: SplitChoice | None = None
     last_policy_s: float = 0.0
     last_split_s: float = 0.0
+    last_split_price_s: float = 0.0
     last_verdicts: tuple = ()
     split_layers: np.ndarray | None = field(default=None, init=False)
     state: RuleState | None = field(default=None, init=False, repr=False)
@@ -280,21 +279,16 @@ class RuleController(_OnCadence):
         self.state = self.rule.create_state()
 
     def decide(self, step: int, current: Placement) -> Decision | None:
-        self.last_policy_s = self.last_split_s = 0.0
+        self.last_policy_s = self.last_split_s = self.last_split_price_s = 0.0
         due = self._due_window(step, current)
         if due is None:
             return None
         window, steps = due
         with cpu_timer() as seconds:
-            answer = self.rule.decide(self.state, window, current, self.cadence.step_interval, steps)
-        self.last_policy_s = seconds[0]
-        self.state, self.last_verdicts = answer.state, answer.verdicts
-        if self.splitter is not None:
-            with cpu_timer() as seconds:
-                self.split_layers = self.splitter.decide(window, steps, current if answer.decision is None else
-                                                         answer.decision.placement, step)
-            self.last_split_s = seconds[0]
-            self.last_policy_s += self.last_split_s
+            answer = self.rule.decide(self.state, window, current, self.cadence.step_interval, steps, step)
+        self.last_policy_s, self.last_split_s, self.last_split_price_s = seconds[0], answer.split_cpu_s, \
+            answer.split_price_s
+        self.state, self.last_verdicts, self.split_layers = answer.state, answer.verdicts, answer.split_layers
         return answer.decision
 
 
@@ -325,15 +319,15 @@ def numpy_default_plan(window: np.ndarray, current: Placement, engine: str,
 
 def make_controller(kind: str, cadence: EngineCadence, num_layers: int, num_experts: int,
                     rule: RebalanceRule | None = None, num_groups: int | None = None,
-                    default_plan: Callable | None = None, splitter: SplitChoice | None = None) -> Controller:
-    """A controller by name (`CONTROLLERS`) at `cadence`; "ours" runs `rule` (and the per-batch split where
-    `splitter` says); "engine-default" runs `default_plan` (`EngineDefaultController.plan`; None: the numpy
-    port)."""
+                    default_plan: Callable | None = None) -> Controller:
+    """A controller by name (`CONTROLLERS`) at `cadence`; "ours" runs `rule` (and the per-batch split where the
+    rule has one, `RebalanceRule.split`); "engine-default" runs `default_plan` (`EngineDefaultController.plan`;
+    None: the numpy port)."""
     if kind == "static":
         return StaticController()
     if kind == "engine-default":
         return EngineDefaultController(cadence, num_layers, num_experts, num_groups=num_groups,
                                        name=f"{cadence.engine}-default", plan=default_plan)
     if kind == "ours":
-        return RuleController(cadence, num_layers, num_experts, rule=rule, splitter=splitter)
+        return RuleController(cadence, num_layers, num_experts, rule=rule)
     raise InputError("--controller", f"one of {', '.join(CONTROLLERS)}", kind)

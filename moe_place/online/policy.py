@@ -50,6 +50,7 @@ states the rule and what it assumes. Per layer:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import cache
 from typing import Callable
@@ -60,6 +61,7 @@ from moe_place.cost.cluster import ReplayCost, cluster_cost
 from moe_place.cost.payback import n_min
 from moe_place.errors import InputError
 from moe_place.online.estimate import Draw, EstimateState, LoadEstimate, step_sums
+from moe_place.online.splitting import SplitChoice, SplitState
 from moe_place.placement import Placement, align_slots, even_split_gpu_loads
 from moe_place.solvers.deepseek import eplb_rebalance, plans_hierarchically
 
@@ -129,8 +131,8 @@ class RuleState:
     kept: `(realised, shown)` gain of each of the last `RETENTION_CALLS` calls that had a gap (step 4).
     floors: float64 `[L, RETENTION_CALLS]`, the noise floors measured last per layer (nan: none yet).
     estimate: the load estimate's state (`moe_place.online.estimate.EstimateState`).
-    scratch: float32 memory the next per-step window is copied into (a fresh 4 MB array a call costs its
-        page faults); what it holds is not state: no call reads what an earlier one left there.
+    split: the per-batch split's per-layer choice (`moe_place.online.splitting.SplitState`; None: split off or
+        no call yet).
     """
 
     calls: int
@@ -143,18 +145,23 @@ class RuleState:
     kept: tuple[tuple[float, float], ...]
     floors: np.ndarray
     estimate: EstimateState
-    scratch: np.ndarray
+    split: SplitState | None = None
 
 
 @dataclass(frozen=True)
 class RuleAnswer:
     """One call's answer: the new map (`decision`; None keeps the map in use), the state the next call
-    reads, each layer's verdict and the retention step 4 used."""
+    reads, each layer's verdict, the retention step 4 used, and with the per-batch split the layers it takes
+    (bool `[L]`; None: split off), its choice's CPU seconds (part of the call's) and their committed price
+    (`SplitState.price_s`)."""
 
     decision: Decision | None
     state: RuleState
     verdicts: tuple[LayerVerdict, ...]
     retention: float
+    split_layers: np.ndarray | None = None
+    split_cpu_s: float = 0.0
+    split_price_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,8 @@ class RebalanceRule:
     max_moved_slots / max_bytes: caps an engine states (None: none).
     seed: the resampling's seed (same inputs and seed, same decisions).
     estimate: "adaptive" (step 1) or "window" (the window's mean per step).
+    split: the per-batch split's per-layer choice (`moe_place.online.splitting.SplitChoice`), made at each
+        call on the map the engine will run next (None: split off).
     """
 
     cost: ReplayCost
@@ -191,6 +200,7 @@ class RebalanceRule:
     max_bytes: int | None = None
     seed: int = 0
     estimate: str = "adaptive"
+    split: SplitChoice | None = None
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "noise_margin"):
@@ -214,21 +224,21 @@ class RebalanceRule:
         """The state before the first call: every layer's load new, nothing measured."""
         layers = self.num_layers
         return RuleState(0, np.zeros(layers), None, None, None, None, None, (),
-                         np.full((layers, RETENTION_CALLS), np.nan), self.load_estimate.create_state(),
-                         np.empty((0, 0, 0), dtype=np.float32))
+                         np.full((layers, RETENTION_CALLS), np.nan), self.load_estimate.create_state())
 
     # ------------------------------------------------------------------ one engine call
     def decide(self, state: RuleState, window: np.ndarray, current: Placement, interval_steps: int,
-               window_steps: int | None = None) -> RuleAnswer:
+               window_steps: int | None = None, step: int | None = None) -> RuleAnswer:
         """The answer to one engine call, from `state` (the last call's `RuleAnswer.state`, or `create_state()`).
 
         window: the engine's load window, float `[samples, layers, E]` per-step counts (SGLang's
             per-pass counts, vLLM's per-step window) or `[layers, E]` counts summed over
             `window_steps` steps (vLLM 0.33's policy argument).
         current: the map in use. interval_steps: steps until the engine asks again (the least life of a
-            move's saving).
+            move's saving). step: the engine's step count at the call (the split choice's clock; None: each
+            call decides every layer afresh).
         """
-        seen, scratch = self._read_window(state, window, current, window_steps)
+        seen = self._read_window(window, current, window_steps)
         if interval_steps < 1:
             raise InputError("interval_steps", "an integer >= 1", interval_steps)
         age, changed, share, total = self._pattern(state, seen, interval_steps)
@@ -249,21 +259,27 @@ class RebalanceRule:
         priced = open_layers[~explained[open_layers]]
         fresh, moved, copy_s = self._match_and_copy(current, planned, priced)   # step 4's copies
         cur_s, new_s = self._layer_times(current, fresh, planned, lam, open_layers, priced)
-        step = self._step_times(current, lam)
-        verdicts = [self._judge(layer, int(moved[layer]), float(copy_s[layer]), step, float(deficit[layer]),
+        step_parts = self._step_times(current, lam)
+        verdicts = [self._judge(layer, int(moved[layer]), float(copy_s[layer]), step_parts, float(deficit[layer]),
                                 float(floor[layer]), bool(explained[layer]), float(cur_s[layer] - new_s[layer]),
                                 float(horizon[layer]))
                     for layer in range(self.num_layers)]
         chosen = self._within_bytes([v for v in verdicts if v.moved], verdicts)
+        decision = self._decision(chosen, current, fresh, priced)
+        split, split_s = state.split, 0.0
+        if self.split is not None:   # on the map the engine runs next
+            started = time.thread_time()
+            split = self.split.decide(state.split, window, seen.steps, current if decision is None else
+                                      decision.placement, step, interval_steps)
+            split_s = time.thread_time() - started
         new_state = RuleState(state.calls + 1, age, share, total, planned, current.phy2log, deficit, kept, floors,
-                              estimate, scratch)
-        return RuleAnswer(self._decision(chosen, current, fresh, priced), new_state, tuple(verdicts), retention)
+                              estimate, split)
+        return RuleAnswer(decision, new_state, tuple(verdicts), retention, None if split is None else split.on,
+                          split_s, 0.0 if split is None else split.price_s)
 
     # ------------------------------------------------------------------ the steps
-    def _read_window(self, state: RuleState, window: np.ndarray, current: Placement,
-                     window_steps: int | None) -> tuple[_Window, np.ndarray]:
-        """The window checked and converted once (for the checks, the sums and the estimate), and the
-        scratch memory it was copied into."""
+    def _read_window(self, window: np.ndarray, current: Placement, window_steps: int | None) -> _Window:
+        """The window checked and converted once (for the checks, the sums and the estimate)."""
         loads = np.asarray(window)
         shape = (current.num_layers, current.num_experts)
         if loads.shape[-2:] != shape or loads.ndim not in (2, 3) or 0 in loads.shape:
@@ -277,14 +293,7 @@ class RebalanceRule:
         counts = loads.dtype.kind in "iub"
         if counts and loads.min() < 0:
             raise InputError("load window", "finite counts >= 0", "a negative count")
-        scratch = state.scratch
-        if loads.ndim == 2:
-            loads = loads.astype(np.float64, copy=False)
-        elif loads.dtype != np.float32:   # into the scratch memory: a fresh 4 MB array costs its page faults
-            if scratch.shape != loads.shape:
-                scratch = np.empty(loads.shape, dtype=np.float32)
-            np.copyto(scratch, loads, casting="unsafe")
-            loads = scratch
+        loads = loads.astype(np.float64 if loads.ndim == 2 else np.float32, copy=False)
         if not counts and not (loads.min() >= 0 and np.isfinite(loads.max())):   # NaN fails the first, inf the second
             raise InputError("load window", "finite counts >= 0", "NaN, inf or a negative count")
         if loads.ndim == 3:   # per-step counts as the engine hands them
@@ -295,7 +304,7 @@ class RebalanceRule:
             total = loads
         if steps < 1:
             raise InputError("window_steps", "an integer >= 1", window_steps)
-        return _Window(loads, total, steps), scratch
+        return _Window(loads, total, steps)
 
     def _pattern(self, state: RuleState, seen: _Window,
                  interval_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

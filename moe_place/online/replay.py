@@ -214,7 +214,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     policy_in_worker: the policy runs beside serving (`EngineCadence.policy_in_worker`): its CPU
         time is measured (`policy_cpu_s`) but serving does not pay it.
     policy_price_s: where serving waits for the policy, the seconds it pays per call
-        (`moe_place.online.policy_cpu`, the same on every run); None: the CPU time each call measured.
+        (`moe_place.online.policy_cpu`, the same on every run), plus the split choice's own committed price
+        (`last_split_price_s`); None: the CPU time each call measured.
     A controller with a per-batch split (`split_layers`, bool `[layers]`, set at each call) has those layers'
     batches split (`ReplayCost.served_times_s`) from the next step on, each paying the split's overhead.
     """
@@ -248,7 +249,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
             decision = controller.decide(step, switch.latest)
             called = called_at[step] = bool(getattr(controller, "called", decision is not None))
             policy_cpu[step] = getattr(controller, "last_policy_s", 0.0)
-            paid = policy_cpu[step] if policy_price_s is None else policy_price_s * called
+            paid = policy_cpu[step] if policy_price_s is None else \
+                policy_price_s * called + getattr(controller, "last_split_price_s", 0.0)
             policy_s[step] = 0.0 if policy_in_worker else paid
             split_cpu[step] = getattr(controller, "last_split_s", 0.0)
             chosen = getattr(controller, "split_layers", None)

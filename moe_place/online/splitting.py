@@ -14,7 +14,7 @@ a layer priced off by a wide margin (its saving at most `SETTLED_SHARE` of the o
 until its map gains a replicated expert or its batches grow by more than `SETTLED_GROWTH`: what the split can
 save there is set by the batch's size and the GPUs' time per row, which the rule's moves barely change (it
 moves slots to lower the busiest GPU, which lowers the saving further); such a layer is looked at again when
-its map row changes or `REFRESH_STEPS` after the last look. A call on the same map array as the last one,
+its map row changes or `REFRESH_STEPS` after the last look. A call on the same map rows as the last one,
 with no choice old, returns the last choice at once.
 
 Batches like the window's: the window's own steps where the engine hands them (SGLang's per-pass counts, the
@@ -26,7 +26,7 @@ sampling noise, which the window's mean hides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,32 +41,55 @@ REFRESH_STEPS = 1000    # a layer's choice stands until its map row changes or i
                         # own re-planning period (SGLang's default interval, vLLM's window)
 SETTLED_SHARE = 0.5     # off by a wide margin: a priced saving at most half the overhead (a round margin, not tuned)
 SETTLED_GROWTH = 1.5    # ... until the layer's rows per batch grow by half (a round margin, not tuned)
+CHOICE_CPU_SHARE = 0.002   # a call's choice may cost at most this share of the serving time until the next call
+# the choice's CPU seconds per slot of a layer's map row: the screen on the mean batch, and the pricing in full
+# per batch priced (bench/bench_split.py's `choice_price`, the most over its sizes on one core of a 2-core AMD EPYC;
+# tests/test_replicas.py checks them against that record)
+SCREEN_S_PER_SLOT = 1.0e-6
+PRICE_S_PER_SLOT = 8.0e-6
 
 
-@dataclass
+@dataclass(frozen=True)
+class SplitState:
+    """What the split's choice carries from one call to the next; `SplitChoice.decide` reads one and returns the
+    next, never writing into the one it read.
+
+    calls: calls answered (the sampled batches' seed takes it). on: bool `[L]`, the choice. saving_s: float64
+    `[L]`, the last priced saving per batch (layer time under the engine's choice minus under the split, before
+    the overhead). rows: int64 `[L, P]`, the map rows last decided on. decided_at: int64 `[L]`, the step of
+    each layer's choice. replicated: bool `[L]`, whether those rows replicate an expert. batch_rows: float64
+    `[L]`, rows per batch when each layer was decided. price_s: the committed price of this call's CPU time
+    (`SCREEN_S_PER_SLOT`, `PRICE_S_PER_SLOT`), what a replay charges for it.
+    """
+
+    calls: int
+    on: np.ndarray
+    saving_s: np.ndarray
+    rows: np.ndarray
+    decided_at: np.ndarray
+    replicated: np.ndarray
+    batch_rows: np.ndarray
+    price_s: float = 0.0
+
+    @property
+    def next_due(self) -> int:
+        """The step at which the oldest choice falls old (`REFRESH_STEPS`)."""
+        return int(self.decided_at.min()) + REFRESH_STEPS
+
+
+@dataclass(frozen=True)
 class SplitChoice:
-    """The per-layer split choice (module note).
+    """The per-layer split choice (module note); the state between calls is a `SplitState`, handed in and
+    returned by `decide`.
 
     cost: the serving cost model, with the engine's own replica choice (`ReplayCost.replica_choice`) and the
         split's solve time (`split_solve_s`). margin: the saving must exceed the overhead by this share.
-    on: bool `[layers]`, the last choice (None before the first call). saving_s: float `[layers]`, the
-        last priced saving per batch (layer time under the engine's choice minus under the split, before
-        the overhead).
     """
 
     cost: ReplayCost
     samples: int = SPLIT_SAMPLES
     margin: float = 0.0
     seed: int = 0
-    on: np.ndarray | None = field(default=None, init=False)
-    saving_s: np.ndarray | None = field(default=None, init=False)
-    calls: int = field(default=0, init=False)
-    _rows: np.ndarray | None = field(default=None, init=False, repr=False)          # the map rows last decided on
-    _decided_at: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] the step of each choice
-    _replicated: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] rows last decided on
-    _batch_rows: np.ndarray | None = field(default=None, init=False, repr=False)    # [layers] rows per batch then
-    _seen: np.ndarray | None = field(default=None, init=False, repr=False)          # the map array the last call saw
-    _next_due: int = field(default=0, init=False, repr=False)                        # the step a choice falls old
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -74,89 +97,107 @@ class SplitChoice:
         if not self.margin >= 0:
             raise InputError("split margin", "a share >= 0", self.margin)
 
-    def decide(self, window: np.ndarray, window_steps: int, placement: Placement, step: int | None = None) -> np.ndarray:
-        """bool `[layers]`: the layers whose batches the split should take, from the engine's window
-        (`[layers, E]` summed over `window_steps` steps, or `[steps, layers, E]` per step) and the map it runs.
+    def decide(self, state: SplitState | None, window: np.ndarray, window_steps: int, placement: Placement,
+               step: int | None = None, interval_steps: int | None = None) -> SplitState:
+        """The state after this call, whose `on` (bool `[layers]`) are the layers whose batches the split should
+        take, from the engine's window (`[layers, E]` summed over `window_steps` steps, or `[steps, layers, E]` per
+        step) and the map it runs; `state` None: the first call (as is every call without a `step`).
 
         A layer whose saving cannot reach the overhead is settled first, without solving a split: the split
         cannot bring the busiest GPU below the mean GPU's rows, so its saving is at most the busiest GPU's
         time less that GPU's time with its rows scaled down to the mean (`ceiling_s`); where `BOUND_SLACK`
-        times that is still below the overhead, the layer stays off. The others are priced in full."""
+        times that is still below the overhead, the layer stays off. The others are priced in full, as many as
+        the call can afford: its price (`price_s`) at most `CHOICE_CPU_SHARE` of the layer time of the
+        `interval_steps` until the next call (the engine may wait for it), the layers decided longest ago first;
+        the rest keep their choice and stay due (None: no cap)."""
         layers = placement.num_layers
-        first = self.on is None or step is None or self._rows.shape != placement.phy2log.shape
-        if not first and placement.phy2log is self._seen and step < self._next_due:
-            self.calls += 1   # the map the last call saw, no choice old: nothing to do (most short-cadence calls)
-            return self.on
-        self._seen = placement.phy2log
-        overhead = self.cost.split_overhead_s * (1.0 + self.margin)
+        calls = 0 if state is None else state.calls
+        first = state is None or step is None or state.rows.shape != placement.phy2log.shape
         if first:
-            self.on, self.saving_s = np.zeros(layers, dtype=bool), np.zeros(layers)
-            self._decided_at, self._batch_rows = np.zeros(layers, dtype=np.int64), np.zeros(layers)
-            self._replicated, changed = np.zeros(layers, dtype=bool), np.ones(layers, dtype=bool)
+            on, saving, decided_at = np.zeros(layers, dtype=bool), np.zeros(layers), np.zeros(layers, dtype=np.int64)
+            batch_rows_then, old_replicated = np.zeros(layers), np.zeros(layers, dtype=bool)
+            changed = np.ones(layers, dtype=bool)
             due = changed.copy()
         else:   # a layer whose map row changed or whose choice is old (most calls: none, and nothing to do)
-            changed = (placement.phy2log != self._rows).any(axis=1)
-            due = changed | (step - self._decided_at >= REFRESH_STEPS)
-        self.calls += 1
-        if not due.any():
-            return self._chosen()
-        self._rows = placement.phy2log.copy()
-        replicated = self._replicated.copy()
+            changed = (placement.phy2log != state.rows).any(axis=1)
+            if step < state.next_due and not changed.any():
+                return replace(state, calls=calls + 1, price_s=0.0)
+            due = changed | (step - state.decided_at >= REFRESH_STEPS)
+            on, saving, decided_at = state.on.copy(), state.saving_s.copy(), state.decided_at.copy()
+            batch_rows_then, old_replicated = state.batch_rows.copy(), state.replicated
+        overhead = self.cost.split_overhead_s * (1.0 + self.margin)
+        replicated = old_replicated.copy()
         if placement.num_physical > placement.num_experts:   # a valid map holds every expert: P = E leaves no room
             replicated[changed] = replicates_an_expert(placement.phy2log[changed])
+        rows_seen = placement.phy2log.copy()
+        nxt = SplitState(calls + 1, on, saving, rows_seen, decided_at, replicated, batch_rows_then)
+        if not due.any():
+            return nxt
+        slots = placement.num_physical
         window = np.asarray(window, dtype=np.float64)
         batch_rows = window.sum(axis=(0, 2) if window.ndim == 3 else 1) / max(window_steps, 1)   # [layers]
         if not first:   # settled off stays off (module note), looked at again an interval of choices later
-            settled = due & ~self.on & (self.saving_s <= SETTLED_SHARE * overhead) & (replicated <= self._replicated) \
-                & (batch_rows <= SETTLED_GROWTH * self._batch_rows)
+            settled = due & ~on & (saving <= SETTLED_SHARE * overhead) & (replicated <= old_replicated) \
+                & (batch_rows <= SETTLED_GROWTH * batch_rows_then)
             due &= ~settled
-            self._decided_at[settled] = step
-        self._replicated = replicated
-        self._batch_rows[due] = batch_rows[due]
+            decided_at[settled] = step
+        before = batch_rows_then.copy()
+        batch_rows_then[due] = batch_rows[due]
         plain = due & ~replicated   # nothing to split: off, unpriced
-        self.on[plain], self.saving_s[plain] = False, 0.0
+        on[plain], saving[plain] = False, 0.0
         if step is not None:
-            self._decided_at[plain] = step
+            decided_at[plain] = step
         due &= replicated
+        screened = 0
         if due.any():   # first on the window's mean batch, with room for a batch's noise (no split solved)
             mean = (window.sum(axis=0) if window.ndim == 3 else window) / max(window_steps, 1)
-            ceiling = self._noisy_ceiling_s(placement.phy2log[due], mean[due])
+            ceiling, layer_s = self._noisy_ceiling_s(placement.phy2log[due], mean[due])
+            screened = int(due.sum())
             settled = np.flatnonzero(due)[ceiling <= overhead]
-            self.on[settled], self.saving_s[settled] = False, ceiling[ceiling <= overhead]
+            on[settled], saving[settled] = False, ceiling[ceiling <= overhead]
             if step is not None:
-                self._decided_at[settled] = step
+                decided_at[settled] = step
             due[settled] = False
         if not due.any():
-            return self._chosen()
-        batches = self._batches(window, window_steps)[:, due]   # [n, due layers, E]
+            return replace(nxt, price_s=screened * SCREEN_S_PER_SLOT * slots)
+        samples = len(window[-self.samples:]) if window.ndim == 3 else self.samples
+        price = samples * PRICE_S_PER_SLOT * slots      # one layer priced in full
+        spent = screened * SCREEN_S_PER_SLOT * slots
+        if interval_steps is not None:   # the oldest choices first; the others wait, due, for a later call
+            budget = CHOICE_CPU_SHARE * interval_steps * layer_s.mean() * layers - spent
+            order = np.flatnonzero(due)[np.argsort(decided_at[due], kind="stable")]
+            waiting = order[max(int(budget // price), 0):]
+            due[waiting] = False
+            rows_seen[waiting] = -1 if first else state.rows[waiting]   # still changed at the next call
+            batch_rows_then[waiting] = before[waiting]
+            if not due.any():
+                return replace(nxt, price_s=spent)
+        batches = self._batches(window, window_steps, calls + 1)[:, due]   # [n, due layers, E]
         n, count, experts = batches.shape
         rows = np.broadcast_to(placement.phy2log[due][None], (n, count, placement.num_physical)).reshape(n * count, -1)
         flat = batches.reshape(n * count, experts)
         engine, ceiling, _ = self._ceiling_s(rows, flat)
-        saving = ceiling.reshape(n, count).mean(axis=0)
-        open_ = BOUND_SLACK * saving > overhead
+        priced = ceiling.reshape(n, count).mean(axis=0)
+        open_ = BOUND_SLACK * priced > overhead
         if open_.any():
             take = np.broadcast_to(open_[None], (n, count)).reshape(-1)
             split, comm, _ = self.cost.served_times_s(rows[take], flat[take], split=True, max_sweeps=CHOICE_SWEEPS)
-            saving[open_] = (engine[take] - (split + comm - self.cost.split_overhead_s)).reshape(n, -1).mean(axis=0)
-        self.saving_s[due] = saving
-        self.on[due] = open_ & (saving > overhead)
+            priced[open_] = (engine[take] - (split + comm - self.cost.split_overhead_s)).reshape(n, -1).mean(axis=0)
+        saving[due] = priced
+        on[due] = open_ & (priced > overhead)
         if step is not None:
-            self._decided_at[due] = step
-        return self._chosen()
+            decided_at[due] = step
+        return replace(nxt, price_s=spent + count * price)
 
-    def _chosen(self) -> np.ndarray:
-        self._next_due = int(self._decided_at.min()) + REFRESH_STEPS
-        return self.on
-
-    def _noisy_ceiling_s(self, rows: np.ndarray, mean: np.ndarray) -> np.ndarray:
-        """float64 `[n]`: the most the split could save on a batch drawn around the mean batch `mean [n, E]` of map
-        rows `[n, P]`: the mean batch's ceiling (`_ceiling_s`) plus what the busiest GPU's noise can add, `sqrt(2
-        ln G)` standard deviations of its rows (the expected maximum of G independent counts), each row priced at
-        that GPU's time per row (its fixed costs included: more than a row's marginal time)."""
+    def _noisy_ceiling_s(self, rows: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the most the split could save `[n]`, the layer time under the engine's replica choice `[n]`) on a batch
+        drawn around the mean batch `mean [n, E]` of map rows `[n, P]`: the mean batch's ceiling (`_ceiling_s`)
+        plus what the busiest GPU's noise can add, `sqrt(2 ln G)` standard deviations of its rows (the expected
+        maximum of G independent counts), each row priced at that GPU's time per row (its fixed costs included:
+        more than a row's marginal time)."""
         engine, ceiling, busiest = self._ceiling_s(rows, mean)
         noise = np.sqrt(2.0 * np.log(max(self.cost.num_gpus, 2)) * busiest)
-        return ceiling + noise * np.divide(engine, busiest, out=np.zeros(len(rows)), where=busiest > 0)
+        return ceiling + noise * np.divide(engine, busiest, out=np.zeros(len(rows)), where=busiest > 0), engine
 
     def _ceiling_s(self, rows: np.ndarray, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(layer time under the engine's replica choice `[n]`, the most the split can save `[n]`, the busiest
@@ -175,11 +216,11 @@ class SplitChoice:
         engine = times.max(axis=1) + comm[0]
         return engine, np.maximum(engine - floor - comm[1], 0.0), top.sum(axis=1)
 
-    def _batches(self, window: np.ndarray, window_steps: int) -> np.ndarray:
+    def _batches(self, window: np.ndarray, window_steps: int, calls: int) -> np.ndarray:
         if window.ndim == 3:
             return np.rint(window[-self.samples:])
         mean = window / max(window_steps, 1)                                            # [layers, E]
-        rng = np.random.default_rng([self.seed, self.calls])
+        rng = np.random.default_rng([self.seed, calls])
         out = np.zeros((self.samples, *mean.shape))
         for layer, row in enumerate(mean):
             total = int(round(row.sum()))
