@@ -2,6 +2,7 @@
 (moe_place.online.splitting) and `replay --split per-batch`."""
 
 import json
+from pathlib import Path
 import math
 
 import numpy as np
@@ -200,3 +201,12 @@ def test_replay_split_json_and_its_guard(capsys):
                  "50", "--controller", "engine-default", "--split", "per-batch", "--no-progress"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "--split per-batch" in error[0] and "--controller ours" in error[0]
+
+
+def test_the_split_choice_prices_what_the_record_measured():
+    """The choice's committed prices are at least the most that bench/bench_split.py's `choice_price` measured per
+    slot (so a priced replay does not charge it less than it costs there), and within 2x of it."""
+    record = json.loads((Path(__file__).resolve().parents[1] / "bench/results/split.json").read_text())
+    most = record["choice_price"]["most"]
+    assert most["screen_s_per_slot"] <= SCREEN_S_PER_SLOT <= 2 * most["screen_s_per_slot"]
+    assert most["price_s_per_slot"] <= PRICE_S_PER_SLOT <= 2 * most["price_s_per_slot"]

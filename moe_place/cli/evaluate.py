@@ -8,8 +8,9 @@ import sys
 import numpy as np
 
 from moe_place.cli.options import (TIME_MODEL_DEFAULTS, add_hardware_from_option, add_progress_option,
-                                   add_steps_option, add_time_model_arguments, add_trace_options, fraction,
-                                   non_negative_float, non_negative_int, positive_int, trace_load_options)
+                                   add_split_cost_arguments, add_steps_option, add_time_model_arguments,
+                                   add_trace_options, fraction, non_negative_int, positive_int, split_charges,
+                                   trace_load_options)
 from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
@@ -27,12 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "step's dispatches so that the busiest GPU is least (the fast method the engine "
                              "plugins run), optimal the same exactly (an LP per layer and step); with either, the "
                              "layer time follows the split")
-    parser.add_argument("--split-solve-us", type=non_negative_float, default=None,
-                        help="with --split per-batch or optimal: microseconds the solve adds to each layer and step "
-                             "(default 10: the kernel's goal, not a measurement)")
-    parser.add_argument("--split-allreduce-us", type=non_negative_float, default=None,
-                        help="... and the all-reduce of the step's counts (default: NCCL's latency model for the "
-                             "plan's GPUs and nodes)")
+    add_split_cost_arguments(parser)
     parser.add_argument("--windows", type=positive_int, metavar="W",
                         help="judge W windows of consecutive steps, combined by --window-objective "
                              "(default: the steps summed)")
@@ -52,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.analysis.imbalance import placement_imbalance
-    from moe_place.cost.replicas import DEFAULT_SOLVE_S, split_overhead_s
+    from moe_place.cost.replicas import split_overhead_s
     from moe_place.cli.shared import (model_options_unlike_plan, options_from_plan, select_args_steps, time_figures,
                                       time_model_from_args)
     from moe_place.io import file_sha256
@@ -87,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
               "split": args.split, "windows": int(loads.shape[0]), "options_from_plan": taken,
               "layers": [r.to_dict() for r in reports],
               "trtllm_imbalance": placement_imbalance(placement, trace.step_counts()).to_dict()}
-    solve = DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6
-    overhead = split_overhead_s(placement.num_gpus, placement.num_nodes, solve) if args.split_allreduce_us is None \
-        else args.split_allreduce_us * 1e-6 + solve       # what the split adds to each layer and step
+    solve, allreduce = split_charges(args).values()   # what the split adds to each layer and step
+    overhead = split_overhead_s(placement.num_gpus, placement.num_nodes, solve) if allreduce is None \
+        else allreduce + solve
     model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
                                  seed=args.seed)
     print(f"evaluate: note: {sample}", file=sys.stderr)  # after the last option check: an error is one line

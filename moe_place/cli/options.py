@@ -94,6 +94,23 @@ def output_file(text: str) -> str:
     return text
 
 
+def add_split_cost_arguments(parser) -> None:
+    """What the per-batch split charges each layer and batch where it is on (`evaluate`, `replay`, `cadence`)."""
+    parser.add_argument("--split-solve-us", type=non_negative_float, default=None,
+                        help="with the per-batch (or optimal) split: microseconds its solve adds to a layer and batch "
+                             "(default 10: the kernel's goal, not a measurement; bench/gpu_check.sh times it)")
+    parser.add_argument("--split-allreduce-us", type=non_negative_float, default=None,
+                        help="... and the all-reduce of the batch's counts (default: NCCL's latency model for the "
+                             "cluster: 10.2 us on 1 node of 8 GPUs, 37.5 us on 4)")
+
+
+def split_charges(args: argparse.Namespace) -> dict:
+    """`cluster_cost`'s `split_solve_s` and `split_allreduce_s` (None: NCCL's model) of `add_split_cost_arguments`."""
+    from moe_place.cost.replicas import DEFAULT_SOLVE_S
+    return dict(split_solve_s=DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6,
+                split_allreduce_s=None if args.split_allreduce_us is None else args.split_allreduce_us * 1e-6)
+
+
 def add_progress_option(parser: argparse.ArgumentParser) -> None:
     """`--no-progress`, taken by every subcommand whose work can run long (dest `no_progress`): the
     progress bar on stderr is drawn only when stderr is a terminal, and never with this."""

@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 from moe_place.cli.options import (add_hardware_from_option, add_out_argument, add_progress_option,
-                                   add_trace_options, json_file,
+                                   add_split_cost_arguments, add_trace_options, json_file, split_charges,
                                    layer_selection, non_negative_float, non_negative_int, png_file, positive_float,
                                    positive_int, share_below_one, trace_load_options)
 from moe_place.cli.output import model_header, plural, wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.models import PRESETS, infer_model_name
-from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE
+from moe_place.cost.replicas import ENGINE_REPLICA_CHOICE
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
 from moe_place.online import engine_default
@@ -132,20 +132,14 @@ def add_split_arguments(parser: argparse.ArgumentParser) -> None:
                             "policies: engine (vLLM's token-index hash, SGLang's static dispatch), even (1/replicas "
                             "each, what EPLB assumes), vllm, sglang-static, sglang-dynamic (default: engine, the "
                             "same in every command)")
-    split.add_argument("--split-solve-us", type=non_negative_float, default=None,
-                       help="microseconds the split's solve adds to a layer (default 10: the kernel's goal, not a "
-                            "measurement; bench/gpu_check.sh times it)")
-    split.add_argument("--split-allreduce-us", type=non_negative_float, default=None,
-                       help="microseconds the all-reduce of a batch's counts adds to a layer (default: NCCL's latency "
-                            "model for the cluster: 10.2 us on 1 node of 8 GPUs, 37.5 us on 4)")
+    add_split_cost_arguments(split)
 
 
 def split_cost_options(args: argparse.Namespace) -> dict:
     """Keyword arguments of `cluster_cost` for the split options (`add_split_arguments`)."""
     choice = args.replica_choice or "engine"
     return dict(replica_choice=ENGINE_REPLICA_CHOICE[args.engine] if choice == "engine" else choice,
-                split_solve_s=DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6,
-                split_allreduce_s=None if args.split_allreduce_us is None else args.split_allreduce_us * 1e-6)
+                **split_charges(args))
 
 
 def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
