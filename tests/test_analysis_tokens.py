@@ -74,7 +74,7 @@ def test_coactivation_of_uniform_routing_is_flat():
 
 
 def test_token_sources():
-    np.testing.assert_array_equal(token_sources(7, 3, "round_robin"), [0, 1, 2, 0, 1, 2, 0])
+    np.testing.assert_array_equal(token_sources(7, 3, "round-robin"), [0, 1, 2, 0, 1, 2, 0])
     np.testing.assert_array_equal(token_sources(7, 3, "blocks"), [0, 0, 0, 1, 1, 2, 2])
     with pytest.raises(InputError):
         token_sources(4, 2, "random")
@@ -98,7 +98,7 @@ def test_dispatch_matrix_splits_over_replicas():
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 1000), st.sampled_from([(8, 2, 2), (12, 3, 3), (16, 4, 8)]),
-       st.sampled_from(["blocks", "round_robin"]))
+       st.sampled_from(["blocks", "round-robin"]))
 def test_dispatch_matrix_columns_are_the_gpu_rows(seed, sizes, layout):
     experts, gpus, redundant = sizes
     rng = np.random.default_rng(seed)

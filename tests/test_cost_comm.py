@@ -4,9 +4,10 @@ rules, formula 3 on the graph and row C6."""
 import numpy as np
 import pytest
 
+from moe_place.analysis.dispatch import token_sources
 from moe_place.cost.cluster import cluster_cost, cluster_topology
 from moe_place.cost.comm import (REPLICA_CHOICES, CommModel, SlotTable, choose_replicas, compute_only_s, layer_cost,
-                                 local_positions, step_cost, token_homes, water_fill)
+                                 local_positions, step_cost, water_fill)
 from moe_place.cost.replicas import vllm_replica_index
 from moe_place.cost.gemm import WEIGHT_MODES, gpu_expert_work, gpu_times_s
 from moe_place.cost.hardware import builtin_catalog
@@ -80,7 +81,7 @@ def test_every_figure_matches_a_per_token_brute_force(seed):
             for layout in ("blocks", "round-robin"):
                 model = CommModel(topo, SMALL, dispatch=style, replica_choice=rule, token_home=layout, weights="once",
                                   dispatch_bytes_per_row=1000.0, combine_bytes_per_row=700.0, seed=seed)
-                home = token_homes(ids.shape[0], gpus, layout)
+                home = token_sources(ids.shape[0], gpus, layout)
                 step = step_cost(model, ids, home, table, seed=3)
                 chosen = choose_replicas(ids, home, table, rule, seed=3)
                 assert (row[chosen] == ids).all()  # every pair goes to a slot of its own expert
@@ -113,7 +114,7 @@ def test_layer_cost_sums_the_steps_and_means_the_nodes():
     model = CommModel(topo, SMALL, dispatch_bytes_per_row=100.0)
     table = SlotTable(row, 4, 2, 8)
     cost = layer_cost(model, [ids, other], table)
-    parts = [step_cost(model, x, token_homes(x.shape[0], 4, "blocks"), table) for x in (ids, other)]
+    parts = [step_cost(model, x, token_sources(x.shape[0], 4, "blocks"), table) for x in (ids, other)]
     assert cost.tokens == 41
     assert cost.distinct_nodes_per_token == pytest.approx(sum(p.traffic.visited_nodes for p in parts) / 41)
     assert cost.rdma_bytes == pytest.approx(100.0 * sum(p.traffic.rdma_rows for p in parts))
@@ -267,7 +268,7 @@ def test_bad_model_options_name_themselves():
     with pytest.raises(InputError, match="topology"):
         layer_cost(CommModel(topo, SMALL), [np.zeros((2, 1), dtype=int)], SlotTable(np.arange(8), 8, 2, 8))
     with pytest.raises(InputError, match="token home"):
-        token_homes(4, 2, "random")
+        token_sources(4, 2, "random")
 
 
 def test_qwen_preset_row_bytes_and_flops():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from moe_place.cost.cluster import cluster_topology
-from moe_place.cost.comm import CommModel, SlotTable, step_cost, token_homes
+from moe_place.analysis.dispatch import token_sources
+from moe_place.cost.comm import CommModel, SlotTable, step_cost
 from moe_place.cost.expected_traffic import expected_phase_times_s, expected_rows
 from moe_place.cost.models import get_model
 from moe_place.cost.traffic import phase_time_s
@@ -49,7 +50,7 @@ def test_the_expectation_is_close_to_the_exact_count_on_the_real_trace(style):
     for ids in trace.topk_ids:
         for layer in range(0, 48, 6):
             table = SlotTable(placement.phy2log[layer], 32, 4, 128)
-            step = step_cost(model, ids[:, layer, :], token_homes(ids.shape[0], 32), table)
+            step = step_cost(model, ids[:, layer, :], token_sources(ids.shape[0], 32), table)
             gpu_rows = step.traffic.rows_per_slot.reshape(32, -1).sum(axis=1)
             expected.append(expected_phase_times_s(topology, gpu_rows[None], shape.top_k, model.dispatch_row_bytes,
                                                    model.combine_row_bytes, style)[0][0])

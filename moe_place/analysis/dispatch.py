@@ -11,22 +11,22 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
-TOKEN_LAYOUTS = ("round_robin", "blocks")
+TOKEN_LAYOUTS = ("blocks", "round-robin")
 
 
 def token_sources(num_tokens: int, num_sources: int, layout: str = "blocks") -> np.ndarray:
     """int64 `[tokens]`: the source GPU of each token.
 
     layout: `blocks` gives each source a contiguous block of tokens (sizes differ by at most one,
-    as data-parallel attention splits a batch); `round_robin` gives token `t` to source `t % num_sources`.
+    as data-parallel attention splits a batch); `round-robin` gives token `t` to source `t % num_sources`.
     """
     if num_tokens < 0 or num_sources < 1:
         raise InputError("token_sources", "num_tokens >= 0 and num_sources >= 1", (num_tokens, num_sources))
-    if layout == "round_robin":
+    if layout == "round-robin":
         return np.arange(num_tokens, dtype=np.int64) % num_sources
     if layout == "blocks":
         return (np.arange(num_tokens, dtype=np.int64) * num_sources) // max(num_tokens, 1)
-    raise InputError("layout", f"one of {TOKEN_LAYOUTS}", layout)
+    raise InputError("token home", f"one of {', '.join(TOKEN_LAYOUTS)}", layout)
 
 
 def expert_to_gpu_share(placement: Placement, layer: int) -> np.ndarray:

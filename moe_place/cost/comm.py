@@ -46,12 +46,12 @@ Figures of a trace are sums over its steps (the time to run them one after anoth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from moe_place.analysis.dispatch import token_sources
+from moe_place.analysis.dispatch import TOKEN_LAYOUTS as TOKEN_HOMES, token_sources
 from moe_place.cost.gemm import DEFAULT_WEIGHTS, WEIGHT_MODES, gpu_times_s
 from moe_place.cost.models import ExpertShape
 from moe_place.cost.topology import Topology
@@ -65,14 +65,6 @@ REPLICA_CHOICES = ("vllm", "sglang-static", "sglang-dynamic", "node-aware")
 # The default: what SGLang does with a plan loaded by `--init-expert-location` (it then sets
 # `--ep-dispatch-algorithm static`, python/sglang/srt/server_args.py), the way our plans reach it.
 ENGINE_REPLICA_CHOICE = "sglang-static"
-TOKEN_HOMES = ("blocks", "round-robin")
-
-
-def token_homes(num_tokens: int, num_gpus: int, layout: str = "blocks") -> np.ndarray:
-    """int64 `[tokens]`: the home GPU of each token of one step (`blocks` or `round-robin`)."""
-    if layout not in TOKEN_HOMES:
-        raise InputError("token home", f"one of {', '.join(TOKEN_HOMES)}", layout)
-    return token_sources(num_tokens, num_gpus, "round_robin" if layout == "round-robin" else "blocks")
 
 
 # ---------------------------------------------------------------------- replica choice
@@ -431,7 +423,7 @@ def layer_cost(model: CommModel, steps: list[np.ndarray], table: SlotTable, laye
     rdma = nvlink = dispatch = combine = compute = busiest = mean = 0.0
     send, recv, rows_gpu = np.zeros(num_gpus), np.zeros(num_gpus), np.zeros(num_gpus)
     for index, ids in enumerate(steps):
-        home = token_homes(ids.shape[0], num_gpus, model.token_home)
+        home = token_sources(ids.shape[0], num_gpus, model.token_home)
         # SGLang builds its static table once; the dynamic choice draws anew every batch
         draw = index if model.replica_choice == "sglang-dynamic" else 0
         step = step_cost(model, ids, home, table, seed=_seed(model.seed, layer, draw), split=split)

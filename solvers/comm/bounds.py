@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_place.cost.comm import CommModel, token_homes
+from moe_place.analysis.dispatch import token_sources
+from moe_place.cost.comm import CommModel
 
 
 def layer_lower_bound_s(steps: list[np.ndarray], model: CommModel, num_experts: int, num_gpus: int, num_nodes: int,
@@ -33,7 +34,7 @@ def layer_lower_bound_s(steps: list[np.ndarray], model: CommModel, num_experts: 
         total += max(float(model.compute_times_s(mean_rows, 1)[0, 0]),
                      float(model.compute_times_s(weights_only, 1)[0, 0]))
         if per_row_dispatch:
-            home = token_homes(tokens, num_gpus, model.token_home)
+            home = token_sources(tokens, num_gpus, model.token_home)
             rank, home_node = home % gpn, home // gpn
             # uses[e, node, rank]: tokens of that home node and rank using expert e
             uses = np.zeros((num_experts, num_nodes, gpn))

@@ -8,7 +8,7 @@ from functools import cached_property
 import numpy as np
 
 from moe_place.analysis.coactivation import coactivation
-from moe_place.cost.comm import token_homes
+from moe_place.analysis.dispatch import token_sources
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class LayerTokens:
         """From one int `[tokens, k]` array per step (homes are per step, as in `layer_cost`)."""
         ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in steps])
         step = np.concatenate([np.full(s.shape[0], i, dtype=np.int64) for i, s in enumerate(steps)])
-        home = np.concatenate([token_homes(s.shape[0], num_gpus, token_home) for s in steps])
+        home = np.concatenate([token_sources(s.shape[0], num_gpus, token_home) for s in steps])
         loads = np.stack([np.bincount(np.asarray(s).ravel(), minlength=num_experts) for s in steps])
         return cls(ids, step, home, loads.astype(np.float64))
 
