@@ -20,7 +20,7 @@ from moe_place.cli.replay import (SPLIT_CHOICE_PRICED, add_cluster_arguments, ad
                                   add_input_arguments, add_policy_time_argument, add_rule_arguments,
                                   add_split_arguments, cluster_slots, default_policy, policy_price, rule_settings,
                                   split_cost_options)
-from moe_place.cost.models import infer_model_name
+from moe_place.cost.models import DEFAULT_MODEL, infer_model_name
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
 from moe_place.io import write_atomic, write_json_atomic
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                          "recorded batch is one step)", f"{plural(steps, 'step')}; for a trace of many steps run: "
                          f"moe-place cadence --synthetic drift:steps=6000,seed=0 --engine {args.engine}")
     plan = cadences(args.engine, intervals, use_async, steps)
-    model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"
+    model = args.model or infer_model_name(model_hint) or DEFAULT_MODEL
     gpu = gpu_with_record(args.hardware_from, args.hardware)
 
     def cost_of(cadence):

@@ -14,7 +14,8 @@ from moe_place.cli.options import (add_hardware_from_option, add_out_argument, a
                                    positive_int, share_below_one, trace_load_options)
 from moe_place.cli.output import model_header, plural, wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
-from moe_place.cost.models import PRESETS, infer_model_name
+from moe_place.cost.cluster import DEFAULT_NIC_GBIT
+from moe_place.cost.models import DEFAULT_MODEL, PRESETS, infer_model_name
 from moe_place.cost.replicas import ENGINE_REPLICA_CHOICE
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
@@ -56,7 +57,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--model", default=None,
                          help=f"expert shape preset for time and copy size: one of {', '.join(PRESETS)} "
                               "(default: from the trace, else Qwen3-30B-A3B)")
-    cluster.add_argument("--nic-gbit", type=positive_float, default=400.0, help="NIC per GPU, Gbit/s (default 400)")
+    cluster.add_argument("--nic-gbit", type=positive_float, default=DEFAULT_NIC_GBIT,
+                         help=f"NIC per GPU, Gbit/s (default {DEFAULT_NIC_GBIT:g})")
     cluster.add_argument("--layers", type=layer_selection, default=None,
                          help="trace layer positions, e.g. 0-3 (default: all)")
 
@@ -224,8 +226,6 @@ def rule_settings(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from moe_place.cli.shared import gpu_with_record
     from moe_place.cost.cluster import cluster_cost
     from moe_place.online.controller import EngineCadence, initial_map, make_controller
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     physical = cluster_slots(args, experts)
     migration = args.migration or cadence.migration
     schedule = args.copy_schedule or cadence.copy_schedule
-    model = args.model or infer_model_name(model_hint) or "Qwen3-30B-A3B"  # the default: the bundled traces' model
+    model = args.model or infer_model_name(model_hint) or DEFAULT_MODEL
     cost = cluster_cost(args.gpus, args.nodes, gpu_with_record(args.hardware_from, args.hardware), model,
                         nic_gbit_per_s=args.nic_gbit, copy_schedule=schedule, migration=migration,
                         **split_cost_options(args))

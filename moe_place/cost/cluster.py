@@ -25,7 +25,7 @@ from moe_place.cost.expected_traffic import expected_phase_times_s
 from moe_place.cost.gemm import DEFAULT_WEIGHTS, expert_times_s
 from moe_place.cost.hardware import GpuSpec, builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS, Copy, Migration, MigrationCharge
-from moe_place.cost.models import ExpertShape, get_model
+from moe_place.cost.models import DEFAULT_MODEL, ExpertShape, get_model
 from moe_place.cost.replicas import DEFAULT_SOLVE_S, REPLICA_CHOICES, slot_rows, split_overhead_s
 from moe_place.cost.topology import Topology, build_cluster
 from moe_place.cost.units import gbit_per_s
@@ -36,6 +36,7 @@ from moe_place.split import MAX_SWEEPS
 DEFAULT_ALPHA_S = 5e-6
 DEFAULT_BLOCK_M = 64
 DEFAULT_BLOCK_N = 128
+DEFAULT_NIC_GBIT = 400.0   # one 400 Gbit/s NIC per GPU (ConnectX-7), the H100 clusters' usual
 
 __all__ = ["COPY_SCHEDULES", "MIGRATION_MODELS", "Copy", "ReplayCost", "cluster_cost", "cluster_topology"]
 
@@ -190,7 +191,7 @@ class ReplayCost:
 
 
 def cluster_topology(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H100",
-                     nic_gbit_per_s: float = 400.0) -> Topology:
+                     nic_gbit_per_s: float = DEFAULT_NIC_GBIT) -> Topology:
     """`num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware` (a catalog name, or a `GpuSpec` such as
     `moe_place.cost.hardware.gpu_from_record`'s; NVLink and PCIe: the part's), joined by one NIC of
     `nic_gbit_per_s` per GPU: the cluster every command assumes unless told otherwise."""
@@ -202,8 +203,8 @@ def cluster_topology(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec 
 
 
 def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H100",
-                 model: str | ExpertShape = "Qwen3-30B-A3B",
-                 nic_gbit_per_s: float = 400.0, copy_schedule: str = "serial", alpha_s: float = DEFAULT_ALPHA_S,
+                 model: str | ExpertShape = DEFAULT_MODEL,
+                 nic_gbit_per_s: float = DEFAULT_NIC_GBIT, copy_schedule: str = "serial", alpha_s: float = DEFAULT_ALPHA_S,
                  block_m: int = DEFAULT_BLOCK_M, migration: str = "stall", replica_choice: str = "even",
                  split_solve_s: float = DEFAULT_SOLVE_S, split_allreduce_s: float | None = None) -> ReplayCost:
     """A `ReplayCost` for `num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware` (a catalog

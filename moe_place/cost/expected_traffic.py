@@ -53,7 +53,6 @@ def expected_rows(gpu_rows: np.ndarray, top_k: int, gpus_per_node: int, style: s
     _check_style(style)
     rows = np.atleast_2d(np.asarray(gpu_rows, dtype=np.float64))
     steps, gpus = rows.shape
-    nodes = gpus // gpus_per_node
     tokens = rows.sum(axis=1) / top_k                                       # [B]
     v, u = visit_probabilities(rows, top_k, gpus_per_node)
     node = np.arange(gpus) // gpus_per_node

@@ -154,6 +154,7 @@ class ExpertShape:
 # Kimi-K2 (moonshotai/Kimi-K2-Instruct): num_hidden_layers 61, first_k_dense_replace 1, n_routed_experts 384,
 #   moe_intermediate_size 2048, hidden_size 7168, num_experts_per_tok 8, FP8 weights; kv_lora_rank 512,
 #   qk_rope_head_dim 64 (MLA, DeepSeek-V3's attention).
+DEFAULT_MODEL = "Qwen3-30B-A3B"   # the bundled traces' model: where neither the user, the trace nor the engine says
 PRESETS: dict[str, ExpertShape] = {
     s.name: s for s in (
         ExpertShape("DeepSeek-V3", 7168, 2048, 256, 8, 58, dtype_bytes=1.0,

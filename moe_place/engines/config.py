@@ -45,18 +45,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from moe_place.cost.cluster import cluster_cost
+from moe_place.cost.cluster import DEFAULT_NIC_GBIT, cluster_cost
 from moe_place.cost.files import read_table_file
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS
-from moe_place.cost.models import ExpertShape, get_model, infer_model_name, model_from_table
+from moe_place.cost.models import DEFAULT_MODEL, ExpertShape, get_model, infer_model_name, model_from_table
 from moe_place.engines.guard import LOG, ensure_handler
 from moe_place.errors import InputError, check_keys
 from moe_place.online.policy import ESTIMATES, RebalanceRule
 
 CONFIG_ENV = "MOE_PLACE_CONFIG"
 MODEL_ENV = "MOE_PLACE_MODEL"
-DEFAULT_MODEL = "Qwen3-30B-A3B"   # the expert dimensions where neither the engine nor the config says
 DEFAULT_CADENCE = (3000, 1000)    # vLLM 0.33's EPLBConfig step_interval / window_size, where the engine does not say
 EXPERT_BYTES_TOLERANCE = 0.05     # a preset's bytes are weights only; the engine's include scales and padding
 
@@ -116,7 +115,7 @@ class EngineConfig:
 
     model: str | dict | None = None
     hardware: str = "H100"
-    nic_gbit: float = 400.0
+    nic_gbit: float = DEFAULT_NIC_GBIT
     migration: str | None = None
     copy_schedule: str = "parallel"   # vLLM and SGLang issue a layer's copies as one batch_isend_irecv
     step_interval: int | None = None

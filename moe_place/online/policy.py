@@ -504,7 +504,7 @@ def warm_up() -> None:
     once per process (lazy imports, numpy's first calls of each routine, the cost model's caches)
     is paid when an engine installs the policy, not in its first rebalance, which the engine
     times as serving. The engines' own policies pay theirs at import."""
-    rule = RebalanceRule(cluster_cost(2, 1, "H100", "Qwen3-30B-A3B", migration="async"), 2, 8)
+    rule = RebalanceRule(cluster_cost(2, 1, migration="async"), 2, 8)
     state = rule.create_state()
     rng = np.random.default_rng(0)
     current = Placement(np.tile(np.arange(10) % 8, (2, 1)), 8, 2)   # the engines' start map, slot p -> p % E

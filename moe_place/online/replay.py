@@ -33,7 +33,7 @@ import numpy as np
 
 from moe_place.cost.cluster import ReplayCost
 from moe_place.errors import InputError, check_keys
-from moe_place.online.controller import Controller, StaticController
+from moe_place.online.controller import Controller
 from moe_place.online.switch import MapSwitch
 from moe_place.placement import Placement
 from moe_place.solvers.deepseek import eplb_rebalance
