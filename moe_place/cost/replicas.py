@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.placement import even_split_slot_loads
+from moe_place.placement import Placement, even_split_slot_loads
 from moe_place.split import MAX_SWEEPS, split_shares
 
 REPLICA_CHOICES = ("even", "vllm", "sglang-static", "sglang-dynamic", "per-batch")
@@ -142,9 +142,9 @@ def _static_rows(rows: np.ndarray, load: np.ndarray, num_gpus: int, num_nodes: i
 class SlotTable:
     """The slots of one layer's plan, grouped by expert.
 
-    Kept beside `Placement`, which validates and holds a whole model: this is one layer's row indexed for
-    the replica choice, which looks up every token of every step in it (candidates padded to this layer's
-    widest expert, the slots' GPUs and nodes, SGLang's static dispatch tables cached per seed).
+    One layer's row of a `Placement` (which checks it and derives `logcnt` and the candidates, its `log2phy`)
+    indexed for the replica choice, which looks up every token of every step in it (candidates padded to this
+    layer's widest expert, the slots' GPUs and nodes, SGLang's static dispatch tables cached per seed).
 
     phy2log: int64 `[P]`. candidates: int64 `[E, width]`, the slots of each expert ascending,
     -1 padded (vLLM's `logical_to_physical_map` row). logcnt: int64 `[E]`.
@@ -162,23 +162,11 @@ class SlotTable:
     node_of_slot: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        row = np.asarray(self.phy2log, dtype=np.int64)
-        physical = row.size
-        if self.num_gpus < 1 or physical % self.num_gpus or self.num_nodes < 1 or self.num_gpus % self.num_nodes:
-            raise InputError("placement", "P divisible by G and G divisible by N", (physical, self.num_gpus,
-                                                                                    self.num_nodes))
-        if physical and (row.min() < 0 or row.max() >= self.num_experts):
-            raise InputError("phy2log", f"expert ids in [0, {self.num_experts})")
-        logcnt = np.bincount(row, minlength=self.num_experts)
-        if (logcnt < 1).any():
-            raise InputError("phy2log", f"every expert at least once (expert {int(np.argmin(logcnt))} has no slot)")
-        order = np.argsort(row, kind="stable")
-        starts = np.concatenate(([0], np.cumsum(logcnt)[:-1]))
-        candidates = np.full((self.num_experts, int(logcnt.max())), -1, dtype=np.int64)
-        candidates[row[order], np.arange(physical) - np.repeat(starts, logcnt)] = order
-        gpu = np.arange(physical, dtype=np.int64) // (physical // self.num_gpus)
-        for name, value in (("phy2log", row), ("candidates", candidates), ("logcnt", logcnt), ("gpu_of_slot", gpu),
-                            ("node_of_slot", gpu // (self.num_gpus // self.num_nodes))):
+        layer = Placement(np.asarray(self.phy2log, dtype=np.int64)[None], self.num_experts, self.num_gpus,
+                          self.num_nodes, allow_colocated=True)   # checks the row; its logcnt and log2phy
+        gpu = layer.gpu_of_slot()
+        for name, value in (("phy2log", layer.phy2log[0]), ("candidates", layer.log2phy[0]), ("logcnt", layer.logcnt[0]),
+                            ("gpu_of_slot", gpu), ("node_of_slot", gpu // layer.gpus_per_node)):
             value.setflags(write=False)
             object.__setattr__(self, name, value)
 

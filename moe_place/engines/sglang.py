@@ -190,7 +190,7 @@ def read_init_expert_location(path: str | Path) -> np.ndarray:
     if not isinstance(data, dict) or MAP_KEY not in data:
         raise InputError(str(path), f"a dict with {MAP_KEY}")
     value = data[MAP_KEY]
-    matrix = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+    matrix = to_numpy(value)
     if matrix.ndim != 2 or matrix.dtype.kind not in "iu":
         raise InputError(f"{path}: {MAP_KEY}", "an integer matrix [layers, physical]", f"shape {matrix.shape}")
     return matrix.astype(np.int64)

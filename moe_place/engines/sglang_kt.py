@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moe_place.engines.tensors import to_numpy
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 
@@ -112,4 +113,4 @@ def frequency_selection(logical_count: np.ndarray, total: int, select) -> np.nda
     counts = torch.from_numpy(np.ascontiguousarray(logical_count))
     if counts.dim() != 3:
         raise InputError("logical_count", "a [buffer, layers, experts] tensor", tuple(counts.shape))
-    return np.asarray(select(counts.sum(dim=0).float(), int(total)).numpy(), dtype=bool)
+    return to_numpy(select(counts.sum(dim=0).float(), int(total)), dtype=bool)

@@ -122,7 +122,7 @@ class VllmSplit:
         flags = torch.from_numpy(np.ascontiguousarray(proposal, dtype=np.int32))
         if int(group.world_size) > 1:
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MIN, group=group.cpu_group)
-        return flags.numpy()
+        return to_numpy(flags)
 
 
 def record(view, slots, record_enabled, unpadded) -> None:
