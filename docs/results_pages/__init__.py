@@ -1,0 +1,1 @@
+"""The results pages' code, one module per page or close group of pages: docs/gen_results.py."""
