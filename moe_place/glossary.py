@@ -167,7 +167,7 @@ TERMS: dict[str, str] = {
                    "nothing in vLLM's async worker; the CPU seconds measured are beside it.",
     "split choice CPU": "With `--split per-batch`: the CPU seconds of the split's per-layer choice in moe-place's "
                         "policy calls, on this machine's clock; a priced total pays its committed price instead "
-                        "(per slot of the layers it screens and prices; each call's at most 0.2% of the serving "
+                        "(per slot of the layers it screens and prices; each call's at most 0.2% of the layers' "
                         "time until the next call).",
     "total time": "Expert-layer time + dispatch + combine + migration time + policy time.",
     "cadence sweep": "`cadence`: the engine's protocol and the trace replayed at each rebalance interval.",

@@ -156,8 +156,7 @@ def test_the_split_choice_prices_no_more_than_the_call_can_afford():
                                       split_solve_s=0.0, split_allreduce_s=0.0))
     free = choice.decide(None, window, 10, placement, step=0)   # no cap: both layers priced, both on
     assert free.on.all() and free.price_s == pytest.approx(2 * (SCREEN_S_PER_SLOT + 4 * PRICE_S_PER_SLOT) * 80)
-    layer_s = choice.cost.served_times_s(placement.phy2log, window / 10, split=False)
-    step_s = float((layer_s[0] + layer_s[1]).sum())
+    step_s = float(choice.cost.rows_times_s(placement.phy2log, window / 10, 8).sum())   # what the call weighs
     one = 2 * SCREEN_S_PER_SLOT * 80 + 4 * PRICE_S_PER_SLOT * 80   # the screen of both, one layer priced
     interval = int(np.ceil(one / (CHOICE_CPU_SHARE * step_s))) + 1
     capped = choice.decide(None, window, 10, placement, step=0, interval_steps=interval)

@@ -167,9 +167,9 @@ def run(args: argparse.Namespace) -> int:
               + ("" if default_plan is not None else
                  " (the default: the replay's numpy copy, cheaper than the engine's own code)"))
         if split:
-            chose = sum(r.split_cpu_s for r in result.runs if r.policy == "moe-place")
-            print(f"split choice CPU     {chose:.3f} s on this machine's clock over moe-place's runs; "
-                  f"{SPLIT_CHOICE_PRICED}")
+            ours = [r for r in result.runs if r.policy == "moe-place"]
+            print(f"split choice CPU     {sum(r.split_price_s for r in ours):.3f} s priced in moe-place's totals "
+                  f"({SPLIT_CHOICE_PRICED}); {sum(r.split_cpu_s for r in ours):.3f} s on this machine's clock")
     if wins:
         print(f"advice               moe-place every {best_ours.step_interval} steps"
               + (", with the per-batch split" if split else "") + ":")

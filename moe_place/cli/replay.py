@@ -174,7 +174,7 @@ def add_policy_time_argument(parser: argparse.ArgumentParser) -> None:
 
 
 # what `replay` and `cadence` say of the split's per-layer choice where policy calls are priced
-SPLIT_CHOICE_PRICED = "priced in the total by its committed price per slot (moe_place.online.splitting)"
+SPLIT_CHOICE_PRICED = "its committed price per slot, moe_place.online.splitting"
 
 
 def add_default_policy_argument(parser: argparse.ArgumentParser) -> None:
@@ -333,5 +333,6 @@ def run(args: argparse.Namespace) -> int:
               f"{cost.split_overhead_s * 1e6:.1f} us: all-reduce of the counts + solve); elsewhere the replica choice "
               f"{cost.replica_choice}")
         if paid_s is not None and not cadence.policy_in_worker:
-            print(f"split choice CPU      {doc['split_cpu_s'] * 1e3:.3f} ms on this machine's clock; {SPLIT_CHOICE_PRICED}")
+            print(f"split choice CPU      {doc['split_price_s'] * 1e3:.3f} ms priced in the total ({SPLIT_CHOICE_PRICED}); "
+                  f"{doc['split_cpu_s'] * 1e3:.3f} ms on this machine's clock")
     return 0

@@ -51,6 +51,7 @@ class CadenceRun:
     split_layer_steps: int = 0   # layer-steps the per-batch split took
     split_cpu_s: float = 0.0     # CPU seconds of the split's per-layer choice (inside policy_cpu_s)
     comm_s: float = 0.0          # dispatch + combine (inside total_s)
+    split_price_s: float = 0.0   # ... their committed price (inside a priced policy_s)
 
     @classmethod
     def of(cls, policy: str, cadence: EngineCadence, result: ReplayResult) -> "CadenceRun":
@@ -59,7 +60,7 @@ class CadenceRun:
         return cls(policy, cadence.step_interval, cadence.window_size, result.total_time_s, result.total_expert_time_s,
                    result.total_migration_time_s, result.total_policy_time_s, result.total_policy_cpu_s,
                    result.total_bytes_moved, int(calls.size), int(later), int(result.split_layers.sum()),
-                   float(result.split_cpu_s.sum()), result.total_comm_time_s)
+                   float(result.split_cpu_s.sum()), result.total_comm_time_s, float(result.split_price_s.sum()))
 
 
 @dataclass(frozen=True)

@@ -270,7 +270,7 @@ class RebalanceRule:
         if self.split is not None:   # on the map the engine runs next
             started = time.thread_time()
             split = self.split.decide(state.split, window, seen.steps, current if decision is None else
-                                      decision.placement, step, interval_steps)
+                                      decision.placement, step, interval_steps, seen.total)
             split_s = time.thread_time() - started
         new_state = RuleState(state.calls + 1, age, share, total, planned, current.phy2log, deficit, kept, floors,
                               estimate, split)

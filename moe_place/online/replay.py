@@ -57,7 +57,7 @@ class ReplayResult:
     peak_staging_bytes is the most buffer memory one switch held (both maps live until the drain).
     split_layers: int64 `[steps]`, the layers whose batch the per-batch split took (0 without it);
     split_cpu_s: float64 `[steps]`, the CPU seconds of the split's choice in the policy's call (part of
-    policy_cpu_s).
+    policy_cpu_s); split_price_s the same priced (`SplitState.price_s`, part of a priced policy_time_s).
     comm_time_s: float64 `[steps]`, the layers' dispatch + combine summed (`moe_place.cost.expected_traffic`:
     the rows each step is expected to move, formula 3).
     balancedness: mean over layers of mean/max GPU load (vLLM's metric) under the map in use.
@@ -79,14 +79,16 @@ class ReplayResult:
     split_layers: np.ndarray | None = None
     split_cpu_s: np.ndarray | None = None
     comm_time_s: np.ndarray | None = None
+    split_price_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.comm_time_s is None:
             object.__setattr__(self, "comm_time_s", np.zeros(len(self.expert_time_s)))
         if self.split_layers is None:
             object.__setattr__(self, "split_layers", np.zeros(len(self.expert_time_s), dtype=np.int64))
-        if self.split_cpu_s is None:
-            object.__setattr__(self, "split_cpu_s", np.zeros(len(self.expert_time_s)))
+        for name in ("split_cpu_s", "split_price_s"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(len(self.expert_time_s)))
         if self.slots_moved_at is None:
             object.__setattr__(self, "slots_moved_at", np.zeros(len(self.expert_time_s), dtype=np.int64))
         if self.called_at is None:
@@ -155,6 +157,7 @@ class ReplayResult:
             "mean_balancedness": float(self.balancedness.mean()) if self.steps else 0.0,
             "split_layer_steps": int(self.split_layers.sum()),
             "split_cpu_s": float(self.split_cpu_s.sum()),
+            "split_price_s": float(self.split_price_s.sum()),
         }
         if per_step:
             decided = set(self.rebalance_steps)
@@ -234,7 +237,7 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     copy_s = np.zeros(steps)
     policy_s = np.zeros(steps)
     policy_cpu = np.zeros(steps)
-    split_cpu = np.zeros(steps)
+    split_cpu, split_price = np.zeros(steps), np.zeros(steps)
     slots_at = np.zeros(steps, dtype=np.int64)
     called_at = np.zeros(steps, dtype=bool)
     rebalance_steps: list[int] = []
@@ -249,8 +252,8 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
             decision = controller.decide(step, switch.latest)
             called = called_at[step] = bool(getattr(controller, "called", decision is not None))
             policy_cpu[step] = getattr(controller, "last_policy_s", 0.0)
-            paid = policy_cpu[step] if policy_price_s is None else \
-                policy_price_s * called + getattr(controller, "last_split_price_s", 0.0)
+            split_price[step] = getattr(controller, "last_split_price_s", 0.0)
+            paid = policy_cpu[step] if policy_price_s is None else policy_price_s * called + split_price[step]
             policy_s[step] = 0.0 if policy_in_worker else paid
             split_cpu[step] = getattr(controller, "last_split_s", 0.0)
             chosen = getattr(controller, "split_layers", None)
@@ -279,7 +282,7 @@ def replay(counts: np.ndarray, controller: Controller, cost: ReplayCost, initial
     expert_s, comm_s, balance = served_steps(cost, served, counts, split)
     return ReplayResult(controller.name, expert_s, balance, moved_bytes, copy_s, tuple(rebalance_steps),
                         slots_moved, peak_staging, policy_s, policy_cpu, slots_at, called_at,
-                        split.sum(axis=1).astype(np.int64), split_cpu, comm_s)
+                        split.sum(axis=1).astype(np.int64), split_cpu, comm_s, split_price)
 
 
 def served_steps(cost: ReplayCost, served: list[Placement], counts: np.ndarray, split: np.ndarray

@@ -42,10 +42,10 @@ REFRESH_STEPS = 1000    # a layer's choice stands until its map row changes or i
 SETTLED_SHARE = 0.5     # off by a wide margin: a priced saving at most half the overhead (a round margin, not tuned)
 SETTLED_GROWTH = 1.5    # ... until the layer's rows per batch grow by half (a round margin, not tuned)
 CHOICE_CPU_SHARE = 0.002   # a call's choice may cost at most this share of the serving time until the next call
-# the choice's CPU seconds per slot of a layer's map row: the screen on the mean batch, and the pricing in full
-# per batch priced (bench/bench_split.py's `choice_price`, the most over its sizes on one core of a 2-core AMD EPYC;
-# tests/test_replicas.py checks them against that record)
-SCREEN_S_PER_SLOT = 1.0e-6
+# the choice's CPU seconds per slot of a layer's map row it has not seen: the screen on the mean batch (the engine's
+# replica tables built), and the pricing in full per batch priced (bench/bench_split.py's `choice_price`: at least
+# the most over its sizes on one core of a 2-core AMD EPYC; tests/test_replicas.py checks them against that record)
+SCREEN_S_PER_SLOT = 14.0e-6
 PRICE_S_PER_SLOT = 8.0e-6
 
 
@@ -98,7 +98,8 @@ class SplitChoice:
             raise InputError("split margin", "a share >= 0", self.margin)
 
     def decide(self, state: SplitState | None, window: np.ndarray, window_steps: int, placement: Placement,
-               step: int | None = None, interval_steps: int | None = None) -> SplitState:
+               step: int | None = None, interval_steps: int | None = None,
+               total: np.ndarray | None = None) -> SplitState:
         """The state after this call, whose `on` (bool `[layers]`) are the layers whose batches the split should
         take, from the engine's window (`[layers, E]` summed over `window_steps` steps, or `[steps, layers, E]` per
         step) and the map it runs; `state` None: the first call (as is every call without a `step`).
@@ -109,7 +110,8 @@ class SplitChoice:
         times that is still below the overhead, the layer stays off. The others are priced in full, as many as
         the call can afford: its price (`price_s`) at most `CHOICE_CPU_SHARE` of the layer time of the
         `interval_steps` until the next call (the engine may wait for it), the layers decided longest ago first;
-        the rest keep their choice and stay due (None: no cap)."""
+        the rest keep their choice and stay due (None: no cap). total: the window summed over its steps, float64
+        `[layers, E]`, where the caller has it (the rule does)."""
         layers = placement.num_layers
         calls = 0 if state is None else state.calls
         first = state is None or step is None or state.rows.shape != placement.phy2log.shape
@@ -134,8 +136,11 @@ class SplitChoice:
         if not due.any():
             return nxt
         slots = placement.num_physical
-        window = np.asarray(window, dtype=np.float64)
-        batch_rows = window.sum(axis=(0, 2) if window.ndim == 3 else 1) / max(window_steps, 1)   # [layers]
+        window = np.asarray(window)
+        if total is None:
+            total = window.sum(axis=0, dtype=np.float64) if window.ndim == 3 else window.astype(np.float64)
+        mean = total / max(window_steps, 1)                                    # the window's mean batch [layers, E]
+        batch_rows = total.sum(axis=1) / max(window_steps, 1)
         if not first:   # settled off stays off (module note), looked at again an interval of choices later
             settled = due & ~on & (saving <= SETTLED_SHARE * overhead) & (replicated <= old_replicated) \
                 & (batch_rows <= SETTLED_GROWTH * batch_rows_then)
@@ -148,31 +153,34 @@ class SplitChoice:
         if step is not None:
             decided_at[plain] = step
         due &= replicated
-        screened = 0
+        samples = len(window[-self.samples:]) if window.ndim == 3 else self.samples
+        screen, price = SCREEN_S_PER_SLOT * slots, samples * PRICE_S_PER_SLOT * slots   # a layer's, each stage
+        budget = np.inf if interval_steps is None or not due.any() else \
+            CHOICE_CPU_SHARE * interval_steps * float(self.cost.rows_times_s(placement.phy2log, mean,
+                                                                              placement.num_gpus).sum())
+
+        def afford(each: float) -> None:   # the oldest choices first; the others wait, due, for a later call
+            if budget == np.inf:
+                return
+            waiting = np.flatnonzero(due)[np.argsort(decided_at[due], kind="stable")][max(int(budget // each), 0):]
+            due[waiting] = False
+            rows_seen[waiting] = -1 if first else state.rows[waiting]   # still changed at the next call
+            batch_rows_then[waiting] = before[waiting]
+
+        afford(screen)
+        screened = int(due.sum())
         if due.any():   # first on the window's mean batch, with room for a batch's noise (no split solved)
-            mean = (window.sum(axis=0) if window.ndim == 3 else window) / max(window_steps, 1)
-            ceiling, layer_s = self._noisy_ceiling_s(placement.phy2log[due], mean[due])
-            screened = int(due.sum())
+            ceiling = self._noisy_ceiling_s(placement.phy2log[due], mean[due])
             settled = np.flatnonzero(due)[ceiling <= overhead]
             on[settled], saving[settled] = False, ceiling[ceiling <= overhead]
             if step is not None:
                 decided_at[settled] = step
             due[settled] = False
+        budget -= screened * screen
+        afford(price)
         if not due.any():
-            return replace(nxt, price_s=screened * SCREEN_S_PER_SLOT * slots)
-        samples = len(window[-self.samples:]) if window.ndim == 3 else self.samples
-        price = samples * PRICE_S_PER_SLOT * slots      # one layer priced in full
-        spent = screened * SCREEN_S_PER_SLOT * slots
-        if interval_steps is not None:   # the oldest choices first; the others wait, due, for a later call
-            budget = CHOICE_CPU_SHARE * interval_steps * layer_s.mean() * layers - spent
-            order = np.flatnonzero(due)[np.argsort(decided_at[due], kind="stable")]
-            waiting = order[max(int(budget // price), 0):]
-            due[waiting] = False
-            rows_seen[waiting] = -1 if first else state.rows[waiting]   # still changed at the next call
-            batch_rows_then[waiting] = before[waiting]
-            if not due.any():
-                return replace(nxt, price_s=spent)
-        batches = self._batches(window, window_steps, calls + 1)[:, due]   # [n, due layers, E]
+            return replace(nxt, price_s=screened * screen)
+        batches = self._batches(window, mean, calls + 1)[:, due]   # [n, due layers, E]
         n, count, experts = batches.shape
         rows = np.broadcast_to(placement.phy2log[due][None], (n, count, placement.num_physical)).reshape(n * count, -1)
         flat = batches.reshape(n * count, experts)
@@ -187,17 +195,16 @@ class SplitChoice:
         on[due] = open_ & (priced > overhead)
         if step is not None:
             decided_at[due] = step
-        return replace(nxt, price_s=spent + count * price)
+        return replace(nxt, price_s=screened * screen + count * price)
 
-    def _noisy_ceiling_s(self, rows: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the most the split could save `[n]`, the layer time under the engine's replica choice `[n]`) on a batch
-        drawn around the mean batch `mean [n, E]` of map rows `[n, P]`: the mean batch's ceiling (`_ceiling_s`)
-        plus what the busiest GPU's noise can add, `sqrt(2 ln G)` standard deviations of its rows (the expected
-        maximum of G independent counts), each row priced at that GPU's time per row (its fixed costs included:
-        more than a row's marginal time)."""
+    def _noisy_ceiling_s(self, rows: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """float64 `[n]`: the most the split could save on a batch drawn around the mean batch `mean [n, E]` of map
+        rows `[n, P]`: the mean batch's ceiling (`_ceiling_s`) plus what the busiest GPU's noise can add, `sqrt(2
+        ln G)` standard deviations of its rows (the expected maximum of G independent counts), each row priced at
+        that GPU's time per row (its fixed costs included: more than a row's marginal time)."""
         engine, ceiling, busiest = self._ceiling_s(rows, mean)
         noise = np.sqrt(2.0 * np.log(max(self.cost.num_gpus, 2)) * busiest)
-        return ceiling + noise * np.divide(engine, busiest, out=np.zeros(len(rows)), where=busiest > 0), engine
+        return ceiling + noise * np.divide(engine, busiest, out=np.zeros(len(rows)), where=busiest > 0)
 
     def _ceiling_s(self, rows: np.ndarray, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(layer time under the engine's replica choice `[n]`, the most the split can save `[n]`, the busiest
@@ -216,10 +223,9 @@ class SplitChoice:
         engine = times.max(axis=1) + comm[0]
         return engine, np.maximum(engine - floor - comm[1], 0.0), top.sum(axis=1)
 
-    def _batches(self, window: np.ndarray, window_steps: int, calls: int) -> np.ndarray:
+    def _batches(self, window: np.ndarray, mean: np.ndarray, calls: int) -> np.ndarray:
         if window.ndim == 3:
-            return np.rint(window[-self.samples:])
-        mean = window / max(window_steps, 1)                                            # [layers, E]
+            return np.rint(np.asarray(window[-self.samples:], dtype=np.float64))
         rng = np.random.default_rng([self.seed, calls])
         out = np.zeros((self.samples, *mean.shape))
         for layer, row in enumerate(mean):
