@@ -60,12 +60,10 @@ import time
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import missed_targets
 from moe_place.cost.cluster import cluster_topology
 from moe_place.cost.comm import CommModel, SlotTable, layer_cost
 from moe_place.cost.models import get_model
-from moe_place.io import write_atomic, write_json_atomic
+from moe_place.io import write_atomic
 from moe_place.placement import Placement
 from moe_place.plotting import new_figure, png_bytes
 from moe_place.problem import PlacementProblem
@@ -75,6 +73,9 @@ from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
 from moe_place.traces.synthetic import coactivation_trace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from records import add_record_options, missed_targets, refuse_overwrite, write_record  # noqa: E402
 
 CASES = ((32, 4, 0), (32, 4, 32), (64, 8, 64))
 METHODS = ("contiguous", "eplb", "eplb-hier", "fast", "time", "time-guard", "time-layer", "time-bal", "ungated",
@@ -723,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         timing = [plan_time_cli(path, gpus, nodes, redundant, 60.0) for gpus, nodes, redundant in TIMED]
         print(timing_lines(timing))
         if args.output_json:
-            write_json_atomic(args.output_json, {"plan_time": timing})
+            write_record(args.output_json, {"plan_time": timing})
         return 0
     trace = load_trace(path)
     layers = list(range(0, trace.num_layers, max(1, trace.num_layers // args.layers)))[:args.layers]
@@ -748,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
             record["synthetic"] = {"bed": {**BED, "cohesion": BED_COHESION, "redundant": BED_REDUNDANT,
                                            "drifts": BED_DRIFTS, "stress": BED_STRESS},
                                    "runs": bed, "stress_runs": stress, **bed_figures}
-        write_json_atomic(args.output_json, record)
+        write_record(args.output_json, record)
     if args.plot:
         write_atomic(args.plot, plot_png(rows, summary, bed + stress))
     missed = missed_target_lines(summary, bed_figures["summary"] if bed else None)

@@ -30,12 +30,12 @@ import sys
 import numpy as np
 import torch
 
-from engine_policies import machine  # the CPU a record names (bench/engine_policies.py)
-from microbench import Timer  # the one timing helper (bench/microbench.py); here one call per timing
-
 from moe_place.cost.models import get_model
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.io import write_atomic, write_json_atomic
+from moe_place.io import write_atomic
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from microbench import Timer  # noqa: E402  (bench/microbench.py: the one timing helper; one call per timing)
+from records import add_record_options, machine, refuse_overwrite, write_record  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_ROWS = tuple(2**i for i in range(12))      # 1 .. 2048
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
               f"B_D = {bandwidth / 1e9:.1f} GB/s (sums of {weight_bytes / 2**20:g} MiB); knee at "
               f"{weight_bytes / bandwidth * flops / (2 * params):.1f} rows")
     if args.output_json:
-        write_json_atomic(args.output_json, result)
+        write_record(args.output_json, result)
         print(f"wrote {args.output_json}", file=sys.stderr)
     if args.parts_out and result["dtypes"]:
         kernels = ", ".join(f'"torch-{k}" = {v["flops_per_s"] / 1e12:.6g}' for k, v in result["dtypes"].items())

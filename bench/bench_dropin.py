@@ -23,12 +23,12 @@ import time
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import missed_targets
 from moe_place.eplb import rebalance_experts
-from moe_place.io import write_json_atomic
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.online.replay import parse_synthetic
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from records import add_record_options, missed_targets, refuse_overwrite, write_record  # noqa: E402
 
 # (model, MoE layers, experts, groups, physical experts, EP size, nodes)
 SHAPES = (
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worst drop-in call {worst:.3f} s (target <= {STALL_TARGET_S} s), deterministic on every shape, never "
           f"busier than EPLB on any layer: {'NOT MET' if missed else 'MET'}")
     if args.output_json:
-        write_json_atomic(args.output_json, {"cores": args.cores, "repeats": args.repeats, "rows": rows})
+        write_record(args.output_json, {"cores": args.cores, "repeats": args.repeats, "rows": rows})
     return missed_targets("bench_dropin", missed)
 
 

@@ -54,10 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import interrupted, missed_targets
 from moe_place.engines.config import EngineConfig
-from moe_place.io import write_json_atomic
 from moe_place.online.cadence import DEFAULT_INTERVALS, CadenceSweep, sweep
 from moe_place.online.controller import initial_map
 from moe_place.online.policy import RebalanceRule
@@ -66,7 +63,8 @@ from moe_place.progress import ProgressBar
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_harness as harness  # noqa: E402  (bench/ is not a package)
 import engine_policies  # noqa: E402
-from engine_policies import machine  # noqa: E402
+from records import (add_record_options, interrupted, machine, missed_targets, refuse_overwrite,  # noqa: E402
+                     write_record)
 
 VLLM_MODES = ("async", "sync")
 
@@ -313,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     for target in targets:
         print("  " + target.line())
     if args.output_json:
-        write_json_atomic(args.output_json, {
+        write_record(args.output_json, {
             "command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv)),
             **ran, "seconds": round(time.perf_counter() - start, 1),
             "versions": harness.engine_versions(args.engine),

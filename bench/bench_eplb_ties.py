@@ -24,13 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.io import write_json_atomic
 from moe_place.placement import keep_unchanged_slots
 from moe_place.solvers.deepseek import eplb_maps, eplb_rebalance, plans_hierarchically
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_standins as standins  # noqa: E402  (bench/ is not a package)
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 VARIANTS = ("stable", "numpy-order", "standin")
 
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     for (name, with_old), (exact, sets) in tally.items():
         print(f"{name:<14}{'given' if with_old else 'none':<12}{exact:>8}{sets:>15}")
     if args.output_json:
-        write_json_atomic(args.output_json, {"cases": cases, "seed": args.seed, "vllm": vllm.__version__,
+        write_record(args.output_json, {"cases": cases, "seed": args.seed, "vllm": vllm.__version__,
                                      "numpy": np.__version__, "torch": torch.__version__,
                                      "results": [{"variant": n, "map_in_use": w, "exact": e, "same_gpu_sets": s}
                                                  for (n, w), (e, s) in tally.items()]})

@@ -47,16 +47,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cost.models import ExpertShape
 from moe_place.cost.offload import OffloadRates
 from moe_place.solvers import offload_rules
-from moe_place.io import write_json_atomic
 from moe_place.online.offload import ServingRun, replay_offload
 from moe_place.traces.synthetic import inclusion_probabilities, lognormal_weights, sample_counts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 RESULTS_JSON = "bench/results/offload_published.json"
 # tokens/s, kt-kernel doc/en/kt-kernel/experts-sched-Tutorial.md ("Performance")
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                               for s, (m, q) in r["ratios"].items()))
         print(f"ordering reproduced at 10/40/80/90%: {order_ok}; every ratio within 15%: {ratio_ok}")
     if args.output_json:
-        write_json_atomic(args.output_json, record)
+        write_record(args.output_json, record)
         print(f"wrote {args.output_json}", file=sys.stderr)
     return 0
 

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import get_model
 from moe_place.cost.offload import OffloadRates, prefill_threshold_tokens
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.io import write_json_atomic
 from moe_place.online.offload import POLICIES, replay_offload, serving_run, warm_up_plan
 from moe_place.traces.synthetic import domain_mixture, domain_weights, drifting_hot_spots
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 CASES = {  # name: (profile of layers x experts, prefill tokens; None: --prefill-tokens)
     "hot spots, persistence 2000": (lambda L, E: drifting_hot_spots(L, E, 8, 0.5, 2000), None),
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{outcome.link_copies:>12} {outcome.gpu_copies:>11}")
         results["cases"][name] = entry
     if args.output_json:
-        write_json_atomic(args.output_json, results)
+        write_record(args.output_json, results)
         print(f"wrote {args.output_json}", file=sys.stderr)
     return 0
 

@@ -34,17 +34,18 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import missed_targets
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import get_model
 from moe_place.cost.offload import OffloadRates
 from moe_place.cost.units import GIB_BYTES
 from moe_place.solvers.offload_compare import (HINDSIGHT, LAYERS_FROM_TRACE, N_CPU_MOE, PLAN, PlanningData, Scenarios,
                                                candidate_sets, hindsight_set, step_problems)
-from moe_place.io import write_atomic, write_json_atomic
+from moe_place.io import write_atomic
 from moe_place.plotting import new_figure, png_bytes
 from moe_place.traces import load_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, missed_targets, refuse_overwrite, write_record  # noqa: E402
 
 TRACE = "traces/data/qwen3-30b-a3b_prefill_topk.npz"
 RESULTS_JSON, RESULTS_PNG = "bench/results/offload_sweep.json", "bench/results/offload_sweep.png"
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_tables(record))
     print("\n".join(lines))
     if args.output_json:
-        write_json_atomic(args.output_json, record)
+        write_record(args.output_json, record)
         print(f"wrote {args.output_json}", file=sys.stderr)
     if args.plot:
         write_atomic(args.plot, render_png(record))

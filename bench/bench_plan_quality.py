@@ -16,17 +16,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.io import write_json_atomic
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.solvers.bounds import lower_bounds
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 
 def timed(fn, *args, **kwargs):
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
           "judge on another")
     print(table(rows, solvers))
     if args.output_json:
-        write_json_atomic(args.output_json, {"trace": trace.meta.model, "layers": trace.num_layers, "rows": rows})
+        write_record(args.output_json, {"trace": trace.meta.model, "layers": trace.num_layers, "rows": rows})
     return 0
 
 

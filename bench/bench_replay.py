@@ -64,11 +64,9 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.analysis.persistence import run_lengths
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import interrupted, missed_targets
 from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.models import ExpertShape
-from moe_place.io import write_atomic, write_json_atomic
+from moe_place.io import write_atomic
 from moe_place.online.cadence import sweep
 from moe_place.online.controller import initial_map
 from moe_place.online.plot import render_cadence_png
@@ -76,6 +74,8 @@ from moe_place.online.replay import parse_synthetic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import engine_policies  # noqa: E402  (bench/ is not a package)
+from records import (add_record_options, interrupted, machine, missed_targets, refuse_overwrite,  # noqa: E402
+                     write_record)
 
 DEEPSEEK_V3_BF16 = ExpertShape("DeepSeek-V3-BF16", 7168, 2048, 256, 8, 58, dtype_bytes=2.0)
 # groups: DeepSeek-V3's 8 expert groups, which the engines read off the model and pass to the policy (hierarchical
@@ -369,19 +369,18 @@ def main(argv: list[str] | None = None) -> int:
     lines, missed = verdicts(records)
     print("\n".join(lines), flush=True)
     if args.output_json:
-        write_json_atomic(args.output_json, {"command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None
-                                                                                    else list(argv)),
-                                             "steps": args.steps, "seeds": args.seeds,
-                                             "sets": {"tuning": list(TUNING_SET), "evaluation": list(EVALUATION_SET)},
-                                             "protocols": list(args.protocols), "default_policy": args.default_policy,
-                                             "targets": {"best": TARGET_BEST, "same_cadence": TARGET_SAME_CADENCE},
-                                             "policy_time": "CPU seconds of the policy's calls (time.thread_time); "
-                                                            "paid by serving except in vLLM's async worker",
-                                             "wall_s": time.perf_counter() - started,
-                                             "machine": {**engine_policies.machine(), "jobs": args.jobs,
-                                                         "torch_threads": threads},
-                                             "traces": records,
-                                             "verdicts": lines, "provenance": engine_policies.provenance()})
+        write_record(args.output_json, {"command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None
+                                                                               else list(argv)),
+                                        "steps": args.steps, "seeds": args.seeds,
+                                        "sets": {"tuning": list(TUNING_SET), "evaluation": list(EVALUATION_SET)},
+                                        "protocols": list(args.protocols), "default_policy": args.default_policy,
+                                        "targets": {"best": TARGET_BEST, "same_cadence": TARGET_SAME_CADENCE},
+                                        "policy_time": "CPU seconds of the policy's calls (time.thread_time); "
+                                                       "paid by serving except in vLLM's async worker",
+                                        "wall_s": time.perf_counter() - started,
+                                        "machine": {**machine(), "jobs": args.jobs,
+                                                    "torch_threads": threads},
+                                        "traces": records, "verdicts": lines})
     if args.plot:
         write_atomic(args.plot, render_cadence_png(records))
     return missed_targets("bench_replay", missed)

@@ -27,15 +27,16 @@ import time
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.eplb import rebalance_experts
-from moe_place.io import write_json_atomic
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.solvers.bounds import lower_bounds, pairing_lp_bound
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.traces.synthetic import deepseek_r1_like
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 NUM_PHYSICAL = 288  # 256 logical + 32 redundant
 
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
           f"pinned to {args.cores or 'all'} core(s)")
     print(table(rows))
     if args.output_json:
-        write_json_atomic(args.output_json, {"num_physical": NUM_PHYSICAL, "cores": args.cores, "rows": rows})
+        write_record(args.output_json, {"num_physical": NUM_PHYSICAL, "cores": args.cores, "rows": rows})
     return 0
 
 

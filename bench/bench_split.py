@@ -42,16 +42,13 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import interrupted, missed_targets
 from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE, split_overhead_s
-from moe_place.io import write_json_atomic
 from moe_place.online.cadence import CadenceRun, cadences, sweep
 from moe_place.online.controller import initial_map, make_controller
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import replay
-from moe_place.online.splitting import (CHOICE_SWEEPS, PRICE_S_PER_SLOT, SCREEN_S_PER_SLOT, SPLIT_SAMPLES,
-                                        SplitChoice)
+from moe_place.online.splitting import PRICE_S_PER_SLOT, SCREEN_S_PER_SLOT, SPLIT_SAMPLES, SplitChoice
+from moe_place.placement import Placement
 from moe_place.cost.cluster import cluster_cost
 from moe_place.online.replay import parse_synthetic
 from moe_place.solvers.deepseek import eplb_rebalance
@@ -61,7 +58,7 @@ from moe_place.traces.load import load_trace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_replay  # noqa: E402  (bench/ is not a package)
-from engine_policies import machine, provenance  # noqa: E402
+from records import add_record_options, interrupted, missed_targets, refuse_overwrite, write_record  # noqa: E402
 
 SECTIONS = ("accuracy", "replay", "guard", "choice_price")
 TARGET_ACCURACY = 1.005      # the fast split's busiest GPU over the whole-row optimum, every layer and batch
@@ -216,31 +213,32 @@ def guard_section(steps: int, progress) -> dict:
 
 # ---------------------------------------------------------------------- 4. what the choice costs
 def choice_price_section(repeats: int = 5) -> dict:
-    """Seconds per slot of a layer's map row of the split choice's screen and of its pricing in full (per batch
-    priced), timed on this thread (`SplitChoice._noisy_ceiling_s`; `_ceiling_s` and the split's solve on
-    `SPLIT_SAMPLES` batches) for 8 layers of EPLB maps of Dirichlet(0.5) loads at each of `PRICE_SIZES`."""
+    """Seconds per slot of a layer's map row of the split choice's whole call, timed on this thread: a first call
+    (`SplitChoice.decide`) on 8 layers of EPLB maps of Dirichlet(0.5) loads and a per-step window of
+    `SPLIT_SAMPLES` batches at each of `PRICE_SIZES`, with a fresh cost model each time (its tables cold, as for
+    a map row the choice has not seen): charged 1 s a layer, every layer settles at the screen (its price per
+    slot); charged nothing, every layer is priced in full (the difference, per slot and batch, the price)."""
     rows = []
     rng = np.random.default_rng(0)
     for gpus, nodes, experts, redundant, model, tokens in PRICE_SIZES:
-        choice = SplitChoice(cluster_cost(gpus, nodes, "H100", model, replica_choice="sglang-static"))
         slots, layers = experts + redundant, 8
         popularity = rng.dirichlet(np.full(experts, 0.5), size=layers)
-        plan = eplb_rebalance(popularity * 1000, slots, 1, 1, gpus)
-        batches = np.stack([rng.multinomial(tokens * 8, p, size=SPLIT_SAMPLES) for p in popularity], axis=1)
-        flat = batches.reshape(-1, experts).astype(np.float64)
-        tiled = np.broadcast_to(plan[None], (SPLIT_SAMPLES, layers, slots)).reshape(-1, slots)
-        screen, full = [], []
-        for _ in range(repeats):
-            started = time.thread_time()
-            choice._noisy_ceiling_s(plan, batches.mean(axis=0))
-            middle = time.thread_time()
-            choice._ceiling_s(tiled, flat)
-            choice.cost.served_times_s(tiled, flat, split=True, max_sweeps=CHOICE_SWEEPS)
-            screen.append(middle - started)
-            full.append(time.thread_time() - middle)
+        placement = Placement(eplb_rebalance(popularity * 1000, slots, 1, 1, gpus), experts, gpus, nodes,
+                              allow_colocated=True)
+        window = np.stack([rng.multinomial(tokens * 8, p, size=SPLIT_SAMPLES) for p in popularity], axis=1)
+        seconds = {}
+        for name, allreduce in (("screen", 1.0), ("full", 0.0)):
+            runs = []
+            for _ in range(repeats):
+                choice = SplitChoice(cluster_cost(gpus, nodes, "H100", model, replica_choice="sglang-static",
+                                                  split_solve_s=0.0, split_allreduce_s=allreduce))
+                started = time.thread_time()
+                choice.decide(None, window, SPLIT_SAMPLES, placement, step=0)
+                runs.append(time.thread_time() - started)
+            seconds[name] = float(np.median(runs))
         rows.append({"gpus": gpus, "experts": experts, "slots": slots, "tokens": tokens,
-                     "screen_s_per_slot": float(np.median(screen)) / (layers * slots),
-                     "price_s_per_slot": float(np.median(full)) / (layers * slots * SPLIT_SAMPLES)})
+                     "screen_s_per_slot": seconds["screen"] / (layers * slots),
+                     "price_s_per_slot": (seconds["full"] - seconds["screen"]) / (layers * slots * SPLIT_SAMPLES)})
     most = {key: max(r[key] for r in rows) for key in ("screen_s_per_slot", "price_s_per_slot")}
     met = most["screen_s_per_slot"] <= SCREEN_S_PER_SLOT and most["price_s_per_slot"] <= PRICE_S_PER_SLOT
     return {"rows": rows, "most": most, "met": met}
@@ -311,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_split: {line} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
     doc: dict = {"command": [Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else list(argv)),
-                 "steps": args.steps, "intervals": list(INTERVALS), "solve_s": DEFAULT_SOLVE_S, "machine": machine()}
+                 "steps": args.steps, "intervals": list(INTERVALS), "solve_s": DEFAULT_SOLVE_S}
     try:
         if "accuracy" in sections:
             doc["accuracy"] = accuracy_section()
@@ -326,11 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return interrupted("bench_split")
     doc["seconds"] = round(time.perf_counter() - started, 1)
-    doc["provenance"] = provenance()
     lines = report(doc)
     print("\n".join(lines))
     if args.output_json:
-        write_json_atomic(args.output_json, doc)
+        write_record(args.output_json, doc)
     return missed_targets("bench_split", [line.strip() for line in lines if "NOT MET" in line])
 
 

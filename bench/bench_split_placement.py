@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.io import write_json_atomic
 from moe_place.online.replay import parse_synthetic
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
@@ -36,6 +35,9 @@ from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.split_placement import plan_for_split, planning_pieces, split_busiest_over_mean
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 PLANS = ("eplb", "fast", "split")
 DRIFT_SEEDS = "200,201,202,203,204"   # reported seeds: 200 and up
@@ -202,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
               "against EPLB's, held-out busiest/mean under the per-batch split, mean over seeds")
         print(tuning_table(rows))
         if args.output_json:
-            write_json_atomic(args.output_json, {"seeds": seeds, "drift_layers": args.layers, "drift_window":
-                                                 args.window, "drift_judged": args.judge, "rows": rows})
+            write_record(args.output_json, {"seeds": seeds, "drift_layers": args.layers, "drift_window":
+                                            args.window, "drift_judged": args.judge, "rows": rows})
         return 0
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = [] if args.skip_real else real_rows([int(x) for x in args.ep.split(",")], args.redundant.split(","))
@@ -214,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
           "split vs eplb: its relative change, mean over folds (best/worst fold)")
     print(table(rows))
     if args.output_json:
-        write_json_atomic(args.output_json, {"trace": "qwen3-30b-a3b_prefill_topk.npz", "drift_seeds": seeds,
-                                             "tuning_seeds": "1-8", "drift_layers": args.layers,
-                                             "drift_window": args.window, "drift_judged": args.judge, "rows": rows})
+        write_record(args.output_json, {"trace": "qwen3-30b-a3b_prefill_topk.npz", "drift_seeds": seeds,
+                                        "tuning_seeds": "1-8", "drift_layers": args.layers,
+                                        "drift_window": args.window, "drift_judged": args.judge, "rows": rows})
     return 0
 
 

@@ -23,12 +23,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay import PROTOCOLS, SCENARIOS, STATIONARY  # noqa: E402 - bench/ is not a package
-from engine_policies import provenance  # noqa: E402
+from records import add_record_options, interrupted, refuse_overwrite, write_record  # noqa: E402
 
-from moe_place.cli.options import add_record_options, refuse_overwrite  # noqa: E402
-from moe_place.cli.output import interrupted  # noqa: E402
 from moe_place.cost.cluster import cluster_cost  # noqa: E402
-from moe_place.io import write_json_atomic  # noqa: E402
 from moe_place.online.cadence import DEFAULT_INTERVALS, cadences  # noqa: E402
 from moe_place.online.controller import initial_map, make_controller  # noqa: E402
 from moe_place.online.policy import RebalanceRule, RuleAnswer, RuleState  # noqa: E402
@@ -105,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return interrupted("bench_stationary")
     print(table(record))
     if args.output_json:
-        write_json_atomic(args.output_json, {"command": ["bench_stationary.py", *(argv or sys.argv[1:])], **record,
-                                             "provenance": provenance()})
+        write_record(args.output_json, {"command": ["bench_stationary.py", *(argv or sys.argv[1:])], **record})
         print(f"wrote {args.output_json}")
     return 0
 

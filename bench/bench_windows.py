@@ -23,17 +23,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.io import write_json_atomic
 from moe_place.online.replay import parse_synthetic
 from moe_place.placement import even_split_gpu_loads
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 METHODS = ("sum", "windows-mean", "windows-max")
 
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(run_case(name, train, test, gpus, redundant, args.time_limit))
     print(table(rows))
     if args.output_json:
-        write_json_atomic(args.output_json, {"time_limit_s": args.time_limit, "rows": rows})
+        write_record(args.output_json, {"time_limit_s": args.time_limit, "rows": rows})
     return 0
 
 

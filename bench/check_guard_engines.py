@@ -55,9 +55,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from unittest import mock
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from records import add_record_options, missed_targets, refuse_overwrite, write_record  # noqa: E402
+
 CADENCE = dict(step_interval=200, window=100)
 STATIONARY_CALLS, CHANGED_CALLS, SEED = 2, 1, 0
 REASON = "moe-place guard check: the rule broke"
@@ -510,7 +511,6 @@ def main(argv: list[str] | None = None) -> int:
     cleared = sorted(name for name in os.environ if name.startswith("MOE_PLACE_"))
     for name in cleared:
         del os.environ[name]
-    sys.path.insert(0, str(BENCH))
     import engine_harness as harness
 
     started = time.perf_counter()
@@ -534,9 +534,6 @@ def main(argv: list[str] | None = None) -> int:
             not_run.append(f"NOT RUN  a model whose {variant}: vLLM's own add_model does not start it, with either "
                            f"policy ({said})")
         print(not_run[-1])
-    from moe_place.cli.output import missed_targets
-    from moe_place.io import write_json_atomic
-
     paragraphs = __doc__.split("\n\n")
     s = size()
     record = {
@@ -555,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         "details": record_extra,
     }
     if args.output_json:
-        write_json_atomic(args.output_json, record)
+        write_record(args.output_json, record)
         print(f"wrote {args.output_json}")
     return missed_targets("check_guard_engines", [line for passed, line in checks if not passed])
 

@@ -38,29 +38,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
 import platform
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cost.cluster import cluster_topology
-from moe_place.cost.comm import CommModel, step_cost, token_homes
+from moe_place.analysis.dispatch import token_sources
+from moe_place.cost.comm import CommModel, step_cost
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import get_model
 from moe_place.cost.replicas import SlotTable, allreduce_latency_s
 from moe_place.cost.topology import Topology
 from moe_place.cost.units import gb_per_s
-from moe_place.io import write_json_atomic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_policies import machine  # noqa: E402  (bench/ is not a package)
+from records import add_record_options, provenance, refuse_overwrite, write_record  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS_JSON = "bench/results/published_comm.json"
 
 # ---------------------------------------------------------------------- the published figures
@@ -203,7 +198,7 @@ def case(table: str, ep: int, seed: int) -> list[dict]:
     model = CommModel(topology, get_model("DeepSeek-V3"), dispatch="deepep" if table == "normal" else "all-to-all",
                       dispatch_bytes_per_row=row_bytes(table, "dispatch"), combine_bytes_per_row=BF16_ROW_BYTES)
     slots = SlotTable(np.arange(EXPERTS), ep, nodes, EXPERTS)
-    cost = step_cost(model, ids, token_homes(ids.shape[0], ep), slots)
+    cost = step_cost(model, ids, token_sources(ids.shape[0], ep), slots)
     rows, crossing = deepep_rows(table, ids, ep, nodes)
     out = []
     for phase, model_s, volume in (("dispatch", cost.dispatch_s, cost.traffic.rows * model.dispatch_row_bytes),
@@ -274,15 +269,6 @@ def settings(seed: int) -> dict:
             "formula": "docs/MODEL.md formula 3 (moe_place.cost.traffic.phase_time_s via comm.step_cost)"}
 
 
-def commit() -> str | None:
-    """This checkout's commit (None where git cannot say); engine_harness has one too, but imports torch."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def print_table(result: dict) -> None:
     """The rows (rows d/m: rank 0's rows crossing a link as DeepEP counts them / as the model sends them), the fits."""
     print(f"{'table':<17} {'EP':>4} {'phase':<9} {'published':>10} {'model':>9} {'model/pub':>9} "
@@ -313,12 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     result = compute(args.seed)
     print_table(result)
     if args.output_json:
+        run = provenance()
         record = {"what": __doc__.splitlines()[0],
                   "command": f"python bench/check_published_comm.py --seed {args.seed} --out {args.output_json} --force",
-                  "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "machine": {**machine(), "python": platform.python_version(), "numpy": np.__version__},
-                  "settings": settings(args.seed), "sources": SOURCES, **result}
-        write_json_atomic(args.output_json, record)
+                  "commit": run["commit"], "date": run["date"],
+                  "machine": {**run["machine"], "python": platform.python_version(), "numpy": np.__version__},
+                  "settings": settings(args.seed), "sources": SOURCES, **result, "provenance": run}
+        write_record(args.output_json, record)
         print(f"wrote {args.output_json}", file=sys.stderr)
     return 0
 

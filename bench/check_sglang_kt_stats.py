@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's moe_place, without installing it
-from moe_place.cli.output import missed_targets  # noqa: E402
 from moe_place.engines.sglang_kt import gpu_experts_ratio, planned_stats  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import missed_targets  # noqa: E402  (bench/ is not a package)
 
 
 def total_from_flags(flags: list[str], num_layers: int, num_experts: int) -> int:

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     for passed, line in lines:
         print(f"{'PASS' if passed else 'FAIL'}  {line}")
     # imported here, not at the top: a spawned child re-runs this module's top, and must start without moe_place
-    from moe_place.cli.output import missed_targets
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from records import missed_targets
 
     return missed_targets("check_sglang_plugin", [line for passed, line in lines if not passed])
 

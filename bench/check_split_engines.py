@@ -67,9 +67,10 @@ from datetime import timedelta
 from pathlib import Path
 from unittest import mock
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from records import add_record_options, missed_targets, refuse_overwrite, write_record  # noqa: E402
+
 RESULTS = BENCH / "results"
 LAYERS, EXPERTS, SLOTS, TOP_K, RANKS = 2, 8, 12, 2, 2
 HOT = [3, 3, 3, 3, 6, 6, 0.1, 0.1]     # expert popularity: 4 and 5 hottest, 0-3 replicated
@@ -571,7 +572,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_split_engines: {args.engine} is not importable in this Python ({sys.executable}): run it "
               "with the engine's Python and the overlay (see --help)", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(BENCH))
     started = time.perf_counter()
     reports = run_ranks(vllm_rank if args.engine == "vllm" else sglang_rank, RANKS, args.timeout)
     wall = time.perf_counter() - started
@@ -582,9 +582,6 @@ def main(argv: list[str] | None = None) -> int:
     own = "vLLM's hash" if args.engine == "vllm" else "SGLang's dynamic dispatch (expected: even)"
     print(f"busiest rank's rows per batch and layer: split {rows['split']}, {own} {rows['engine']}, lower bound "
           f"{[round(b, 1) for b in rows['bound']]}")
-    from moe_place.cli.output import missed_targets
-    from moe_place.io import write_json_atomic
-
     docstring = __doc__.split("\n\n")
     record = {
         "command": ["bench/check_split_engines.py", "--engine", args.engine],
@@ -602,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     if "empty_call" in reports[-1]:
         record["extra"]["empty_call"] = reports[-1]["empty_call"]
     if args.output_json:
-        write_json_atomic(args.output_json, record)
+        write_record(args.output_json, record)
         print(f"wrote {args.output_json}")
     return missed_targets("check_split_engines", [line for passed, line in lines if not passed])
 

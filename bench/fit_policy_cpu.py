@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import missed_targets
-from moe_place.io import write_json_atomic
 from moe_place.online.policy_cpu import COEFFICIENTS, POLICIES, PROTOCOLS, RECORDS, fit, record_runs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, missed_targets, refuse_overwrite, write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{protocol:>10} {policy:>10} " + " ".join(f"{c * 1e6:>8.3f}" for c in coefficients)
                   + f"   {text} | {'same' if same else 'DIFFERS'}")
     if args.output_json:
-        write_json_atomic(args.output_json, {"command": ["bench/fit_policy_cpu.py", *(argv if argv is not None else
+        write_record(args.output_json, {"command": ["bench/fit_policy_cpu.py", *(argv if argv is not None else
                                                                              sys.argv[1:])],
                                      "model": "t = a L + b L P + c L E W / 1000 seconds per call", "fits": rows})
         print(f"wrote {args.output_json}")

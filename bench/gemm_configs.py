@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.io import write_json_atomic
 from moe_place.kernels.align import layout_from_rows
 from moe_place.kernels.grouped_gemm import expert_mlp, mlp_flops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 CONFIGS = [  # block_m, block_n, block_k, num_warps (None: default), num_stages, group_m
     (128, 128, 64, None, 3, 8),
@@ -87,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     print(f"dense 8192^3 bf16: {dense / 1e12:.0f} TFLOP/s")
     if args.output_json:
-        write_json_atomic(args.output_json, {"rows_per_expert": args.rows, "experts": experts, "hidden": hidden,
-                                             "intermediate": inter, "dense_flops_per_s": dense, "configs": rows})
+        write_record(args.output_json, {"rows_per_expert": args.rows, "experts": experts, "hidden": hidden,
+                                        "intermediate": inter, "dense_flops_per_s": dense, "configs": rows})
     return 0
 
 

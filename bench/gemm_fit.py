@@ -27,14 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
 from moe_place.cost.gemm import expert_time_s
 from moe_place.cost.gemm_profile import FIT_MIN_ROWS, H200_RECORD, fit_profile, read_record, record_points, skew_points
 from moe_place.cost.hardware import builtin_catalog
-from moe_place.io import write_json_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import microbench  # noqa: E402  (bench/ is not a package: the skew section's own dealing of rows)
+from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 FORMULAS = ("formula 11", "formula 5", "L2", "L2 catalog")
 
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:<8} {where:<34} {p.block_m:>7} {rows_text:>11} {p.measured_s * 1e3:>11.4f} "
                       f"{predicted * 1e3:>13.4f} {predicted / p.measured_s:>6.2f}")
     if args.output_json:
-        write_json_atomic(args.output_json, doc)
+        write_record(args.output_json, doc)
         print(f"wrote {args.output_json}", file=sys.stderr)
     return 0
 

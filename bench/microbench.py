@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.cli.options import add_record_options, refuse_overwrite
-from moe_place.cli.output import missed_targets
 from moe_place.kernels.report import SECTIONS, render_markdown  # the one list of sections and one rendering
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import add_record_options, missed_targets, refuse_overwrite, write_record  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------- sizes
@@ -888,9 +889,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     print_tables(result)
     if args.output_json:
-        from moe_place.io import write_json_atomic
-
-        write_json_atomic(args.output_json, result)
+        write_record(args.output_json, result)
         print(f"wrote {args.output_json}", file=sys.stderr)
     # a kernel that disagrees with its torch reference: the timings above are of a wrong result
     failed = [check["what"] for check in result["checks"] if not check.get("ok", True)]

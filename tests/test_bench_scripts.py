@@ -4,7 +4,9 @@ from the repository root), so a broken import shows here and not only when someo
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # modules of bench/ that scripts and tests import, not scripts themselves, with the reason
 MODULES = {"engine_harness.py": "the in-engine harness bench_engines.py and tests/test_engines_inengine.py import",
            "engine_standins.py": "the engine stand-ins engine_harness.py imports",
-           "engine_policies.py": "the engines' own default policies bench_replay.py runs with --default-policy engine"}
+           "engine_policies.py": "the engines' own default policies bench_replay.py runs with --default-policy engine",
+           "records.py": "the record plumbing every script imports: output options, exit codes, provenance"}
 PY_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py") if p.name not in MODULES)
 SH_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.sh"))
 # scripts without the shared record options, with the reason
@@ -129,6 +132,39 @@ def test_ctrl_c_says_one_line_writes_nothing_and_exits_130(tmp_path, capsys, mon
     err = capsys.readouterr().err.splitlines()
     assert err == [f"{script}: interrupted; nothing written"]
     assert not record.exists()
+
+
+def _module_level(tree: ast.Module):
+    """The nodes a module runs when it is imported: all but those inside its functions."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def test_the_scripts_take_their_record_plumbing_from_records_not_the_cli(tmp_path):
+    """No bench script imports the CLI when it loads (bench_trace_throughput imports `moe_place.cli.main` inside
+    the function it times: that is the user's command measured), and none writes JSON past `records.write_record`,
+    which adds the record's provenance."""
+    cli, direct = [], []
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        tree = ast.parse(script.read_text())
+        for node in _module_level(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            cli += [f"{script.name}:{node.lineno}" for name in names if name.startswith("moe_place.cli")]
+        direct += [f"{script.name}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   and "write_json_atomic" in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+                   and script.name != "records.py"]
+    assert not cli and not direct, (cli, direct)
+    records = _bench_module("records")
+    records.write_record(tmp_path / "record.json", {"rows": [1]})
+    written = json.loads((tmp_path / "record.json").read_text())
+    assert written["rows"] == [1] and {"commit", "date", "machine", "model_defaults"} <= set(written["provenance"])
+    records.write_record(tmp_path / "kept.json", {"provenance": {"commit": "abc"}})   # a record's own is kept
+    assert json.loads((tmp_path / "kept.json").read_text()) == {"provenance": {"commit": "abc"}}
 
 
 def test_moe_place_bench_keeps_an_existing_record(tmp_path):

@@ -454,9 +454,11 @@ def test_no_bench_script_exits_1_without_naming_the_miss():
 
 
 def test_missed_targets_is_one_line_and_the_exit_code(capsys):
-    from moe_place.cli.output import missed_targets
+    from bench_modules import load
 
+    missed_targets = load("records").missed_targets  # bench/records.py
     assert missed_targets("bench_x", []) == 0 and capsys.readouterr().err == ""
+    assert missed_targets("bench_x", ["a"]) == 1 and capsys.readouterr().err == "bench_x: 1 target missed: a\n"
     assert missed_targets("bench_x", ["a <= 1 (got 2)", "b"]) == 1
     assert capsys.readouterr().err == "bench_x: 2 targets missed: a <= 1 (got 2); b\n"
 

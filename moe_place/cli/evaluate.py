@@ -9,8 +9,7 @@ import numpy as np
 
 from moe_place.cli.options import (TIME_MODEL_DEFAULTS, add_hardware_from_option, add_progress_option,
                                    add_split_cost_arguments, add_steps_option, add_time_model_arguments,
-                                   add_trace_options, fraction, non_negative_int, positive_int, split_charges,
-                                   trace_load_options)
+                                   add_trace_options, fraction, non_negative_int, positive_int, trace_load_options)
 from moe_place.cli.output import print_report
 from moe_place.errors import InputError
 
@@ -48,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moe_place.analysis.imbalance import placement_imbalance
+    from moe_place.cli.replay import split_charges
     from moe_place.cost.replicas import split_overhead_s
     from moe_place.cli.shared import (model_options_unlike_plan, options_from_plan, select_args_steps, time_figures,
                                       time_model_from_args)

@@ -104,43 +104,12 @@ def add_split_cost_arguments(parser) -> None:
                              "cluster: 10.2 us on 1 node of 8 GPUs, 37.5 us on 4)")
 
 
-def split_charges(args: argparse.Namespace) -> dict:
-    """`cluster_cost`'s `split_solve_s` and `split_allreduce_s` (None: NCCL's model) of `add_split_cost_arguments`."""
-    from moe_place.cost.replicas import DEFAULT_SOLVE_S
-    return dict(split_solve_s=DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6,
-                split_allreduce_s=None if args.split_allreduce_us is None else args.split_allreduce_us * 1e-6)
-
-
 def add_progress_option(parser: argparse.ArgumentParser) -> None:
     """`--no-progress`, taken by every subcommand whose work can run long (dest `no_progress`): the
     progress bar on stderr is drawn only when stderr is a terminal, and never with this."""
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on stderr (default: one while the long part runs, when stderr is a "
                              "terminal)")
-
-
-def add_record_options(parser: argparse.ArgumentParser, plot: bool = False, committed: tuple[str, ...] = ()) -> None:
-    """A benchmark's output files: `--out FILE` (alias `--output-json`, the older name; dest
-    `output_json`) for its JSON record, `--plot FILE.png` if `plot`, and `--force`. After
-    `parse_args`, `refuse_overwrite(parser, args)` keeps existing files (the committed records in
-    bench/results/, named in the help by `committed`) unless `--force`."""
-    record = f"; the committed record: {', '.join(committed)}" if committed else ""
-    parser.add_argument("--out", "--output-json", dest="output_json", type=output_file, metavar="FILE",
-                        help="write the results as JSON to FILE (--output-json is the same); an existing file is "
-                             f"kept unless --force (default: print only{record})")
-    if plot:
-        parser.add_argument("--plot", type=output_file, metavar="FILE.png",
-                            help="also write a PNG; an existing file is kept unless --force (default: none)")
-    parser.add_argument("--force", action="store_true", help="overwrite existing --out/--plot files")
-
-
-def refuse_overwrite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exit 2 with one line, before any work, when an output file of `add_record_options` exists and
-    `--force` is not given: rerunning a benchmark must not silently replace a committed record."""
-    for flag, path in (("--out", args.output_json), ("--plot", getattr(args, "plot", None))):
-        if path and Path(path).exists() and not args.force:
-            parser.exit(2, f"{parser.prog}: error: {flag} {path}: the file exists (a committed record?); give "
-                           f"another path, or --force to overwrite it\n")
 
 
 # Output file names whose suffix must say what is written (docs/errors.md, "Output files"):

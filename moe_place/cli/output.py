@@ -31,22 +31,6 @@ def emit(text: str, output: str | None, label: str) -> None:
         sys.stdout.write(text)
 
 
-def missed_targets(prog: str, missed: list[str]) -> int:
-    """A benchmark's exit code: 0 when no target was `missed`; else 1, after one line on stderr naming
-    each missed target (the table on stdout may be redirected to a file; the verdict must still show)."""
-    if not missed:
-        return 0
-    print(f"{prog}: {plural(len(missed), 'target')} missed: {'; '.join(missed)}", file=sys.stderr)
-    return 1
-
-
-def interrupted(prog: str) -> int:
-    """A benchmark's exit code after Ctrl-C stopped it before it wrote anything: 130, after one line on
-    stderr saying so."""
-    print(f"{prog}: interrupted; nothing written", file=sys.stderr)
-    return 130
-
-
 def plural(count: int, word: str) -> str:
     """`1 step`, `3 steps`."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"

@@ -9,14 +9,14 @@ import json
 from pathlib import Path
 
 from moe_place.cli.options import (add_hardware_from_option, add_out_argument, add_progress_option,
-                                   add_split_cost_arguments, add_trace_options, json_file, split_charges,
+                                   add_split_cost_arguments, add_trace_options, json_file,
                                    layer_selection, non_negative_float, non_negative_int, png_file, positive_float,
                                    positive_int, share_below_one, trace_load_options)
 from moe_place.cli.output import model_header, plural, wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.cluster import DEFAULT_NIC_GBIT
 from moe_place.cost.models import DEFAULT_MODEL, PRESETS, infer_model_name
-from moe_place.cost.replicas import ENGINE_REPLICA_CHOICE
+from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
 from moe_place.online import engine_default
@@ -135,6 +135,12 @@ def add_split_arguments(parser: argparse.ArgumentParser) -> None:
                             "each, what EPLB assumes), vllm, sglang-static, sglang-dynamic (default: engine, the "
                             "same in every command)")
     add_split_cost_arguments(split)
+
+
+def split_charges(args: argparse.Namespace) -> dict:
+    """`cluster_cost`'s `split_solve_s` and `split_allreduce_s` (None: NCCL's model) of `add_split_cost_arguments`."""
+    return dict(split_solve_s=DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6,
+                split_allreduce_s=None if args.split_allreduce_us is None else args.split_allreduce_us * 1e-6)
 
 
 def split_cost_options(args: argparse.Namespace) -> dict:
