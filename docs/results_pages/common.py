@@ -31,8 +31,8 @@ def overlay(engine: str, core: int | None = None) -> str:
 RECORDS = {
     "plan_quality.json": ("python bench/bench_plan_quality.py --output-json bench/results/plan_quality.json --force",
                           "plan-quality"),
-    "sizing_ep*.json": (f"moe-place plan {TRACE} --gpus G --redundant auto --format json --no-progress "
-                        "--out /tmp/planG.json > bench/results/sizing_epG.json", "sizing"),
+    "sizing_ep*.json": (f"python bench/cli_record.py --out bench/results/sizing_epG.json --force -- plan {TRACE} "
+                        "--gpus G --redundant auto --format json --no-progress --out /tmp/planG.json", "sizing"),
     "scale.json": ("python bench/bench_scale.py --output-json bench/results/scale.json --force", "scale"),
     "dropin.json": ("python bench/bench_dropin.py --repeats 9 --out bench/results/dropin.json --force", "dropin"),
     "windows.json": ("python bench/bench_windows.py --time-limit 20 --output-json bench/results/windows.json --force",
@@ -67,8 +67,8 @@ RECORDS = {
                             "--force", "calibration"),
     "comm_plan_time.json": ("python bench/bench_comm.py --timing-only --out bench/results/comm_plan_time.json --force",
                             "multinode"),
-    "offload_heldout_*.json": (f"moe-place offload {TRACE} --gpu-memory M --kv-reserve 4GiB --format json "
-                               "> bench/results/offload_heldout_M.json", "offload"),
+    "offload_heldout_*.json": (f"python bench/cli_record.py --out bench/results/offload_heldout_M.json --force -- "
+                               f"offload {TRACE} --gpu-memory M --kv-reserve 4GiB --format json", "offload"),
     "offload_sweep.json": ("python bench/bench_offload_sweep.py --out bench/results/offload_sweep.json --plot "
                            "bench/results/offload_sweep.png --force", "offload"),
     "offload_sweep.png": ("the same command", "offload"),

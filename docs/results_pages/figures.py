@@ -158,6 +158,10 @@ def _split_figures() -> str:
                     rows.append([f"{protocol} protocol, R = {factor}G: the same with a free split, every layer of "
                                  "every batch (predicted; what no charged split can beat)",
                                  _range([r["free_split_ratio"] for r in mine])])
+    if "choice_worst" in data.get("replay", {}):
+        rows.append(["what the split's choice costs where it runs: the rule with the split over the rule alone, "
+                     "each at its best cadence, worst row (predicted; the choice's CPU at the clock)",
+                     f(data["replay"]["choice_worst"], 4)])
     if "guard" in data:
         rows.append(["no redundant experts or decode batches: the rule with the split over the rule alone, worst "
                      "cadence (predicted)", f(data["guard"]["worst"], 4)])
