@@ -153,9 +153,9 @@ def run_sweeps(spec: str, cluster: str, redundant_per_gpu: int, protocol: str, s
         at = min(intervals, key=lambda i: runs["rule"][("moe-place", i)]["total_s"])
         cadence = next(c for c in cadences(engine, INTERVALS, use_async, steps) if c.step_interval == at)
         cost = cost_of(cadence, split_solve_s=0.0, split_allreduce_s=0.0)
-        controller = make_controller("ours", cadence, layers, experts, num_groups=cfg.get("groups"),
-                                     rule=RebalanceRule(cost, layers, experts, num_groups=cfg.get("groups")))
-        controller.split_layers = np.ones(layers, dtype=bool)   # every layer, every batch, from the first step
+        policy = RebalanceRule(cost, layers, experts, num_groups=cfg.get("groups"))
+        controller = AlwaysSplit(make_controller("ours", cadence, layers, experts, num_groups=cfg.get("groups"),
+                                                 rule=policy), np.ones(layers, dtype=bool))
         result = CadenceRun.of("moe-place", cadence, replay(counts, controller, cost, start,
                                                           layer_per_step=cadence.layer_per_step,
                                                           policy_in_worker=cadence.policy_in_worker))
@@ -169,6 +169,17 @@ def run_sweeps(spec: str, cluster: str, redundant_per_gpu: int, protocol: str, s
             "split_ratio": best["rule + split"] / best["default"], "split_over_rule_at": same,
             "overhead_s": split_overhead_s(gpus, nodes, DEFAULT_SOLVE_S), **free,
             "sweeps": out}
+
+
+class AlwaysSplit:
+    """A controller whose batches the split takes on every layer from the first step (`split_layers`), whatever
+    the rule's own answer; everything else is the wrapped controller's."""
+
+    def __init__(self, controller, split_layers: np.ndarray) -> None:
+        self.controller, self.split_layers = controller, split_layers
+
+    def __getattr__(self, name: str):
+        return getattr(self.controller, name)
 
 
 def split_over_rule(split: dict, rule: dict) -> float:
