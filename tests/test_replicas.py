@@ -12,8 +12,8 @@ from moe_place.cost.comm import SlotTable, choose_replicas, static_rank_table
 from moe_place.cost.replicas import (allreduce_latency_s, slot_rows, split_overhead_s, vllm_hash_fractions)
 from moe_place.errors import InputError
 from moe_place.cost.cluster import cluster_cost
-from moe_place.online.splitting import (CHOICE_CPU_SHARE, CHOICE_SWEEPS, PRICE_S_PER_SLOT, SCREEN_S_PER_SLOT,
-                                       SplitChoice)
+from moe_place.online.splitting import (CHOICE_CPU_SHARE, CHOICE_SWEEPS, PRICE_S_PER_SLOT, REFRESH_STEPS,
+                                       SCREEN_S_PER_SLOT, SplitChoice)
 from moe_place.placement import Placement
 
 
@@ -162,9 +162,12 @@ def test_the_split_choice_prices_no_more_than_the_call_can_afford():
     capped = choice.decide(None, window, 10, placement, step=0, interval_steps=interval)
     assert capped.on.tolist() == [True, False] and capped.price_s == pytest.approx(one)
     assert capped.price_s <= CHOICE_CPU_SHARE * interval * step_s * 1.05   # within the budget (screen estimate)
-    # the layer left waiting is due at the next call, which prices it
-    later = choice.decide(capped, window, 10, placement, step=interval, interval_steps=interval)
-    assert later.on.all() and later.price_s == pytest.approx(one - 2 * SCREEN_S_PER_SLOT * 80 + SCREEN_S_PER_SLOT * 80)
+    # the layer left waiting keeps its choice (not looked at again while its row stands) ...
+    same = choice.decide(capped, window, 10, placement, step=interval, interval_steps=interval)
+    assert same.on.tolist() == [True, False] and same.price_s == 0.0
+    # ... until the choices fall old: then the layers take their turn, the one left waiting first
+    later = choice.decide(same, window, 10, placement, step=REFRESH_STEPS, interval_steps=interval)
+    assert later.on.all() and later.price_s == pytest.approx(one)
 
 
 def test_replay_split_json_and_its_guard(capsys):

@@ -26,7 +26,7 @@ sampling noise, which the window's mean hides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,10 +56,12 @@ class SplitState:
 
     calls: calls answered (the sampled batches' seed takes it). on: bool `[L]`, the choice. saving_s: float64
     `[L]`, the last priced saving per batch (layer time under the engine's choice minus under the split, before
-    the overhead). rows: int64 `[L, P]`, the map rows last decided on. decided_at: int64 `[L]`, the step of
-    each layer's choice. replicated: bool `[L]`, whether those rows replicate an expert. batch_rows: float64
-    `[L]`, rows per batch when each layer was decided. price_s: the committed price of this call's CPU time
-    (`SCREEN_S_PER_SLOT`, `PRICE_S_PER_SLOT`), what a replay charges for it.
+    the overhead; nan where the call could not afford to price the layer's row). rows: int64 `[L, P]`, the map
+    rows last decided on. decided_at: int64 `[L]`, the step of each layer's choice. replicated: bool `[L]`,
+    whether those rows replicate an expert. batch_rows: float64 `[L]`, rows per batch when each layer was
+    decided. price_s: the committed price of this call's CPU time (`SCREEN_S_PER_SLOT`, `PRICE_S_PER_SLOT`), what
+    a replay charges for it. step_s / step_rows: the layers' time per step (even split, the window's mean batch)
+    that the budget is a share of, and the rows per step then (estimated again when those move by half).
     """
 
     calls: int
@@ -70,6 +72,8 @@ class SplitState:
     replicated: np.ndarray
     batch_rows: np.ndarray
     price_s: float = 0.0
+    step_s: float = 0.0
+    step_rows: float = 0.0
 
     @property
     def next_due(self) -> int:
@@ -107,10 +111,11 @@ class SplitChoice:
         A layer whose saving cannot reach the overhead is settled first, without solving a split: the split
         cannot bring the busiest GPU below the mean GPU's rows, so its saving is at most the busiest GPU's
         time less that GPU's time with its rows scaled down to the mean (`ceiling_s`); where `BOUND_SLACK`
-        times that is still below the overhead, the layer stays off. The others are priced in full, as many as
-        the call can afford: its price (`price_s`) at most `CHOICE_CPU_SHARE` of the layer time of the
-        `interval_steps` until the next call (the engine may wait for it), the layers decided longest ago first;
-        the rest keep their choice and stay due (None: no cap). total: the window summed over its steps, float64
+        times that is still below the overhead, the layer stays off. The others are priced in full. Each stage
+        takes only the layers the call can afford: its price (`price_s`) at most `CHOICE_CPU_SHARE` of the
+        layers' time (even split, the window's mean batch) over the `interval_steps` until the next call (the
+        engine may wait for it), the layers looked at longest ago first; the others keep their choice until their
+        map row changes or it falls old (None: no cap). total: the window summed over its steps, float64
         `[layers, E]`, where the caller has it (the rule does)."""
         layers = placement.num_layers
         calls = 0 if state is None else state.calls
@@ -121,21 +126,27 @@ class SplitChoice:
             changed = np.ones(layers, dtype=bool)
             due = changed.copy()
         else:   # a layer whose map row changed or whose choice is old (most calls: none, and nothing to do)
-            changed = (placement.phy2log != state.rows).any(axis=1)
-            if step < state.next_due and not changed.any():
-                return replace(state, calls=calls + 1, price_s=0.0)
+            same = np.array_equal(placement.phy2log, state.rows)
+            if same and step < state.next_due:   # (built directly: this is most calls)
+                return SplitState(calls + 1, state.on, state.saving_s, state.rows, state.decided_at, state.replicated,
+                                  state.batch_rows, 0.0, state.step_s, state.step_rows)
+            changed = np.zeros(layers, dtype=bool) if same else (placement.phy2log != state.rows).any(axis=1)
             due = changed | (step - state.decided_at >= REFRESH_STEPS)
             on, saving, decided_at = state.on.copy(), state.saving_s.copy(), state.decided_at.copy()
             batch_rows_then, old_replicated = state.batch_rows.copy(), state.replicated
-        overhead = self.cost.split_overhead_s * (1.0 + self.margin)
         replicated = old_replicated.copy()
         if placement.num_physical > placement.num_experts:   # a valid map holds every expert: P = E leaves no room
             replicated[changed] = replicates_an_expert(placement.phy2log[changed])
-        rows_seen = placement.phy2log.copy()
-        nxt = SplitState(calls + 1, on, saving, rows_seen, decided_at, replicated, batch_rows_then)
+        step_s, step_rows = (0.0, 0.0) if first else (state.step_s, state.step_rows)
+
+        def answer(price_s: float = 0.0) -> SplitState:
+            return SplitState(calls + 1, on, saving, placement.phy2log.copy(), decided_at, replicated, batch_rows_then,
+                              price_s, step_s, step_rows)
+
         if not due.any():
-            return nxt
+            return answer()
         slots = placement.num_physical
+        overhead = self.cost.split_overhead_s * (1.0 + self.margin)
         window = np.asarray(window)
         if total is None:
             total = window.sum(axis=0, dtype=np.float64) if window.ndim == 3 else window.astype(np.float64)
@@ -146,7 +157,6 @@ class SplitChoice:
                 & (batch_rows <= SETTLED_GROWTH * batch_rows_then)
             due &= ~settled
             decided_at[settled] = step
-        before = batch_rows_then.copy()
         batch_rows_then[due] = batch_rows[due]
         plain = due & ~replicated   # nothing to split: off, unpriced
         on[plain], saving[plain] = False, 0.0
@@ -155,17 +165,24 @@ class SplitChoice:
         due &= replicated
         samples = len(window[-self.samples:]) if window.ndim == 3 else self.samples
         screen, price = SCREEN_S_PER_SLOT * slots, samples * PRICE_S_PER_SLOT * slots   # a layer's, each stage
-        budget = np.inf if interval_steps is None or not due.any() else \
-            CHOICE_CPU_SHARE * interval_steps * float(self.cost.rows_times_s(placement.phy2log, mean,
-                                                                              placement.num_gpus).sum())
+        budget = np.inf
+        if interval_steps is not None and due.any():
+            rows_now = float(batch_rows.sum())
+            if not step_rows or not step_rows / SETTLED_GROWTH <= rows_now <= step_rows * SETTLED_GROWTH:
+                step_s = float(self.cost.rows_times_s(placement.phy2log, mean, placement.num_gpus).sum())
+                step_rows = rows_now
+            budget = CHOICE_CPU_SHARE * interval_steps * step_s
 
-        def afford(each: float) -> None:   # the oldest choices first; the others wait, due, for a later call
+        def afford(each: float) -> None:   # the layers looked at longest ago first
             if budget == np.inf:
                 return
-            waiting = np.flatnonzero(due)[np.argsort(decided_at[due], kind="stable")][max(int(budget // each), 0):]
-            due[waiting] = False
-            rows_seen[waiting] = -1 if first else state.rows[waiting]   # still changed at the next call
-            batch_rows_then[waiting] = before[waiting]
+            order, afforded = np.flatnonzero(due), max(int(budget // each), 0)
+            if afforded >= order.size:
+                return
+            waiting = order[np.argsort(decided_at[order], kind="stable")][afforded:] if afforded else order
+            due[waiting], saving[waiting] = False, np.nan   # its saving on this row: not priced (never settled)
+            if step is not None:   # the choice stands until the row changes or falls old; dated a step before
+                decided_at[waiting] = step - 1   # the layers decided now, so that it goes first when they tie
 
         afford(screen)
         screened = int(due.sum())
@@ -179,7 +196,7 @@ class SplitChoice:
         budget -= screened * screen
         afford(price)
         if not due.any():
-            return replace(nxt, price_s=screened * screen)
+            return answer(screened * screen)
         batches = self._batches(window, mean, calls + 1)[:, due]   # [n, due layers, E]
         n, count, experts = batches.shape
         rows = np.broadcast_to(placement.phy2log[due][None], (n, count, placement.num_physical)).reshape(n * count, -1)
@@ -195,7 +212,7 @@ class SplitChoice:
         on[due] = open_ & (priced > overhead)
         if step is not None:
             decided_at[due] = step
-        return replace(nxt, price_s=screened * screen + count * price)
+        return answer(screened * screen + count * price)
 
     def _noisy_ceiling_s(self, rows: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """float64 `[n]`: the most the split could save on a batch drawn around the mean batch `mean [n, E]` of map
