@@ -6,9 +6,12 @@ redundant experts it can move nothing; on small batches, or where the replicas a
 it saves less than it costs. So at every call the engine makes, `SplitChoice.decide` prices, per layer and on
 the map the engine will run, the mean layer time of a batch (dispatch, the busiest GPU's expert time, combine:
 `ReplayCost.served_times_s`) under the engine's own replica choice and under the split, over batches like the
-window's, and turns the split on where the saving is more than the overhead (times `1 + margin`). A layer's choice stands while its map row is unchanged, for up to `REFRESH_STEPS`
-steps, so a short cadence does not pay for it at every call (the choice is part of the policy's call and
-its CPU time is the policy's, which SGLang and vLLM's sync mode wait for). Two cases cost next to nothing:
+window's, and turns the split on where the saving is more than the overhead (times `1 + margin`). A layer's
+choice stands while its map row is unchanged, for up to `REFRESH_STEPS` steps, so a short cadence does not
+pay for it at every call (the choice is part of the policy's call and its CPU time is the policy's, which
+SGLang and vLLM's sync mode wait for). A call spends at most `CHOICE_CPU_SHARE` of the layers' time until
+the next call on the choice, at its committed price (`SCREEN_S_PER_SLOT`, `PRICE_S_PER_SLOT`); a layer it
+cannot afford keeps its choice. Two cases cost next to nothing:
 a layer whose map replicates no expert is off without pricing (the split has no choice to make there), and
 a layer priced off by a wide margin (its saving at most `SETTLED_SHARE` of the overhead) stays off, unpriced,
 until its map gains a replicated expert or its batches grow by more than `SETTLED_GROWTH`: what the split can
