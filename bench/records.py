@@ -13,15 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from moe_place.io import output_problem, write_json_atomic
-
-
-def _output_file(text: str) -> str:
-    """A path a file can be written to, checked when the options are parsed, before the work."""
-    problem = output_problem(text)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(f"expected a writable file path, got {text!r} ({problem})")
-    return text
+from moe_place.io import output_file, write_json_atomic
 
 
 def add_record_options(parser: argparse.ArgumentParser, plot: bool = False, committed: tuple[str, ...] = ()) -> None:
@@ -30,11 +22,11 @@ def add_record_options(parser: argparse.ArgumentParser, plot: bool = False, comm
     `parse_args`, `refuse_overwrite(parser, args)` keeps existing files (the committed records in
     bench/results/, named in the help by `committed`) unless `--force`."""
     record = f"; the committed record: {', '.join(committed)}" if committed else ""
-    parser.add_argument("--out", "--output-json", dest="output_json", type=_output_file, metavar="FILE",
+    parser.add_argument("--out", "--output-json", dest="output_json", type=output_file, metavar="FILE",
                         help="write the results as JSON to FILE (--output-json is the same); an existing file is "
                              f"kept unless --force (default: print only{record})")
     if plot:
-        parser.add_argument("--plot", type=_output_file, metavar="FILE.png",
+        parser.add_argument("--plot", type=output_file, metavar="FILE.png",
                             help="also write a PNG; an existing file is kept unless --force (default: none)")
     parser.add_argument("--force", action="store_true", help="overwrite existing --out/--plot files")
 

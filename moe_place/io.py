@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import hashlib
 import json
@@ -106,6 +107,15 @@ def output_problem(path: str | Path) -> str | None:
         return "a read-only file"
     return None
 
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a path a file can be written to (`output_problem`), checked when the options are parsed,
+    before the work (the CLI's output options and the benchmarks' records alike)."""
+    problem = output_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"expected a writable file path, got {text!r} ({problem})")
+    return text
 
 def _reason(exc: OSError) -> str:
     """One short phrase for an OSError (never 'no such file' unless there is none)."""

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from moe_place.cores import parse_workers, workers_expected
-from moe_place.io import output_problem
+from moe_place.io import output_file, output_problem
 
 
 def _int_at_least(text: str, minimum: int, expected: str) -> int:
@@ -84,14 +84,6 @@ def layer_count(text: str) -> int:
     if value > MAX_LAYERS:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_LAYERS} layers, got {text!r}")
     return value
-
-
-def output_file(text: str) -> str:
-    """A path a file can be written to (checked now, before the work: see the module docstring)."""
-    problem = output_problem(text)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(f"expected a writable file path, got {text!r} ({problem})")
-    return text
 
 
 def add_split_cost_arguments(parser) -> None:
