@@ -44,7 +44,7 @@ import numpy as np
 
 from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE, split_overhead_s
 from moe_place.online.cadence import CadenceRun, cadences, sweep
-from moe_place.online.controller import initial_map, make_controller
+from moe_place.online.controller import RuleController, initial_map
 from moe_place.online.policy import RebalanceRule
 from moe_place.online.replay import replay
 from moe_place.online.splitting import PRICE_S_PER_SLOT, SCREEN_S_PER_SLOT, SPLIT_SAMPLES, SplitChoice
@@ -154,8 +154,7 @@ def run_sweeps(spec: str, cluster: str, redundant_per_gpu: int, protocol: str, s
         cadence = next(c for c in cadences(engine, INTERVALS, use_async, steps) if c.step_interval == at)
         cost = cost_of(cadence, split_solve_s=0.0, split_allreduce_s=0.0)
         policy = RebalanceRule(cost, layers, experts, num_groups=cfg.get("groups"))
-        controller = AlwaysSplit(make_controller("ours", cadence, layers, experts, num_groups=cfg.get("groups"),
-                                                 rule=policy), np.ones(layers, dtype=bool))
+        controller = RuleController(cadence, layers, experts, rule=policy, split_all=True)
         result = CadenceRun.of("moe-place", cadence, replay(counts, controller, cost, start,
                                                           layer_per_step=cadence.layer_per_step,
                                                           policy_in_worker=cadence.policy_in_worker))
@@ -169,17 +168,6 @@ def run_sweeps(spec: str, cluster: str, redundant_per_gpu: int, protocol: str, s
             "split_ratio": best["rule + split"] / best["default"], "split_over_rule_at": same,
             "overhead_s": split_overhead_s(gpus, nodes, DEFAULT_SOLVE_S), **free,
             "sweeps": out}
-
-
-class AlwaysSplit:
-    """A controller whose batches the split takes on every layer from the first step (`split_layers`), whatever
-    the rule's own answer; everything else is the wrapped controller's."""
-
-    def __init__(self, controller, split_layers: np.ndarray) -> None:
-        self.controller, self.split_layers = controller, split_layers
-
-    def __getattr__(self, name: str):
-        return getattr(self.controller, name)
 
 
 def split_over_rule(split: dict, rule: dict) -> float:

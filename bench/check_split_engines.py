@@ -54,7 +54,6 @@ lower bound of any split (`moe_place.split.split_lower_bound`).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import multiprocessing
 import os

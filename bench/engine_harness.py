@@ -50,7 +50,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
-import json
 import subprocess
 import sys
 import threading

@@ -60,7 +60,7 @@ Each stand-in is shaped like the engine's own call path, written from its source
   EPLB steps as `moe_place.solvers.deepseek` implements them, with each engine's arithmetic where it
   differs from DeepSeek's `eplb.py` (whose float32 arithmetic the planner's `eplb` solver reproduces):
   * both engines accumulate pack loads in float64 (vLLM: a float64 array; SGLang: Python floats);
-    `eplb.py` in float32 (`moe_place.solvers.deepseek.balanced_packing` does either: `accumulate`);
+    `eplb.py` in float32 (`moe_place.solvers.deepseek.rebalance_steps` does either: `accumulate`, `ratio`);
   * vLLM divides float32 loads by int64 replica counts in numpy, which gives float64 (replication
     step and the per-replica loads packed onto GPUs); SGLang's torch gives float32, as `eplb.py`;
   * vLLM orders items by numpy's default (unstable) `argsort`, SGLang by torch's default sort, on the
@@ -100,20 +100,13 @@ import torch
 
 from moe_place.cost.models import ExpertShape, get_model
 from moe_place.placement import keep_unchanged_slots
-from moe_place.solvers.deepseek import _inverse, balanced_packing, plans_hierarchically, replicate_experts
+from moe_place.solvers.deepseek import numpy_group_sum, plans_hierarchically, rebalance_steps
 
 VLLM_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"
 
 
 # ---------------------------------------------------------------------- the engines' default policies
-def _pack(weight: np.ndarray, num_packs: int, sort) -> tuple[np.ndarray, np.ndarray]:
-    """Both engines' packing step: `moe_place.solvers.deepseek.balanced_packing` with float64 pack loads (the
-    engines' ports accumulate in float64; DeepSeek's `eplb.py` in float32), items taken in the order
-    `sort(weight)` gives. Returns `(pack_index, rank_in_pack)`, int64 `[rows, n]`."""
-    return balanced_packing(weight, num_packs, sort, accumulate=np.float64)
-
-
 def _numpy_order(values: np.ndarray) -> np.ndarray:
     return np.argsort(-values, axis=-1)  # numpy's default kind, as vLLM sorts
 
@@ -122,9 +115,14 @@ def _torch_order(values: np.ndarray) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).sort(-1, descending=True).indices.numpy()
 
 
+def _torch_group_sum(weight: np.ndarray, num_groups: int) -> np.ndarray:
+    return torch.from_numpy(weight).unflatten(-1, (num_groups, -1)).sum(-1).numpy()  # SGLang sums in torch
+
+
 def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
                 flavour: str, order=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """DeepSeek EPLB's hierarchical steps with an engine's arithmetic (`flavour` "vllm" or "sglang", module note).
+    """DeepSeek EPLB's steps (`moe_place.solvers.deepseek.rebalance_steps`) with an engine's arithmetic
+    (`flavour` "vllm" or "sglang", module note): pack loads in float64, vLLM's ratios in float64.
 
     weight: `[layers, E]` loads, taken as float32 (both engines call `.float()`). Pass `num_groups =
     num_nodes = 1` for the global policy. order: the descending sort of the packing steps, `values
@@ -132,35 +130,11 @@ def engine_eplb(weight: np.ndarray, num_replicas: int, num_groups: int, num_node
     sort), which orders equal values as this machine's sort does. Returns `phy2log` int64 `[layers, P]`,
     `replica_rank` int64 `[layers, P]` (0 for an expert's first replica) and `logcnt` int64 `[layers, E]`.
     """
-    weight = np.asarray(weight, dtype=np.float32)
-    layers, experts = weight.shape
-    group_size, groups_per_node = experts // num_groups, num_groups // num_nodes
-    slots_per_gpu, per_node = num_replicas // num_gpus, experts // num_nodes
     vllm = flavour == "vllm"
-    order = order or (_numpy_order if vllm else _torch_order)
-    # step 1: groups to nodes (group sums in float32: numpy's for vLLM, torch's for SGLang)
-    group_load = (weight.reshape(layers, num_groups, group_size).sum(axis=-1) if vllm else
-                  torch.from_numpy(weight).unflatten(-1, (num_groups, group_size)).sum(-1).numpy())
-    group_node, group_rank = _pack(group_load, num_nodes, order)
-    log2node_log = (((group_node * groups_per_node + group_rank) * group_size)[..., None]
-                    + np.arange(group_size)).reshape(layers, experts)
-    node_log2log = _inverse(log2node_log)
-    # step 2: replicas inside each node (vLLM's numpy divides in float64, SGLang's torch in float32)
-    node_load = np.take_along_axis(weight, node_log2log, axis=1).reshape(layers * num_nodes, per_node)
-    ratio_load = node_load.astype(np.float64) if vllm else node_load
-    phy2node_log, rank, node_logcnt = replicate_experts(ratio_load, num_replicas // num_nodes)
-    # step 3: the node's replicas onto its GPUs
-    replica_load = np.take_along_axis(node_load / (node_logcnt if vllm else node_logcnt.astype(np.float32)),
-                                      phy2node_log, axis=1)
-    gpu, rank_in_gpu = _pack(replica_load, num_gpus // num_nodes, order)
-    slot2phy = _inverse(gpu * slots_per_gpu + rank_in_gpu)
-    slot2node_log = np.take_along_axis(phy2node_log, slot2phy, axis=1)
-    slot2node_log = (slot2node_log.reshape(layers, num_nodes, -1)
-                     + (np.arange(num_nodes) * per_node)[None, :, None]).reshape(layers, num_replicas)
-    phy2log = np.take_along_axis(node_log2log, slot2node_log, axis=1)
-    replica_rank = np.take_along_axis(rank, slot2phy, axis=1).reshape(layers, num_replicas)
-    logcnt = np.take_along_axis(node_logcnt.reshape(layers, experts), log2node_log, axis=1)
-    return phy2log, replica_rank, logcnt
+    return rebalance_steps(np.asarray(weight, dtype=np.float32), num_replicas, num_groups, num_nodes, num_gpus,
+                           order or (_numpy_order if vllm else _torch_order), accumulate=np.float64,
+                           ratio=np.float64 if vllm else np.float32,
+                           group_sum=numpy_group_sum if vllm else _torch_group_sum)
 
 
 def vllm_default_policy(weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,

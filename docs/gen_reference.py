@@ -47,7 +47,7 @@ API_PAGES = {
                               "moe_place.analysis.persistence", "moe_place.analysis.coactivation",
                               "moe_place.analysis.windows", "moe_place.analysis.ep_sweep",
                               "moe_place.analysis.out_of_sample", "moe_place.analysis.replicate_hottest",
-                              "moe_place.analysis.dispatch", "moe_place.analysis.expert_work",
+                              "moe_place.analysis.dispatch",
                               "moe_place.analysis.report", "moe_place.analysis.imbalance", "moe_place.analysis.plot"]),
     "cost": ("Cost model", ["moe_place.cost", "moe_place.cost.units", "moe_place.cost.hardware", "moe_place.cost.models",
                             "moe_place.cost.model_layers", "moe_place.cost.expected_traffic", "moe_place.cost.topology",
@@ -58,7 +58,7 @@ API_PAGES = {
                             "moe_place.cost.files", "moe_place.cost.report", "moe_place.cost.plot"]),
     "solvers": ("Solvers", ["moe_place.solvers", "moe_place.solvers.base", "moe_place.solvers.deepseek",
                             "moe_place.solvers.hierarchical", "moe_place.solvers.quick", "moe_place.solvers.fast",
-                            "moe_place.solvers.cpsat", "moe_place.solvers.bounds", "moe_place.solvers.bruteforce",
+                            "moe_place.solvers.cpsat", "moe_place.solvers.bounds",
                             "moe_place.solvers.budget", "moe_place.solvers.evaluate", "moe_place.solvers.comm",
                             "moe_place.solvers.comm.tokens", "moe_place.solvers.comm.node_split",
                             "moe_place.solvers.comm.grouping", "moe_place.solvers.comm.replicas", "moe_place.solvers.comm.gpus",
@@ -233,13 +233,12 @@ def _markdown(doc: str | None) -> str:
 
 
 def _own_members(module) -> list[tuple[str, object]]:
+    """The classes and functions of the module's declared surface (`__all__`) defined in it."""
     members = []
-    for name, obj in vars(module).items():
-        if name.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
-            continue
-        if getattr(obj, "__module__", None) != module.__name__:
-            continue
-        members.append((name, obj))
+    for name in module.__all__:
+        obj = getattr(module, name, None)   # None: a package's module, documented in its own section
+        if (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(obj, "__module__", None) == module.__name__:
+            members.append((name, obj))
     return sorted(members, key=lambda item: inspect.getsourcelines(item[1])[1])
 
 
@@ -278,7 +277,7 @@ def api_pages() -> dict[str, str]:
     pages = {}
     index = [GENERATED_NOTE.format(script=SCRIPT).rstrip("\n"), "", "# Python API", "",
              "Every module of the package, with its docstring and its public classes and functions (those "
-             "whose names do not start with `_`), from the code itself. One import root: `moe_place`. The "
+             "its `__all__` declares), from the code itself. One import root: `moe_place`. The "
              "layers, lowest first (a module imports only from its own layer or lower ones):", "",
              "| page | modules |", "| --- | --- |"]
     for slug, (title, modules) in API_PAGES.items():

@@ -11,3 +11,6 @@
 On a machine without a GPU set `TRITON_INTERPRET=1` before importing a kernel module; the kernels
 then upcast to fp32 before arithmetic (`upcast`), because the interpreter's bf16 arithmetic is wrong.
 """
+
+# the package's modules
+__all__ = ["align", "alltoall", "aot", "combine", "dispatch", "grouped_gemm", "report", "split"]

@@ -29,6 +29,8 @@ import torch
 
 from moe_place.errors import InputError
 
+__all__ = ["ExpertLayout", "align", "align_numpy", "exclusive_cumsum", "layout_from_rows"]
+
 
 @dataclass(frozen=True)
 class ExpertLayout:

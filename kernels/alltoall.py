@@ -27,6 +27,8 @@ from moe_place.errors import InputError
 from moe_place.kernels.combine import combine, combine_torch
 from moe_place.kernels.dispatch import gather_rows, gather_rows_torch, send_plan
 
+__all__ = ["RankTraffic", "ep_moe_layer"]
+
 # expert_fn(rows [R, h], slots [R] physical slot ids) -> [R, h]: the expert work of this rank
 ExpertFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 
 from moe_place.split import GOLDEN_PHASE, PHASE_UNITS, POLISH_SWEEPS
 
+__all__ = ["CompiledKernel", "compile_all", "grouped_gemm_configs", "main", "split_configs"]
+
 HOPPER_SMEM_BYTES = 227 * 1024  # usable shared memory per block on sm_90
 
 

@@ -20,6 +20,8 @@ import triton.language as tl
 
 from moe_place.errors import InputError
 
+__all__ = ["combine", "combine_torch"]
+
 # outputs per program: small, so that a combine of a few hundred tokens still spreads over every SM
 # (8192 gave 62 programs for 245 tokens x h=2048 and ran at 0.9 TB/s on an H200)
 ELEMENTS_PER_PROGRAM = 2048

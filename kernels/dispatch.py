@@ -29,6 +29,9 @@ import triton.language as tl
 from moe_place.errors import InputError
 from moe_place.kernels.align import ExpertLayout, exclusive_cumsum
 
+__all__ = ["SendPlan", "choose_slots", "dispatch", "dispatch_torch", "gather_rows", "gather_rows_torch", "send_plan",
+           "split_tokens"]
+
 SPLIT_POLICIES = ("even", "local")
 ELEMENTS_PER_PROGRAM = 8192  # row-copy tile: rows x columns per program
 

@@ -36,6 +36,9 @@ import triton.language as tl
 from moe_place.errors import InputError
 from moe_place.kernels.align import ExpertLayout
 
+__all__ = ["default_num_warps", "expert_mlp", "expert_mlp_torch", "fp8_supported", "grouped_gemm", "interpreting",
+           "mlp_flops", "quantize_fp8"]
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 

@@ -17,6 +17,8 @@ from moe_place.errors import InputError
 from moe_place.io import read_input_text, write_atomic
 from moe_place.plotting import new_figure, png_bytes
 
+__all__ = ["load_result", "render_markdown", "render_plots", "render_report"]
+
 KIND = "moe-place-microbench"
 TOLERANCE = 0.15
 SECTIONS = ("padding", "gemm", "skew", "payback", "dispatch", "split")  # the microbenchmark's sections, in run order
@@ -113,8 +115,7 @@ def render_markdown(result: dict, path: Path, plots: dict[str, str]) -> str:
         ["catalog part", f"{cal['catalog_flops_per_s'] / 1e12:.1f} TFLOP/s, {cal['catalog_hbm_bytes_per_s'] / 1e9:.0f} GB/s"]]))
     if "padding" in sec:
         p = sec["padding"]
-        parts.append(f"### Padding staircase (h={p['hidden']}, I={p['intermediate']}, BLOCK_N={p['block_n']}, "
-                     f"BLOCK_K={p['block_k']})")
+        parts.append(f"### Padding staircase (h={p['hidden']}, I={p['intermediate']}, BLOCK_N={p['block_n']}, BLOCK_K={p['block_k']})")
         parts.append(_table(
             ["BLOCK_M", "rows/expert", "padded rows (kernel)", "padded rows (model)", "padding x", "useful TFLOP/s",
              "executed TFLOP/s", "measured ms", "eager ms", *PREDICTION_HEADERS],

@@ -73,6 +73,9 @@ import triton.language as tl
 from moe_place.errors import InputError
 from moe_place.split import GOLDEN_PHASE, PHASE_UNITS, POLISH_SWEEPS, colour_classes, cumulative_shares
 
+__all__ = ["DispatchCounts", "SplitTable", "count_dispatches", "count_dispatches_torch", "map_tokens",
+           "map_tokens_torch", "split_solve", "split_solve_torch"]
+
 UNITS = 256                 # a row is 256 units in the solve's real-number phase (step 1 of the note)
 MAX_DISPATCHES = (2**31 - 1) // UNITS - 1024   # a layer's dispatches (sum of counts) that keep units in int32
 SWEEPS = 8                  # Gauss-Seidel sweeps; 4 meet the accuracy bar on the bundled trace (step 3)

@@ -20,6 +20,8 @@ import os
 import sys
 from importlib.machinery import PathFinder  # importlib.abc and importlib.util would add ~40 ms to every start
 
+__all__ = ["__version__"]
+
 __version__ = "0.1.0"
 
 MAPPED_FOLDERS = ("kernels", "solvers", "traces")  # top-level folders that install as moe_place.<name>

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+__all__ = ["parse_workers", "usable_cores", "workers_expected"]
+
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity where the OS has one)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 
+__all__ = ["InfeasibleError", "InputError", "MoePlaceError", "ParameterError", "check_keys", "check_registry"]
+
 
 class MoePlaceError(Exception):
     """Base class of the errors moe-place reports to users."""
@@ -66,3 +68,11 @@ def check_keys(table: dict, known, where: str) -> None:
         hint = f" (did you mean {closest[0]}?)" if closest else ""
         field = f"{where} {unknown[0]}" if where.endswith(":") else f"{where}.{unknown[0]}"
         raise InputError(field, f"one of the keys {', '.join(sorted(known))}{hint}", "an unknown key")
+
+
+def check_registry(what: str, registered, offered) -> None:
+    """ImportError unless the names a registry holds and the option list that offers them agree (the CLI
+    declares its lists without importing the library, for a fast `--help`; the modules that join the two
+    check them at import, as vLLM checks its policy registry)."""
+    if sorted(registered) != sorted(offered):
+        raise ImportError(f"{what}: the registry holds {sorted(registered)}, the options offer {sorted(offered)}")

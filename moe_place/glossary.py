@@ -1,12 +1,12 @@
 """The vocabulary of moe-place, defined once: `TERMS` (term -> meaning) and `ALIASES` (another spelling
 the code or the commands' output uses -> term). Names follow vLLM and SGLang. docs/glossary.md is
 generated from these (docs/gen_reference.py); tests/test_glossary.py checks that every column and label
-the commands' tables print is one of them (`lookup`).
+the commands' tables print is one of them.
 """
 
 from __future__ import annotations
 
-import re
+__all__ = ["explain"]
 
 # The status words a plan's report prints, each with the short meaning printed beside them (`explain`).
 STATUS_MEANINGS = (
@@ -216,26 +216,6 @@ ALIASES: dict[str, str] = {
     "lower_bound": "lower bound", "even: slots": "budget mode", "nodes/token": "distinct nodes per token",
     "split": "split policy", "policy CPU time": "policy time",
 }
-
-_UNITS = {"s", "ms", "us", "mb", "gb", "gib", "mib", "%"}
-
-
-def normalise(name: str) -> str:
-    """A term or a printed column as `lookup` compares them: lower case, without backticks, brackets and a
-    trailing unit word (`RDMA MB` -> `rdma`), every number written `n` (`EP8` -> `epn`)."""
-    words = [word.strip("()[]|:,") for word in re.sub(r"\d+", "n", name.lower().replace("`", "")).split()]
-    words = [word for word in words if word]
-    if len(words) > 1 and words[-1] in _UNITS:
-        words.pop()
-    return " ".join(words)
-
-
-_INDEX = {normalise(spelling): term for spelling, term in {**{t: t for t in TERMS}, **ALIASES}.items()}
-
-
-def lookup(name: str) -> str | None:
-    """The term of `TERMS` that `name` (a term, an alias or a printed column, any case) names, or None."""
-    return _INDEX.get(normalise(name))
 
 
 def explain(statuses) -> str:

@@ -26,20 +26,19 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
+__all__ = ["Interrupted", "Received", "children", "raise_if_interrupted", "run_stoppable", "signals_held",
+           "signals_raise", "stop_children", "worker_ignores_interrupts"]
+
 T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived; `exit_code` is the shell's 128 + signal number (130, 143)."""
+    """SIGINT or SIGTERM arrived (`signum`); the exit code is the shell's 128 + signal number (130, 143)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 class Received:

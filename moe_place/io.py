@@ -15,6 +15,9 @@ from typing import Any
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted, signals_held
 
+__all__ = ["file_sha256", "input_problem", "output_file", "output_problem", "read_input_text", "write_atomic",
+           "write_json_atomic"]
+
 
 def write_atomic(path: str | Path, data: bytes | str) -> None:
     """Write `data` to `path` so readers see the old file or the whole new one, never a part; the

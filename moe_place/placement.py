@@ -16,9 +16,30 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["Placement", "SlotGrid", "align_slots", "balance_ratio", "balancedness", "colocated_gpus",
+           "even_split_gpu_loads", "even_split_slot_loads", "has_colocation", "keep_unchanged_slots",
+           "max_overlap_matching", "replica_counts"]
+
+
+class SlotGrid:
+    """What `Placement` and `PlacementProblem` derive alike from their `num_physical` slots per layer (P),
+    `num_experts` (E), `num_gpus` (G) and `num_nodes` (N)."""
+
+    @property
+    def slots_per_gpu(self) -> int:
+        return self.num_physical // self.num_gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.num_gpus // self.num_nodes
+
+    @property
+    def num_redundant(self) -> int:
+        return self.num_physical - self.num_experts
+
 
 @dataclass(frozen=True)
-class Placement:
+class Placement(SlotGrid):
     """Where each layer's physical experts (slots) live.
 
     phy2log: int64 `[layers, P]`, logical expert of each slot; slot `p` is on GPU `p // (P/G)`.
@@ -82,27 +103,15 @@ class Placement:
     # ------------------------------------------------------------------ shape
     @property
     def num_layers(self) -> int:
-        return self.phy2log.shape[0]
+        return len(self.phy2log)
 
     @property
     def num_physical(self) -> int:
         return self.phy2log.shape[1]
 
-    @property
-    def slots_per_gpu(self) -> int:
-        return self.num_physical // self.num_gpus
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.num_gpus // self.num_nodes
-
     def gpu_of_slot(self) -> np.ndarray:
         """int64 `[P]`: the GPU of each slot."""
         return np.arange(self.num_physical) // self.slots_per_gpu
-
-    def slots_by_gpu(self) -> np.ndarray:
-        """int64 `[layers, G, S]`: the logical expert in each slot of each GPU."""
-        return self.phy2log.reshape(self.num_layers, self.num_gpus, self.slots_per_gpu)
 
     # ------------------------------------------------------------------ loads
     def slot_loads(self, expert_load: np.ndarray) -> np.ndarray:
@@ -144,10 +153,6 @@ class Placement:
         if old.phy2log.shape != self.phy2log.shape:
             raise InputError("current placement", f"phy2log of shape {self.phy2log.shape}", old.phy2log.shape)
         return self.phy2log != old.phy2log
-
-    def same_as(self, other: "Placement") -> bool:
-        return (self.num_gpus, self.num_nodes, self.num_experts) == (
-            other.num_gpus, other.num_nodes, other.num_experts) and np.array_equal(self.phy2log, other.phy2log)
 
 
 def colocated_gpus(phy2log: np.ndarray, num_gpus: int) -> np.ndarray:

@@ -64,6 +64,8 @@ from moe_place.errors import InputError, check_keys
 from moe_place.io import read_input_text, write_json_atomic
 from moe_place.placement import Placement
 
+__all__ = ["BudgetLayers", "PlanFile", "parse_plan", "read_plan", "write_plan"]
+
 FORMAT_VERSION = 1
 KIND = "moe-place plan"
 LAYER_KEYS = ("layer", "max_gpu_load", "mean_gpu_load", "balancedness", "lower_bound", "gap", "status")

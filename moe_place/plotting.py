@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+__all__ = ["new_figure", "png_bytes"]
+
 
 def new_figure(figsize: tuple[float, float], layout: str | None = None) -> Any:
     """A `matplotlib.figure.Figure` with an Agg canvas attached (draw on `fig.subplots(...)`)."""

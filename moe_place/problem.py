@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.errors import InputError
-from moe_place.placement import Placement
+from moe_place.placement import Placement, SlotGrid
+
+__all__ = ["PlacementProblem", "combine_windows"]
 
 SPLIT_POLICIES = ("even", "local", "optimal", "per-batch")
 WINDOW_OBJECTIVES = ("max", "mean", "quantile")
@@ -35,7 +37,7 @@ def combine_windows(values: np.ndarray, objective: str, quantile: float = 0.9) -
 
 
 @dataclass(frozen=True)
-class PlacementProblem:
+class PlacementProblem(SlotGrid):
     """A whole-model placement problem.
 
     loads: float64 `[windows, layers, E]`, non-negative (dispatches per logical expert).
@@ -130,14 +132,6 @@ class PlacementProblem:
     @property
     def num_experts(self) -> int:
         return self.loads.shape[2]
-
-    @property
-    def slots_per_gpu(self) -> int:
-        return self.num_physical // self.num_gpus
-
-    @property
-    def num_redundant(self) -> int:
-        return self.num_physical - self.num_experts
 
     def layer_id(self, layer: int) -> int:
         return self.layer_ids[layer] if self.layer_ids else layer

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
+__all__ = ["ProgressBar"]
+
 INTERVAL_S = 5.0  # off a terminal: seconds between lines (often enough to show the work is alive, few in a log)
 # One such line, as `ProgressBar` prints it (for readers of a log that set them apart: a terminal redraws them)
 LINE = re.compile(r"[^\n]+: \d+/\d+ [^\n]+ \(\d+%\) after \d+ s(, done)?")

@@ -39,6 +39,9 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["colour_classes", "cumulative_shares", "even_shares", "gpu_rows", "map_tokens", "rank_phase",
+           "round_shares", "split_lower_bound", "split_shares"]
+
 MAX_SWEEPS = 64       # a cap only: on the drifting and real traces the bound is met in 2-40 sweeps
 TOLERANCE = 1e-3      # stop once the busiest GPU is within 0.1% of the lower bound
 POLISH_SWEEPS = 2     # sweeps in whole rows after rounding
@@ -442,8 +445,3 @@ def cumulative_shares(phy2log: np.ndarray, shares: np.ndarray, experts: int) -> 
     part = np.zeros((experts, width), dtype=np.int64)
     part[phy2log[order], column] = shares[order]
     return log2phy, np.cumsum(part, axis=1)
-
-
-def mapped_rows(slots: np.ndarray, num_slots: int) -> np.ndarray:
-    """int64 `[P]`: rows each slot receives from the mapped pairs `slots [T, k]`."""
-    return np.bincount(np.asarray(slots, dtype=np.int64).ravel(), minlength=num_slots)

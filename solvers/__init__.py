@@ -68,8 +68,8 @@ CPSAT_BUILD_S_PER_VAR = 3e-5  # wall seconds to build the model, per placement l
 CPSAT_MIN_DET_S = 0.05       # fewer deterministic seconds than this: the layer is not worth a model
 DEADLINE_RESERVE, DEADLINE_RESERVE_S = 0.05, 0.1  # time kept back from the limit for assembling the plan
 
-__all__ = ["AUTO_GAP", "SOLVE_NAMES", "LayerSolution", "Solution", "get_solver", "register", "solve", "solver_names",
-           "cpsat_schedule"]
+__all__ = ["AUTO_GAP", "LayerSolution", "SOLVE_NAMES", "Solution", "anytime_layers", "cpsat_build_s",
+           "cpsat_schedule", "get_solver", "merge", "register", "solve", "solver_names"]
 
 
 def _cpsat():

@@ -17,6 +17,9 @@ from moe_place.errors import InputError
 from moe_place.interrupts import run_stoppable
 from moe_place.problem import PlacementProblem
 
+__all__ = ["LayerSolution", "Solver", "get_solver", "register", "register_factory", "require_ortools", "solver_names",
+           "stoppable_solve"]
+
 STATUSES = ("optimal", "feasible", "heuristic")
 
 

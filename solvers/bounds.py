@@ -61,6 +61,10 @@ import numpy as np
 from moe_place.problem import PlacementProblem, combine_windows
 from moe_place.solvers.base import require_ortools
 
+__all__ = ["apportion", "average_bound", "count_bound", "layer_lower_bound", "lower_bounds", "model_lower_bounds",
+           "pairing_ip", "pairing_lp_bound", "pairing_lp_infeasible", "pigeonhole_bound", "window_lower_bound",
+           "windows_lower_bound"]
+
 _SHRINK = 1.0 - 1e-12  # safety margin on bisection results (never on the exact quotients)
 
 

@@ -32,6 +32,8 @@ from moe_place.errors import InfeasibleError, InputError
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.solvers.fast import fast_layer
 
+__all__ = ["BudgetPlan", "allocate_budget", "allocate_slots"]
+
 LayerPlanner = Callable[[np.ndarray, int, int], np.ndarray]
 """`(loads [E], num_gpus, slots_per_gpu) -> phy2log [G*S]`: one layer's plan for a slot count."""
 

@@ -74,6 +74,9 @@ from moe_place.solvers.bounds import windows_lower_bound
 from moe_place.solvers.evaluate import even_gpu_loads
 from moe_place.solvers.fast import FastSolver
 
+__all__ = ["CpSatSolver", "LayerInstance", "LayerModel", "ModelResult", "ReplicaState", "build_model", "choose_scale",
+           "count_ranges", "cpsat_layer", "placement_literals", "replica_states", "solve_model"]
+
 DEFAULT_TIME_LIMIT_S = 10.0   # deterministic seconds per layer when the caller gives none
 NUM_WORKERS = 1               # one sequential worker: deterministic, and with the lex ordering it proved
                               # tiny cases 10-30x faster (deterministic time) than 2 interleaved workers;

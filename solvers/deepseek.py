@@ -47,6 +47,9 @@ from moe_place.solvers.base import LayerSolution, register
 from moe_place.solvers.bounds import window_lower_bound
 from moe_place.solvers.evaluate import window_objective
 
+__all__ = ["EplbSolver", "balanced_packing", "check_eplb_arguments", "eplb_maps", "eplb_rebalance", "numpy_group_sum",
+           "plans_hierarchically", "rebalance_steps", "replicate_experts", "stable_descending_order"]
+
 DescendingOrder = Callable[[np.ndarray], np.ndarray]
 """`(values float32 [rows, n]) -> int64 [rows, n]`: per row, the indices from the largest value down."""
 
@@ -175,9 +178,26 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
     return inv
 
 
-def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: int, num_nodes: int, num_gpus: int,
-                            descending_order: DescendingOrder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The three steps above. weight: float32 `[layers, E]`. Returns phy2log, replica_rank, logcnt."""
+GroupSum = Callable[[np.ndarray, int], np.ndarray]
+"""`(weight float32 [layers, E], num_groups) -> float32 [layers, num_groups]`: the groups' loads (step 1)."""
+
+
+def numpy_group_sum(weight: np.ndarray, num_groups: int) -> np.ndarray:
+    """float32 `[layers, num_groups]`: each group's load, summed as numpy sums (`eplb.py`'s and vLLM's order)."""
+    return weight.reshape(weight.shape[0], num_groups, -1).sum(axis=-1)
+
+
+def rebalance_steps(weight: np.ndarray, num_physical: int, num_groups: int, num_nodes: int, num_gpus: int,
+                    descending_order: DescendingOrder = stable_descending_order, *, accumulate: type = np.float32,
+                    ratio: type = np.float32, group_sum: GroupSum = numpy_group_sum
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three steps above, the one composition of them (the engines' stand-ins call it with their arithmetic).
+
+    weight: float32 `[layers, E]`; pass `num_groups = num_nodes = 1` for the global policy. accumulate: the
+    packs' load dtype (`balanced_packing`); ratio: the dtype of `load / replicas` in steps 2 and 3 (float32 as
+    `eplb.py` and SGLang's torch, float64 as vLLM's numpy divides by int64 counts); group_sum: step 1's sums.
+    Returns `phy2log`, `replica_rank` and `logcnt`, int64 `[layers, P]`, `[layers, P]`, `[layers, E]`.
+    """
     layers, experts = weight.shape
     group_size = experts // num_groups
     groups_per_node = num_groups // num_nodes
@@ -190,19 +210,19 @@ def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: i
     if one_node:
         node_load = weight
     else:
-        group_load = weight.reshape(layers, num_groups, group_size).sum(axis=-1)
-        group_node, group_rank = balanced_packing(group_load, num_nodes, descending_order)
+        group_node, group_rank = balanced_packing(group_sum(weight, num_groups), num_nodes, descending_order,
+                                                  accumulate)
         group_start = (group_node * groups_per_node + group_rank) * group_size  # [layers, groups]
         log2nlog = (group_start[:, :, None] + np.arange(group_size)).reshape(layers, experts)
         nlog2log = _inverse(log2nlog)
         node_load = np.take_along_axis(weight, nlog2log, axis=1).reshape(layers * num_nodes, experts_per_node)
 
     # Step 2: replicas inside each node; rows are (layer, node) pairs from here on.
-    phy2nlog, replica_rank, nlogcnt = replicate_experts(node_load, num_physical // num_nodes)
+    phy2nlog, replica_rank, nlogcnt = replicate_experts(node_load.astype(ratio), num_physical // num_nodes)
 
     # Step 3: the node's replicas onto its GPUs. "GPU-major" ids (gphy) are the final slot ids.
-    replica_load = np.take_along_axis(node_load / nlogcnt.astype(np.float32), phy2nlog, axis=1)
-    gpu_index, rank_in_gpu = balanced_packing(replica_load, num_gpus // num_nodes, descending_order)
+    replica_load = np.take_along_axis(node_load.astype(ratio) / nlogcnt.astype(ratio), phy2nlog, axis=1)
+    gpu_index, rank_in_gpu = balanced_packing(replica_load, num_gpus // num_nodes, descending_order, accumulate)
     gphy2phy = _inverse(gpu_index * slots_per_gpu + rank_in_gpu)
 
     gphy2nlog = np.take_along_axis(phy2nlog, gphy2phy, axis=1)
@@ -234,7 +254,7 @@ def eplb_maps(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes:
     layers, experts = weight.shape
     hierarchical = check_eplb_arguments(experts, num_replicas, num_groups, num_nodes, num_gpus)
     groups, nodes = (num_groups, num_nodes) if hierarchical else (1, 1)
-    phy2log, rank, logcnt = _rebalance_hierarchical(weight, num_replicas, groups, nodes, num_gpus, descending_order)
+    phy2log, rank, logcnt = rebalance_steps(weight, num_replicas, groups, nodes, num_gpus, descending_order)
     width = int(logcnt.max())
     log2phy = np.full((layers, experts * width), -1, dtype=np.int64)
     np.put_along_axis(log2phy, phy2log * width + rank,
@@ -248,7 +268,7 @@ def eplb_rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_n
     weight = _check_weight(weight)
     hierarchical = check_eplb_arguments(weight.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
     groups, nodes = (num_groups, num_nodes) if hierarchical else (1, 1)
-    return _rebalance_hierarchical(weight, num_replicas, groups, nodes, num_gpus, stable_descending_order)[0]
+    return rebalance_steps(weight, num_replicas, groups, nodes, num_gpus)[0]
 
 
 def plans_hierarchically(num_groups: int | None, num_nodes: int) -> bool:

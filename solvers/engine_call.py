@@ -20,6 +20,8 @@ from moe_place.problem import PlacementProblem
 from moe_place.solvers import solve
 from moe_place.solvers.deepseek import plans_hierarchically
 
+__all__ = ["effective_topology", "plan_placement", "solver_settings"]
+
 DEFAULT_SOLVER = "quick"  # deterministic and bounded: an engine waits for it (moe_place.eplb's module note)
 SOLVER_ENV = "MOE_PLACE_SOLVER"
 TIME_LIMIT_ENV = "MOE_PLACE_TIME_LIMIT"

@@ -39,6 +39,9 @@ from moe_place.problem import SPLIT_POLICIES, PlacementProblem, combine_windows
 from moe_place.solvers.base import require_ortools
 from moe_place.solvers.bounds import windows_lower_bound
 
+__all__ = ["LayerReport", "evaluate_placement", "even_gpu_loads", "layer_figures", "local_gpu_loads",
+           "model_objectives", "optimal_split", "split_gpu_loads", "window_objective"]
+
 
 @dataclass(frozen=True)
 class LayerReport:
@@ -79,12 +82,6 @@ def local_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np
         remote = np.where(logcnt > 0, (num_gpus - holders) / np.maximum(logcnt, 1), 0.0)
     weight = (copies > 0) + copies * remote  # [G, E]: multiples of w[e] / G served by GPU g
     return loads @ weight.T / num_gpus
-
-
-def optimal_gpu_loads(phy2log: np.ndarray, loads: np.ndarray, num_gpus: int) -> np.ndarray:
-    """float64 `[windows]`: the busiest GPU's load under the optimal split (one LP per window)."""
-    loads = np.atleast_2d(np.asarray(loads, dtype=np.float64))
-    return np.array([optimal_split(phy2log, row, num_gpus)[0] for row in loads])
 
 
 def optimal_split(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> tuple[float, np.ndarray]:

@@ -64,6 +64,9 @@ from moe_place.solvers.bounds import (apportion, layer_lower_bound, model_lower_
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import window_objective
 
+__all__ = ["FastSolver", "fast_layer", "local_search", "lpt_pack", "pair_plan", "pair_replicas", "pair_values",
+           "target_pack"]
+
 _TOL = 1e-12  # relative tolerance of load comparisons
 REPACK_MAX_SLOTS = 4  # exact three-GPU re-splits only up to this many slots per GPU (5775 ways at 4)
 REPACK_PARTNERS = 8  # the busiest GPU is re-split with pairs of the lightest this many GPUs

@@ -30,6 +30,8 @@ from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
 from moe_place.solvers.deepseek import balanced_packing, plans_hierarchically
 
+__all__ = ["NodeSplit", "current_group_nodes", "group_nodes", "is_hierarchical", "split_by_node"]
+
 REPACK_GAIN = 0.01  # a layer re-packs its groups only when that lowers its busiest node's load by more than this share
 
 

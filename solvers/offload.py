@@ -56,6 +56,9 @@ from moe_place.cost.offload import OffloadRates, cpu_compute_s, expected_costs, 
 from moe_place.errors import InputError
 from moe_place.solvers.budget import allocate_slots
 
+__all__ = ["HeldOutCurves", "OffloadPlan", "OffloadProblem", "check_parts", "count_order", "cpu_time_order",
+           "held_out_curves", "mask_of", "mean_objective_s", "plan_held_out", "plan_offload", "whole_layer_plan"]
+
 BATCH_CHUNK = 32                 # batches priced at once: memory stays at a few [32, L, E + 1] arrays
 THINNED = "thinned frequency"    # OffloadPlan.source of step 3's set
 ALL_FIT = "every expert fits"    # OffloadPlan.source of step 1's set

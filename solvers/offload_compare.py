@@ -33,6 +33,10 @@ from moe_place.solvers.offload_rules import STRATEGIES, n_cpu_moe_for, n_cpu_moe
 from moe_place.traces.model import Trace
 from moe_place.traces.synthetic import inclusion_probabilities, sample_token_ids
 
+__all__ = ["Comparison", "FoldResult", "PlanningData", "Scenarios", "candidate_sets", "compare_held_out",
+           "drawn_from", "fold_result", "hindsight_set", "render_comparison_png", "sample_rows", "step_batches",
+           "step_problems", "step_tokens"]
+
 PLAN = "moe-place"
 HINDSIGHT = "hindsight (plan on the judged step)"
 N_CPU_MOE = "llama.cpp --n-cpu-moe"

@@ -15,6 +15,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["n_cpu_moe_for", "n_cpu_moe_mask", "strategy_mask"]
+
 STRATEGIES = ("uniform", "frequency", "front-loading", "random")
 RANDOM_SEED = 42                       # sglang-kt's generate_random_masks seed
 

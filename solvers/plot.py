@@ -5,6 +5,8 @@ from __future__ import annotations
 from moe_place.plotting import new_figure, png_bytes
 from moe_place.solvers.sizing import Sizing
 
+__all__ = ["render_sizing_png"]
+
 
 def render_sizing_png(sizing: Sizing, dpi: int = 110) -> bytes:
     """PNG bytes: held-out busiest/mean per candidate R (the folds' range shaded, the lower convex

@@ -32,6 +32,8 @@ from moe_place.placement import colocated_gpus
 from moe_place.solvers.bounds import apportion
 from moe_place.solvers.fast import _repair_colocation
 
+__all__ = ["pair_counts", "quick_plan"]
+
 _TOL = 1e-12        # relative tolerance of load comparisons (as in fast)
 _SCORE_TOL = 1e-6   # ... of the count search, which scores candidates in float32 (sorting is 2-3x faster)
 PAIR_DONORS = 8     # candidate donors of a replica per layer and round (two slots per GPU)

@@ -54,6 +54,9 @@ from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.split_placement import ROUNDS, plan_for_split, split_busiest_over_mean
 from moe_place.traces.model import Trace, count_dispatches
 
+__all__ = ["ReplicaMemory", "Sizing", "SizingRow", "busiest_over_mean", "candidate_redundancies", "fold_slices",
+           "held_out_steps", "lower_hull", "recommend", "size_redundancy"]
+
 MAX_FOLDS = 3        # held-out folds at most (as the time planner's cross-validation, solvers/comm/decision.py)
 MAX_CANDIDATES = 33  # candidates at most: 0..2E in steps of 8 for E = 128 at EP8, each planned once per fold
 # A GiB of replicas per GPU must lower held-out busiest/mean by 1% of its value. One GiB per GPU holds

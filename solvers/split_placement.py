@@ -56,6 +56,9 @@ from moe_place.placement import colocated_gpus
 from moe_place.split import gpu_rows, split_shares
 from moe_place.traces.model import Trace, count_dispatches
 
+__all__ = ["SplitPlacement", "plan_for_split", "planning_pieces", "planning_sample", "propose_moves",
+           "relaxed_split_loads", "separate_replicas", "split_busiest", "split_busiest_over_mean", "widened_steps"]
+
 MIN_PIECES = 8          # a token-level trace of fewer steps is cut into runs of tokens, this many at least
 MAX_STEPS = 24          # steps the search judges a plan on (its work grows with them; a sample keeps the swings)
 DEVIATION_GAIN = 2.0    # step 1: plan for swings twice the window's own (tuned on drift seeds 1-6, see above)

@@ -38,6 +38,8 @@ from moe_place.solvers.base import LayerSolution, register
 from moe_place.solvers.bounds import window_lower_bound
 from moe_place.solvers.evaluate import window_objective
 
+__all__ = ["TrtllmSolver", "trtllm_placement", "trtllm_plan", "trtllm_replicas"]
+
 
 def _load_factor(load: np.ndarray) -> np.ndarray:
     """float64 `[E]`: the loads as TensorRT-LLM hands them to its C++ greedy (float32, then double)."""

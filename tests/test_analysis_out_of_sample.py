@@ -33,7 +33,7 @@ def test_replicate_hottest_invariants(seed, experts_gpus, redundant):
     loads[:, rng.choice(experts, min(experts, redundant + block), replace=False)] = 0
     placement = replicate_hottest(loads, gpus, redundant)  # Placement validates: no GPU holds one expert twice
     # every GPU keeps its contiguous block; rows are conserved; the plan never loses to contiguous
-    np.testing.assert_array_equal(placement.slots_by_gpu()[:, :, :block],
+    np.testing.assert_array_equal(placement.phy2log.reshape(3, gpus, -1)[:, :, :block],
                                   np.broadcast_to(np.arange(experts).reshape(gpus, block), (3, gpus, block)))
     np.testing.assert_allclose(placement.gpu_loads(loads).sum(1), loads.sum(1))
     base = gpu_balance(Placement.contiguous(3, experts, gpus), loads).max_over_mean
@@ -146,5 +146,5 @@ def test_greedy_equals_its_plain_formulation(kind):
                 "heavy tail": lambda: np.floor(rng.pareto(1.2, shape) * 100)}[kind]().astype(np.float64)
         placement = replicate_hottest(load, gpus, redundant)
         block = experts // gpus
-        extra = placement.slots_by_gpu()[:, :, block:]
+        extra = placement.phy2log.reshape(shape[0], gpus, -1)[:, :, block:]
         np.testing.assert_array_equal(extra, _plain_greedy(load, gpus, redundant))

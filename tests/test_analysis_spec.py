@@ -1,4 +1,5 @@
-"""Conformance rows of docs/MODEL.md: C1, C2, C4 (exact) and C5 (statistical, within +-0.01) from analysis outputs."""
+"""Conformance rows of docs/MODEL.md: C1, C2, C4 (exact) and C5 (statistical, within +-0.01) from analysis
+outputs (C1: the cost model's expert work)."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,7 @@ import pytest
 from moe_place.analysis.active import expected_active_experts
 from moe_place.analysis.balance import gpu_balance
 from moe_place.analysis.ep_sweep import ep_sweep
-from moe_place.analysis.expert_work import expert_flops, weight_bytes_read
+from moe_place.cost.gemm import expert_work_arrays
 from moe_place.placement import Placement
 
 MiB, GiB = 2**20, 2**30
@@ -22,17 +23,12 @@ def test_c1_same_flops_but_16x_the_weight_traffic_when_uniform():
     uniform = np.full(128, 4)  # 512 dispatches over all 128 experts
     concentrated = np.zeros(128)
     concentrated[:8] = 64  # the same 512 dispatches on 8 experts
-    for rows in (uniform, concentrated):
-        assert rows.sum() == 64 * 8
-        assert round(expert_flops(rows, PARAMS_PER_EXPERT) / 1e9, 2) == 19.33
-    assert weight_bytes_read(uniform, EXPERT_BYTES) == 4.5 * GiB
-    assert weight_bytes_read(concentrated, EXPERT_BYTES) == 288 * MiB
+    # the cost model's expert work: weights read once per touched expert (formula 1), BF16
+    _, flops, weight_bytes = expert_work_arrays(np.stack([uniform, concentrated]), 4096, 1536, 2, weights="once")
+    assert [round(f / 1e9, 2) for f in flops] == [19.33, 19.33]
+    assert weight_bytes.tolist() == [4.5 * GiB, 288 * MiB] and weight_bytes[1] == 8 * EXPERT_BYTES
     cpu_bytes_per_s = 220e9
-    assert round(weight_bytes_read(uniform, EXPERT_BYTES) / cpu_bytes_per_s * 1e3, 2) == 21.96
-    assert round(weight_bytes_read(concentrated, EXPERT_BYTES) / cpu_bytes_per_s * 1e3, 2) == 1.37
-    # batched over the last axis
-    both = expert_flops(np.stack([uniform, concentrated]), PARAMS_PER_EXPERT)
-    np.testing.assert_allclose(both, [2 * 512 * PARAMS_PER_EXPERT] * 2)
+    assert [round(b / cpu_bytes_per_s * 1e3, 2) for b in weight_bytes] == [21.96, 1.37]
 
 
 def test_c2_expected_active_experts_and_their_weights():

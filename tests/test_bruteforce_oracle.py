@@ -7,7 +7,7 @@ import pytest
 
 from moe_place.errors import InfeasibleError, InputError
 from moe_place.placement import Placement
-from moe_place.solvers.bruteforce import brute_force_layer
+from bruteforce import brute_force_layer  # tests/, beside this file
 
 
 def _plan_load(loads, phy2log, num_gpus):

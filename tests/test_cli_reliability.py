@@ -234,7 +234,7 @@ def test_every_option_says_what_it_does_and_its_default():
 
 
 def test_help_lists_the_registry_solvers_and_the_catalog_parts():
-    from moe_place.cli.plan import SOLVER_CHOICES
+    from moe_place.cli.options import SOLVER_CHOICES
     from moe_place.cost.hardware import BUILTIN_PARTS
     from moe_place.cost.models import PRESETS
     from moe_place.solvers import solver_names
@@ -245,6 +245,15 @@ def test_help_lists_the_registry_solvers_and_the_catalog_parts():
     assert all(name in " ".join(help_text["plan"].split()) for name in SOLVER_CHOICES)
     replay = " ".join(help_text["replay"].split())
     assert all(part in replay for part in BUILTIN_PARTS["gpu"]) and all(p in replay for p in PRESETS)
+
+
+def test_a_registry_and_its_option_list_are_checked_at_import():
+    import moe_place.cli.shared  # noqa: F401  (checks every option list against its registry at import)
+    from moe_place.errors import check_registry
+
+    check_registry("--solver", ("fast", "auto"), ("auto", "fast"))   # the order does not matter
+    with pytest.raises(ImportError, match="--solver.*'cpsat'"):
+        check_registry("--solver", ("fast", "cpsat"), ("fast",))     # a registered solver the options lack
 
 
 def test_synth_writes_a_trace_every_command_reads(tmp_path):

@@ -47,7 +47,7 @@ def test_copies_take_the_cheapest_source_and_match_payback_copy_time():
     copies = {c.slot: c for c in cost.copies(old, new)}
     assert set(copies) == {1, 2, 3, 4, 6}
     moves = cost.moves
-    seconds = {slot: moves.single_copy_time_s(c) for slot, c in copies.items()}
+    seconds = {slot: copy_time_s(cost.topology, [c], cost.alpha_s, "serial") for slot, c in copies.items()}  # alone
     assert (copies[1].src_gpu, moves.path(copies[1])) == (1, "nvlink")
     assert (copies[6].src_gpu, moves.path(copies[6])) == (2, "nvlink")
     for slot in (2, 3):
@@ -55,6 +55,6 @@ def test_copies_take_the_cheapest_source_and_match_payback_copy_time():
     assert copies[4].src_gpu == 1 and "nic" in moves.path(copies[4])
     assert seconds[4] > seconds[1] > 0
     assert all(isinstance(c, Copy) and c.layer == 0 and c.expert == new.phy2log[0, c.slot] for c in copies.values())
-    total = cost.migration_time_s(list(copies.values()))
+    total = moves.copy_time_s(list(copies.values()))
     assert total == pytest.approx(copy_time_s(cost.topology, list(copies.values()), cost.alpha_s, "serial"))
     assert total == pytest.approx(seconds[1] + seconds[4] + seconds[6])

@@ -61,8 +61,8 @@ def simulated_tile_bytes(rows, h, inter, b, block_m, block_n):
        st.sampled_from([32, 64, 128]), st.sampled_from([(256, 128), (512, 96), (384, 192)]))
 def test_tile_traffic_matches_tile_walk(rows, block_m, block_n, shape):
     h, inter = shape
-    assert gemm.tile_traffic_bytes(rows, h, inter, 2, block_m, block_n) == simulated_tile_bytes(
-        rows, h, inter, 2, block_m, block_n)
+    tiles = gemm.expert_work_arrays(rows, h, inter, 2, weights="tiles", block_m=block_m, block_n=block_n)[2]
+    assert tiles == simulated_tile_bytes(rows, h, inter, 2, block_m, block_n)
 
 
 def test_tile_row_bytes_seed_value():
@@ -74,7 +74,7 @@ def test_tile_row_bytes_seed_value():
 def test_layer_waits_for_busiest_gpu(rows_per_gpu):
     layer = gemm.layer_time(rows_per_gpu, 512, 256, 2, 1e12, 1e11, weights="once")
     each = [gemm.expert_time_s(r, 512, 256, 2, 1e12, 1e11, weights="once") for r in rows_per_gpu]
-    assert layer.time_s == max(each) >= layer.mean_s * (1 - 1e-12)
+    assert layer.time_s == max(each) >= layer.times_s.mean() * (1 - 1e-12)
     assert layer.busiest_gpu == int(np.argmax(each))
 
 
@@ -151,10 +151,21 @@ def test_cut_capacity_from_graph_matches_networkx_min_cut():
 
 
 # ---------------------------------------------------------------------- pipeline (formula 6)
+def simulate_pipeline_s(micro_batch_stage_times_s, micro_batches):
+    """Event simulation: each stage is one resource serving micro-batches in order; micro-batch j enters
+    stage s when stage s-1 finished it and stage s finished micro-batch j-1."""
+    finish = [0.0] * len(micro_batch_stage_times_s)
+    for _ in range(micro_batches):
+        ready = 0.0
+        for s, t in enumerate(micro_batch_stage_times_s):
+            finish[s] = ready = max(ready, finish[s]) + float(t)
+    return finish[-1]
+
+
 @settings(derandomize=True)
 @given(st.lists(st.floats(0.0, 5.0), min_size=1, max_size=5), st.integers(1, 8))
 def test_pipeline_formula_matches_event_simulation(stages, q):
-    assert math.isclose(pipeline.pipeline_time_s(stages, q), pipeline.simulate_pipeline_s(stages, q),
+    assert math.isclose(pipeline.pipeline_time_s(stages, q), simulate_pipeline_s(stages, q),
                         rel_tol=1e-9, abs_tol=1e-12)
 
 
@@ -165,7 +176,7 @@ def test_breakeven_slowdown_brings_pipeline_back_to_serial(stages, q, data):
     x = pipeline.breakeven_slowdown(stages, q, slowed)
     assert x >= 1 - 1e-9
     scaled = [t * x if i in slowed else t for i, t in enumerate(stages)]
-    assert math.isclose(pipeline.simulate_pipeline_s(np.array(scaled) / q, q), sum(stages), rel_tol=1e-9)
+    assert math.isclose(simulate_pipeline_s(np.array(scaled) / q, q), sum(stages), rel_tol=1e-9)
 
 
 # ---------------------------------------------------------------------- payback (formula 7)
@@ -237,8 +248,8 @@ def _traffic_by_tiles(rows, hidden, inter, b, block_m, block_n, reuse):
        st.sampled_from([(64, 32), (96, 48), (128, 64)]))
 def test_l2_and_formula5_traffic_match_a_tile_by_tile_count(rows, block_m, shape):
     hidden, inter = shape
-    tiles = gemm.tile_traffic_bytes(rows, hidden, inter, 2, block_m, 32)
-    l2 = gemm.l2_traffic_bytes(rows, hidden, inter, 2)
+    tiles = gemm.expert_work_arrays(rows, hidden, inter, 2, weights="tiles", block_m=block_m, block_n=32)[2]
+    l2 = gemm.expert_work_arrays(rows, hidden, inter, 2, weights="l2")[2]
     assert tiles == _traffic_by_tiles(rows, hidden, inter, 2, block_m, 32, reuse=False)
     assert l2 == _traffic_by_tiles(rows, hidden, inter, 2, block_m, 32, reuse=True)
     assert l2 <= tiles

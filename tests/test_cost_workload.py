@@ -88,9 +88,10 @@ def test_topology_file(tmp_path):
     path = tmp_path / "topo.toml"
     path.write_text('[topology]\ngpu = "B200"\nnodes = 4\ngpus_per_node = 8\nnic_gbit_per_s = 800\n'
                     'inter_node_gb_per_s = 400\n')
-    from moe_place.cost.topology import load_topology
+    from moe_place.cost.files import read_table_file
+    from moe_place.cost.topology import topology_from_table
 
-    topo = load_topology(path)
+    topo = topology_from_table(read_table_file(path)["topology"])
     assert topo.num_gpus == 32 and topo.path_bandwidth_bytes_per_s(0, 1) == 900e9
     assert topo.path_bandwidth_bytes_per_s(0, 31) == 100e9
     assert topo.max_flow_bytes_per_s(list(range(8)), list(range(8, 32))) == 400e9  # the server's uplink
@@ -99,7 +100,7 @@ def test_topology_file(tmp_path):
 def test_presets_expert_bytes():
     assert get_model("qwen3-235b-a22b").expert_bytes == 36 * 2**20
     assert get_model("Qwen3-235B-A22B").params_per_expert == 18_874_368
-    assert get_model("qwen3_235b_a22b").layer_bytes == 4.5 * 2**30
+    assert get_model("qwen3_235b_a22b").expert_bytes * get_model("qwen3_235b_a22b").num_experts == 4.5 * 2**30
     assert get_model("DeepSeek-R1").expert_bytes == 42 * 2**20  # FP8
     assert get_model("Mixtral-8x7B").expert_bytes == 336 * 2**20
     assert get_model("OLMoE-1B-7B").expert_bytes == 12 * 2**20

@@ -10,9 +10,9 @@ from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.problem import PlacementProblem
 from moe_place.solvers.base import get_solver
 from moe_place.solvers.bounds import windows_lower_bound
-from moe_place.solvers.bruteforce import brute_force_layer
 from moe_place.solvers.cpsat import LayerInstance, cpsat_layer
 from moe_place.solvers.fast import fast_layer
+from bruteforce import brute_force_layer  # tests/, beside this file
 
 PUBLIC = np.array([600, 560, 120, 120, 20, 10, 10, 10], dtype=float)
 

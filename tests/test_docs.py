@@ -235,6 +235,22 @@ def test_the_api_reference_covers_every_module():
     assert not missing, f"add to docs/gen_reference.py API_PAGES: {sorted(missing)}"
 
 
+def test_every_documented_module_declares_its_public_surface():
+    """`__all__` on every module of the API reference: names that exist, and every public class and function
+    the module defines among them (a new one is declared, or named with `_`); the pages show what it declares."""
+    import inspect
+
+    for name in sorted({name for _title, modules in gen_reference.API_PAGES.values() for name in modules}):
+        module = importlib.import_module(name)
+        assert hasattr(module, "__all__"), f"{name} declares no __all__"
+        assert not [n for n in module.__all__ if not hasattr(module, n)
+                    and importlib.util.find_spec(f"{name}.{n}") is None], name   # a name, or a package's module
+        defined = {key for key, obj in vars(module).items() if not key.startswith("_")
+                   and (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__ == name}
+        undeclared = sorted(defined - set(module.__all__))
+        assert not undeclared, f"{name}: public but not in __all__: {undeclared}"
+
+
 def test_the_cli_reference_has_every_option_of_every_subcommand():
     from moe_place.cli.main import COMMANDS
 

@@ -9,7 +9,7 @@ import pytest
 
 from moe_place.cli.main import main
 from moe_place.errors import InputError
-from moe_place.engines.sglang import read_init_expert_location
+from moe_place.engines.sglang import MAP_KEY
 from moe_place.engines.vllm_policy import static_placement
 from moe_place.placement import Placement
 from moe_place.planfile import PlanFile, parse_plan, read_plan, write_plan
@@ -22,6 +22,16 @@ def plan_path(tmp_path):
     path = tmp_path / "plan.json"
     write_plan(path, PlanFile(Placement(PHY2LOG, 4, 2), layer_ids=(3, 4, 5)))
     return path
+
+
+def read_init_expert_location(path):
+    """The `physical_to_logical_map` of a `.json`/`.pt` file, as SGLang reads it (int64 `[layers, P]`)."""
+    if str(path).endswith(".pt"):
+        import torch
+
+        return torch.load(path, weights_only=True, map_location="cpu")[MAP_KEY].numpy()
+    with open(path) as file:
+        return np.asarray(json.load(file)[MAP_KEY], dtype=np.int64)
 
 
 def _export(plan_path, *argv):

@@ -7,13 +7,32 @@ import pytest
 from moe_place.cost.cluster import cluster_topology
 from moe_place.analysis.dispatch import token_sources
 from moe_place.cost.comm import CommModel, SlotTable, step_cost
-from moe_place.cost.expected_traffic import expected_phase_times_s, expected_rows
+from moe_place.cost.expected_traffic import expected_phase_times_s, visit_probabilities
 from moe_place.cost.models import get_model
 from moe_place.cost.traffic import phase_time_s
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.traces.bundled import bundled_path
 from moe_place.traces.load import load_trace
+
+
+def expected_rows(gpu_rows, top_k, gpus_per_node, style):
+    """float64 `[B, G, G]`: the expected dispatch rows from GPU i to GPU j of each step (the module note's
+    `a[i][j]`, the whole matrix), from the GPUs' rows `[B, G]`."""
+    steps, gpus = gpu_rows.shape
+    tokens = gpu_rows.sum(axis=1) / top_k
+    v, u = visit_probabilities(gpu_rows, top_k, gpus_per_node)
+    node = np.arange(gpus) // gpus_per_node
+    same = node[:, None] == node[None, :]
+    if style == "all-to-all":
+        out = np.broadcast_to((tokens / gpus)[:, None, None] * v[:, None, :], (steps, gpus, gpus)).copy()
+    else:
+        local = np.arange(gpus) % gpus_per_node
+        rdma = (~same) & (local[:, None] == local[None, :])
+        out = np.where(same[None], (tokens / gpus_per_node)[:, None, None] * v[:, None, :], 0.0)
+        out += np.where(rdma[None], (tokens / gpus)[:, None, None] * u[:, None, node], 0.0)
+    out[:, np.arange(gpus), np.arange(gpus)] = 0.0
+    return out
 
 
 @pytest.mark.parametrize("gpus,nodes", [(8, 1), (16, 2), (32, 4), (64, 8)])

@@ -22,7 +22,28 @@ from pathlib import Path
 import pytest
 
 from moe_place.cli.main import main
-from moe_place.glossary import ALIASES, TERMS, lookup, normalise
+from moe_place.glossary import ALIASES, TERMS
+
+_UNITS = {"s", "ms", "us", "mb", "gb", "gib", "mib", "%"}
+
+
+def normalise(name: str) -> str:
+    """A term or a printed column as `lookup` compares them: lower case, without backticks, brackets and a
+    trailing unit word (`RDMA MB` -> `rdma`), every number written `n` (`EP8` -> `epn`)."""
+    words = [word.strip("()[]|:,") for word in re.sub(r"\d+", "n", name.lower().replace("`", "")).split()]
+    words = [word for word in words if word]
+    if len(words) > 1 and words[-1] in _UNITS:
+        words.pop()
+    return " ".join(words)
+
+
+_INDEX = {normalise(spelling): term for spelling, term in {**{t: t for t in TERMS}, **ALIASES}.items()}
+
+
+def lookup(name: str) -> str | None:
+    """The term of `TERMS` that `name` (a term, an alias or a printed column, any case) names, or None."""
+    return _INDEX.get(normalise(name))
+
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = str(ROOT / "traces" / "data" / "qwen3-30b-a3b_prefill_topk.npz")

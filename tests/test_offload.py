@@ -272,6 +272,14 @@ def ref_generate_gpu_experts_masks(activation_freq, num_gpu_experts):
     return mask.view(layers, experts)
 
 
+def frequency_selection(logical_count, total):
+    """What sglang-kt's `frequency` rule selects from a stats tensor `[buffer, layers, E]`: it sums dim 0 as
+    float32 and calls kt-kernel's `generate_gpu_experts_masks(activation_freq, total)`; bool `[layers, E]`."""
+    import torch
+
+    return ref_generate_gpu_experts_masks(torch.from_numpy(logical_count).sum(dim=0).float(), int(total)).numpy()
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_stats_make_sglang_kt_frequency_pick_the_planned_set(seed, tmp_path):
     torch = pytest.importorskip("torch")
@@ -292,7 +300,7 @@ def test_stats_make_sglang_kt_frequency_pick_the_planned_set(seed, tmp_path):
         sglang_kt.gpu_experts_ratio(total, layers, experts)
     k = int(layers * experts * float(ratio))
     assert k == total
-    chosen = sglang_kt.frequency_selection(loaded.numpy(), k, ref_generate_gpu_experts_masks)
+    chosen = frequency_selection(loaded.numpy(), k)
     assert (chosen[dense:] == resident).all()
     assert chosen[dense:][resident].size == total
 
@@ -367,7 +375,7 @@ def test_cli_on_the_bundled_trace(tmp_path, capsys):
     logical = torch.load(stats, weights_only=True)["logical_count"].numpy()
     flags = report["sglang_kt"]["flags"]
     total = int(48 * 128 * float(flags[flags.index("--kt-gpu-experts-ratio") + 1]))
-    assert (sglang_kt.frequency_selection(logical, total, ref_generate_gpu_experts_masks) == resident).all()
+    assert (frequency_selection(logical, total) == resident).all()
 
 
 def test_cli_plans_are_the_same_every_run_and_all_fit_means_all(capsys, monkeypatch):

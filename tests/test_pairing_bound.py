@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_place.solvers.bounds import layer_lower_bound, pairing_lp_bound, pairing_lp_infeasible
-from moe_place.solvers.bruteforce import brute_force_layer
+from bruteforce import brute_force_layer  # tests/, beside this file
 
 
 def _random_layer(rng: np.random.Generator) -> tuple[np.ndarray, int]:

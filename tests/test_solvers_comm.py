@@ -126,7 +126,7 @@ def test_node_search_keeps_its_incremental_state_exact():
         e, f = rng.choice(16, 2, replace=False)
         if search.node_of[e] == search.node_of[f]:
             continue
-        predicted = search.swap_value(int(e), int(f))
+        predicted = search.swap_outcome(int(e), int(f))[0]
         search.apply_swap(int(e), int(f))
         fresh = NodeSearch(tokens, search.node_of, 8, 2, 2, model)
         assert np.array_equal(search.count, fresh.count) and np.array_equal(search.visits, fresh.visits)

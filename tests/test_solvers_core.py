@@ -11,11 +11,11 @@ from moe_place.problem import PlacementProblem
 from moe_place.solvers import AUTO_GAP, get_solver, solve, solver_names
 from moe_place.solvers.bounds import (apportion, average_bound, count_bound, layer_lower_bound, lower_bounds,
                                       windows_lower_bound)
-from moe_place.solvers.bruteforce import brute_force_layer
 from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.evaluate import (even_gpu_loads, evaluate_placement, layer_figures, local_gpu_loads,
-                                        optimal_gpu_loads)
+                                        optimal_split)
 from moe_place.solvers.fast import fast_layer, lpt_pack, target_pack
+from bruteforce import brute_force_layer  # tests/, beside this file
 
 TINY = [600, 560, 120, 120, 20, 10, 10, 10]
 LIMIT_S = {"cpsat": 0.5}
@@ -196,7 +196,7 @@ def test_evaluate_splits():
     # expert 0 is on every GPU: each GPU serves its own third; expert 1 only on GPU 0: all of it
     assert local.tolist() == pytest.approx([8 / 3 + 4, 8 / 3 + 2, 8 / 3 + 2])
     assert local.sum() == pytest.approx(loads.sum())
-    best = optimal_gpu_loads(phy2log, loads, 3)[0]
+    best = optimal_split(phy2log, loads[0], 3)[0]
     assert best == pytest.approx(16 / 3)  # expert 0 can move its load off GPU 0: (8+4+2+2)/3
     # local differs from even only with co-located replicas: expert 0 twice on GPU 0, once on GPU 1
     colocated = np.array([0, 0, 0, 1])

@@ -8,7 +8,7 @@ from moe_place.placement import Placement, has_colocation
 from moe_place.problem import PlacementProblem
 from moe_place.solvers import get_solver
 from moe_place.solvers.bounds import layer_lower_bound
-from moe_place.solvers.evaluate import even_gpu_loads, local_gpu_loads, optimal_gpu_loads
+from moe_place.solvers.evaluate import even_gpu_loads, local_gpu_loads, optimal_split
 
 
 @st.composite
@@ -61,7 +61,7 @@ def test_split_policies_conserve_load_and_optimal_is_best(case, seed):
     assert abs(local.sum() - loads.sum()) <= 1e-9 * max(1, loads.sum())
     # with tokens spread evenly over their source GPUs and no co-located replicas, local == even
     assert np.allclose(local, even, rtol=1e-12, atol=1e-9)
-    best = optimal_gpu_loads(phy2log, loads, gpus)[0]
+    best = optimal_split(phy2log, loads, gpus)[0]
     scale = max(1.0, loads.sum())
     assert best <= even.max() + 1e-7 * scale and best <= local.max() + 1e-7 * scale
     assert best >= loads.sum() / gpus - 1e-7 * scale

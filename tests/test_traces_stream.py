@@ -9,7 +9,7 @@ from moe_place.errors import InputError
 from moe_place.traces import load_trace
 from moe_place.traces.count import DispatchCounter
 from moe_place.traces.sample import SAMPLE_TOKENS
-from moe_place.traces.stream import stream_npy_counts, stream_npz_counts
+from moe_place.traces.stream import stream_npz_counts
 
 
 def _ids(tokens, layers, experts, k, seed=0, dtype=np.int16):
@@ -122,8 +122,3 @@ def test_load_trace_streams_large_token_files(tmp_path):
     assert not small.is_token_level and full.is_token_level
     np.testing.assert_array_equal(small.counts, full.step_counts())
 
-
-def test_npy_is_memory_mapped(tmp_path):
-    ids = _ids(1200, 3, 16, 2, seed=10)
-    np.save(tmp_path / "ids.npy", ids)
-    np.testing.assert_array_equal(stream_npy_counts(tmp_path / "ids.npy", chunk_tokens=100), _reference(ids, 16))

@@ -18,7 +18,7 @@ def test_inclusion_probabilities_cap_and_sum():
 
 def test_token_sampler_gives_distinct_experts_with_the_right_marginals():
     rng = np.random.default_rng(0)
-    w = S.zipf_weights(2, 16, 1.2, rng)
+    w = S.lognormal_weights(2, 16, 1.2, rng)
     q = S.inclusion_probabilities(w, 4)
     ids = S.sample_token_ids(q, 20000, rng)
     assert ids.shape == (20000, 2, 4)
@@ -31,17 +31,14 @@ def test_token_sampler_gives_distinct_experts_with_the_right_marginals():
 
 def test_count_sampler_matches_expectation_and_totals():
     rng = np.random.default_rng(1)
-    q = S.inclusion_probabilities(S.hot_expert_weights(3, 32, 2, 0.4, rng), 4)
+    q = S.inclusion_probabilities(S.lognormal_weights(3, 32, 1.0, rng), 4)
     counts = S.sample_counts(q, 5000, rng)
     assert counts.shape == (3, 32) and (counts.sum(axis=1) == 5000 * 4).all()
     assert np.abs(counts / 5000 - q).max() < 0.05
 
 
 @pytest.mark.parametrize("make", [
-    lambda seed: S.uniform_trace(2, 50, 3, 16, 4, seed=seed),
-    lambda seed: S.zipf_trace(2, 50, 3, 16, 4, seed=seed),
-    lambda seed: S.hot_experts_trace(2, 50, 3, 16, 4, seed=seed),
-    lambda seed: S.drifting_hot_trace(3, 50, 3, 16, 4, persistence=2, seed=seed),
+    lambda seed: S.generate(S.drifting_hot_spots(3, 16, 4, 0.3, persistence=2), 3, 50, 4, seed, token_level=True),
     lambda seed: S.domain_mixture_trace(3, 50, 3, 16, 4, seed=seed),
 ])
 def test_generators_are_deterministic_and_valid(make):
@@ -77,9 +74,9 @@ def test_drift_zero_keeps_the_mix():
 
 def test_bad_parameters_are_input_errors():
     with pytest.raises(InputError, match="persistence"):
-        S.drifting_hot_trace(2, 10, 2, 16, 2, persistence=0.5)
+        S.drifting_hot_spots(2, 16, 2, 0.3, persistence=0.5)
     with pytest.raises(InputError, match="top_k"):
-        S.uniform_trace(1, 10, 1, 4, 5)
+        S.inclusion_probabilities(np.ones((1, 4)), 5)
     with pytest.raises(InputError, match="shared"):
         S.domain_mixture_counts(1, 1, 8, 2, 10, shared=1.0)
 

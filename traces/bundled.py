@@ -18,6 +18,8 @@ from moe_place.errors import InputError
 from moe_place.io import file_sha256
 from moe_place.traces.model import Trace, TraceMeta
 
+__all__ = ["BundledTrace", "bundled_info", "bundled_path", "data_dir", "load_bundled"]
+
 
 @dataclass(frozen=True)
 class BundledTrace:

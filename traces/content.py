@@ -11,6 +11,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+__all__ = ["describe", "is_text", "is_torch_legacy", "is_zip", "not_a_zip", "read_head", "zip_problem"]
+
 HEAD_BYTES = 16  # enough for every signature below
 
 # (leading bytes, what they are): file signatures of the formats a trace file is mistaken for

@@ -38,6 +38,9 @@ import numpy as np
 from moe_place.cores import parse_workers, usable_cores, workers_expected
 from moe_place.errors import InputError
 
+__all__ = ["DispatchCounter", "PerThread", "StepSums", "chunk_tokens_for", "key_dtype", "resolve_workers",
+           "run_chunks"]
+
 CHUNK_ELEMENTS = 1 << 18  # ids per chunk: 512 KB of int16 (+ k-1 compare flags per id, np.bincount's int64 copy: 2 MB)
 THREADS_ENV = "MOE_PLACE_THREADS"
 
@@ -314,17 +317,6 @@ class DispatchCounter:
             rows = np.tile(np.arange(self.num_layers) * self.num_experts, n)
         return np.repeat(rows.astype(self._dtype), self.top_k)
 
-    def first_repeat(self, ids: np.ndarray) -> tuple[int, int] | None:
-        """(token, layer) of the first row of in-range ids `[tokens, layers, k]` with a repeated expert."""
-        step = chunk_tokens_for(self.num_layers, self.top_k)
-        for start in range(0, ids.shape[0], step):
-            chunk = ids[start:start + step]
-            row = self._first_repeated_row(self._make_keys(chunk))
-            if row is not None:
-                token, layer = divmod(row, self.num_layers)
-                return start + token, layer
-        return None
-
     def _has_repeat(self, keys: np.ndarray) -> bool:
         """Whether `key[t] == key[t + s]` for any t and shift s in 1..k-1 (keys from `_make_keys`)."""
         k, size = self.top_k, keys.size
@@ -372,10 +364,3 @@ def _unsigned_view(dtype: np.dtype, num_experts: int) -> np.dtype | None:
         return None
     return np.dtype(f"u{dtype.itemsize}")
 
-
-def find_repeat(ids: np.ndarray) -> tuple[int, int] | None:
-    """(token, layer) of the first token-layer of in-range `[tokens, layers, k]` ids with a repeated expert."""
-    if ids.ndim != 3 or ids.size == 0 or ids.shape[2] < 2:
-        return None
-    num_experts = int(ids.max()) + 1
-    return DispatchCounter(ids.shape[1], num_experts, ids.shape[2], "topk_ids").first_repeat(ids)

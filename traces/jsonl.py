@@ -50,6 +50,9 @@ from moe_place.errors import InputError
 from moe_place.progress import ProgressBar
 from moe_place.traces.model import MAX_EXPERTS
 
+__all__ = ["IdLists", "add_counts", "first_repeat", "id_array", "parse_object", "parse_with_id_lists", "read_line_at",
+           "read_lines", "stack_counts"]
+
 KIB = 1024  # the progress bar counts KiB read
 DIGITS = b"0123456789"
 # A placeholder string starts with NUL, which a JSON string can only write as \u0000: a line with no

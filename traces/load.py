@@ -31,6 +31,8 @@ from moe_place.traces.count import resolve_workers
 from moe_place.traces.model import Trace, located
 from moe_place.traces.npz_member import READ_ERRORS, error_reason, token_bytes
 
+__all__ = ["check_not_empty", "detect_folder", "detect_format", "load_trace"]
+
 # Token-level npz traces whose `topk_ids` would take more than this are reduced to counts
 # while streaming (bounded memory) instead of being loaded whole: a 1M tokens x 61 layers x
 # top-8 int16 dump (976 MB) is streamed. Both give the same analysis (`moe-place analyze`).

@@ -44,6 +44,8 @@ from moe_place.errors import InputError
 from moe_place.traces.jsonl import add_counts, first_repeat, id_array, parse_object, read_lines, stack_counts
 from moe_place.traces.model import Trace, TraceMeta
 
+__all__ = ["is_router_trace", "rank_files", "read_router_trace"]
+
 RANK_FILE = re.compile(r"router_trace_rank(\d+)\.jsonl")
 INT_FIELDS = ("step", "layer", "rank", "num_tokens", "topk")
 

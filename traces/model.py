@@ -20,6 +20,9 @@ from moe_place.errors import InputError
 from moe_place.traces.count import DispatchCounter
 from moe_place.traces.sample import TokenSample
 
+__all__ = ["Trace", "TraceMeta", "check_counts", "check_topk_ids", "count_dispatches", "located",
+           "validated_step_counts"]
+
 
 MAX_EXPERTS = 1 << 16  # a sanity bound: counts are dense [layers, experts] arrays
 

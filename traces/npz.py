@@ -44,6 +44,10 @@ from moe_place.traces.content import not_a_zip
 from moe_place.traces.model import MAX_EXPERTS, Trace, TraceMeta, check_counts, located
 from moe_place.traces.npz_member import READ_ERRORS, IdsReader, MemberCrc, error_reason
 
+__all__ = ["NpzHeader", "check_meta_against_ids", "check_num_experts", "check_totals_divisible", "counts_trace",
+           "crc_checked", "header_meta", "infer_top_k", "open_npz", "read_header", "read_member", "read_npz",
+           "save_npz", "split_by_step", "step_index", "token_trace"]
+
 FORMAT_VERSION = 1
 
 

@@ -24,6 +24,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["IdsReader", "MemberCrc", "error_reason", "token_bytes"]
+
 # What a damaged file can raise inside numpy/zipfile; each becomes one InputError.
 READ_ERRORS = (ValueError, OSError, EOFError, KeyError, IndexError, TypeError, zipfile.BadZipFile,
                zlib.error, NotImplementedError, OverflowError, MemoryError, UnicodeDecodeError)

@@ -11,6 +11,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.traces.model import check_counts
 
+__all__ = ["check_phy2log", "physical_to_logical_counts"]
+
 
 def check_phy2log(phy2log: np.ndarray, where: str, num_layers: int | None = None,
                   num_physical: int | None = None) -> np.ndarray:

@@ -25,6 +25,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
 
+__all__ = ["TensorInfo", "read_header", "read_safetensors", "read_tensor", "safetensors_bytes", "write_safetensors"]
+
 # the format's dtype names and the numpy dtype of each (little-endian); BF16 and FP8 have no numpy twin
 DTYPES = {"BOOL": "|b1", "U8": "|u1", "I8": "|i1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4",
           "I64": "<i8", "U64": "<u8", "F16": "<f2", "F32": "<f4", "F64": "<f8"}

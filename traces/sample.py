@@ -20,6 +20,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["SampleCollector", "TokenSample", "sample_positions"]
+
 #: Tokens kept: 8192 tokens x 48 layers x top-8 is 6 MB of int16 ids, about 15 ms of pair counting
 #: on one core; `analysis.coactivation` chooses each layer's pair on a quarter of them and counts
 #: it on the other three quarters (its standard error is reported with it).

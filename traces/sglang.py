@@ -34,6 +34,8 @@ from moe_place.traces.physical import check_phy2log, physical_to_logical_counts
 from moe_place.traces.torchfile import load_torch_file
 from moe_place.traces.vllm import is_vllm_dict, vllm_window_trace
 
+__all__ = ["dump_mode", "read_sglang_dumps", "read_torch_dump"]
+
 
 def read_torch_dump(path: Path, top_k: int | None = None, keep_dense_layers: bool = False) -> Trace:
     """Read one `.pt` file: an SGLang dump (any mode) or a vLLM-style window dict."""

@@ -10,8 +10,7 @@ accumulates the counts per step:
   into its own buffer with positional reads (`os.preadv` at the chunk's offset, no shared file
   position) and counts them into its own `[layers, experts]` sums, added to the shared counts
   when it moves to another step and at the end;
-- a compressed (deflated) member is decompressed chunk by chunk through `zipfile` (sequential);
-- a plain `.npy` file is memory-mapped (`stream_npy_counts`).
+- a compressed (deflated) member is decompressed chunk by chunk through `zipfile` (sequential).
 The ids of a bounded random sample of the tokens (`moe_place.traces.sample`, at most
 `SAMPLE_TOKENS`) are kept as their chunks go by, so statistics over whole tokens (co-activation)
 are computed on a streamed file too, on the same tokens as if it had been read whole.
@@ -38,8 +37,10 @@ from moe_place.traces.count import (DispatchCounter, PerThread, StepSums, chunk_
 from moe_place.traces.model import Trace
 from moe_place.traces.npz import (check_meta_against_ids, check_num_experts, crc_checked, header_meta, open_npz,
                                   read_header, read_member, step_index)
-from moe_place.traces.npz_member import IdsReader, error_reason
+from moe_place.traces.npz_member import IdsReader
 from moe_place.traces.sample import SampleCollector
+
+__all__ = ["stream_npz_counts"]
 
 def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers: int | None = None,
                       progress: bool = False) -> Trace:
@@ -94,23 +95,6 @@ def stream_npz_counts(path: str | Path, chunk_tokens: int | None = None, workers
         dtype = str(reader.dtype)
     meta = header_meta(header, path, num_experts, k, num_layers, dtype, num_steps)
     return Trace(meta, counts=counts, sample=sample.sample())
-
-
-def stream_npy_counts(path: str | Path, num_experts: int | None = None,
-                      chunk_tokens: int | None = None) -> np.ndarray:
-    """int64 `[layers, experts]` counts of a plain `.npy` of ids `[tokens, layers, k]`, memory-mapped."""
-    path = Path(path)
-    try:
-        ids = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(str(path), "a readable .npy file", error_reason(exc)) from None
-    if ids.ndim != 3 or ids.dtype.kind not in "iu" or 0 in ids.shape:
-        raise InputError(str(path), "a non-empty integer array [tokens, layers, k]", f"{ids.dtype} shape {ids.shape}")
-    chunk_tokens = chunk_tokens_for(ids.shape[1], ids.shape[2], chunk_tokens)
-    if num_experts is None:
-        num_experts = max(int(ids[s:s + chunk_tokens].max()) for s in range(0, ids.shape[0], chunk_tokens)) + 1
-    counter = DispatchCounter(ids.shape[1], num_experts, ids.shape[2], str(path))
-    return counter.count(ids, chunk_tokens)
 
 
 def _add_by_step(counter: DispatchCounter, chunk: np.ndarray, index: np.ndarray, start: int,

@@ -11,9 +11,8 @@ Model. A routing *profile* is, per layer, the probability `q[e]` that a token pi
   variance is slightly higher (distinctness within a token is not modelled). This is the fast
   path: 58 layers x 256 experts x thousands of tokens per step in well under a millisecond.
 
-Weights (`*_weights`): uniform, Zipf (`w ~ 1/rank^s`, random rank order per layer), fixed hot
-experts (`num_hot` experts share `hot_share` of the load), log-normal (`w ~ exp(sigma * N(0,1))`).
-Over steps: stationary, drifting hot spots (each hot expert keeps its place for a geometric
+Weights: log-normal (`w ~ exp(sigma * N(0,1))`, `lognormal_weights`, and per data domain,
+`domain_weights`). Over steps: drifting hot spots (each hot expert keeps its place for a geometric
 number of steps with mean `persistence`), and a mixture of domain profiles whose mixing weights
 drift (a random walk of the mixture logits): which experts are hot depends on the data.
 """
@@ -27,32 +26,14 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.traces.model import Trace, TraceMeta
 
+__all__ = ["coactivation_trace", "deepseek_r1_like", "domain_mixture", "domain_mixture_counts",
+           "domain_mixture_trace", "domain_weights", "drifting_hot_spots", "generate", "inclusion_probabilities",
+           "lognormal_weights", "sample_counts", "sample_token_ids"]
+
 ProfileSteps = Callable[[np.random.Generator], Iterator[np.ndarray]]
 
 
 # ---------------------------------------------------------------------- weights [layers, experts]
-def uniform_weights(num_layers: int, num_experts: int) -> np.ndarray:
-    """float64 `[layers, experts]`: every expert equally likely."""
-    return np.full((num_layers, num_experts), 1.0 / num_experts)
-
-
-def zipf_weights(num_layers: int, num_experts: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
-    """float64 `[layers, experts]`: `w ~ 1 / rank^exponent`, ranks shuffled independently per layer."""
-    base = 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** exponent
-    return _normalise(np.stack([base[rng.permutation(num_experts)] for _ in range(num_layers)]))
-
-
-def hot_expert_weights(num_layers: int, num_experts: int, num_hot: int, hot_share: float,
-                       rng: np.random.Generator) -> np.ndarray:
-    """float64 `[layers, experts]`: `num_hot` random experts per layer share `hot_share` of the weight."""
-    _check(0 < num_hot < num_experts, "num_hot", f"in [1, {num_experts})", num_hot)
-    _check(0 < hot_share < 1, "hot_share", "in (0, 1)", hot_share)
-    w = np.full((num_layers, num_experts), (1 - hot_share) / (num_experts - num_hot))
-    for layer in range(num_layers):
-        w[layer, rng.choice(num_experts, num_hot, replace=False)] = hot_share / num_hot
-    return w
-
-
 def lognormal_weights(num_layers: int, num_experts: int, sigma: float | np.ndarray,
                       rng: np.random.Generator) -> np.ndarray:
     """float64 `[layers, experts]`: `w ~ exp(sigma_layer * N(0, 1))`; sigma scalar or `[layers]`."""
@@ -108,14 +89,6 @@ def sample_counts(probs: np.ndarray, num_tokens: int, rng: np.random.Generator) 
 
 
 # ---------------------------------------------------------------------- profiles over steps
-def stationary(weights: np.ndarray) -> ProfileSteps:
-    """The same weights every step."""
-    def steps(rng: np.random.Generator) -> Iterator[np.ndarray]:
-        while True:
-            yield weights
-    return steps
-
-
 def drifting_hot_spots(num_layers: int, num_experts: int, num_hot: int, hot_share: float,
                        persistence: float) -> ProfileSteps:
     """`num_hot` hot experts per layer share `hot_share`; each moves to a random expert with
@@ -175,38 +148,6 @@ def generate(profile: ProfileSteps, num_steps: int, tokens_per_step: int, top_k:
     return Trace(meta, counts=np.stack(draws))
 
 
-def uniform_trace(num_steps: int, tokens_per_step: int, num_layers: int, num_experts: int, top_k: int,
-                  seed: int = 0, token_level: bool = True) -> Trace:
-    """Uniform routing: k distinct experts per token, all equally likely."""
-    return generate(stationary(uniform_weights(num_layers, num_experts)), num_steps, tokens_per_step, top_k,
-                    seed, token_level, source="synthetic:uniform")
-
-
-def zipf_trace(num_steps: int, tokens_per_step: int, num_layers: int, num_experts: int, top_k: int,
-               exponent: float = 1.0, seed: int = 0, token_level: bool = True) -> Trace:
-    """Stationary Zipf routing (`w ~ 1/rank^exponent`, a random rank order per layer)."""
-    w = zipf_weights(num_layers, num_experts, exponent, np.random.default_rng([seed, 1]))
-    return generate(stationary(w), num_steps, tokens_per_step, top_k, seed, token_level,
-                    source=f"synthetic:zipf s={exponent}")
-
-
-def hot_experts_trace(num_steps: int, tokens_per_step: int, num_layers: int, num_experts: int, top_k: int,
-                      num_hot: int = 4, hot_share: float = 0.3, seed: int = 0, token_level: bool = True) -> Trace:
-    """Fixed hot experts: the same `num_hot` experts per layer take `hot_share` of the weight every step."""
-    w = hot_expert_weights(num_layers, num_experts, num_hot, hot_share, np.random.default_rng([seed, 1]))
-    return generate(stationary(w), num_steps, tokens_per_step, top_k, seed, token_level,
-                    source=f"synthetic:hot {num_hot}x{hot_share}")
-
-
-def drifting_hot_trace(num_steps: int, tokens_per_step: int, num_layers: int, num_experts: int, top_k: int,
-                       num_hot: int = 4, hot_share: float = 0.3, persistence: float = 50.0, seed: int = 0,
-                       token_level: bool = True) -> Trace:
-    """Hot spots that move: each hot expert stays hot for `persistence` steps on average."""
-    profile = drifting_hot_spots(num_layers, num_experts, num_hot, hot_share, persistence)
-    return generate(profile, num_steps, tokens_per_step, top_k, seed, token_level,
-                    source=f"synthetic:drifting persistence={persistence}")
-
-
 def domain_weights(num_domains: int, num_layers: int, num_experts: int, skew: float | tuple[float, float],
                    rng: np.random.Generator, hot_factor: tuple[float, float] | None = None) -> np.ndarray:
     """float64 `[domains, layers, experts]`: independent log-normal weights per domain.
@@ -252,11 +193,8 @@ def domain_mixture_counts(num_steps: int, num_layers: int, num_experts: int, top
     The count-level sampler (multinomial) is fast enough for 58 layers x 256 experts x
     thousands of steps; same seed, same counts.
     """
-    rng = np.random.default_rng([seed, 2])
-    weights = _domain_weights_shared(num_domains, num_layers, num_experts, skew, shared, hot_factor, rng)
-    trace = generate(domain_mixture(weights, drift, concentration), num_steps, tokens_per_step, top_k, seed,
-                     token_level=False)
-    return np.array(trace.counts)
+    return np.array(domain_mixture_trace(num_steps, tokens_per_step, num_layers, num_experts, top_k, num_domains, skew,
+                                         drift, concentration, shared, hot_factor, seed, token_level=False).counts)
 
 
 def domain_mixture_trace(num_steps: int, tokens_per_step: int, num_layers: int, num_experts: int, top_k: int,
@@ -265,8 +203,10 @@ def domain_mixture_trace(num_steps: int, tokens_per_step: int, num_layers: int, 
                          hot_factor: tuple[float, float] | None = None, seed: int = 0,
                          token_level: bool = True, model: str = "synthetic") -> Trace:
     """A Trace from the domain mixture (see `domain_mixture_counts` for the parameters)."""
-    rng = np.random.default_rng([seed, 2])
-    weights = _domain_weights_shared(num_domains, num_layers, num_experts, skew, shared, hot_factor, rng)
+    _check(num_domains >= 1, "num_domains", "an integer >= 1", num_domains)
+    _check(0 <= shared < 1, "shared", "in [0, 1)", shared)
+    both = domain_weights(num_domains + 1, num_layers, num_experts, skew, np.random.default_rng([seed, 2]), hot_factor)
+    weights = (1 - shared) * both[1:] + shared * both[:1]  # each domain's share of the profile common to all
     return generate(domain_mixture(weights, drift, concentration), num_steps, tokens_per_step, top_k, seed,
                     token_level, model=model, source=f"synthetic:domain-mixture d={num_domains} drift={drift}")
 
@@ -355,14 +295,6 @@ def deepseek_r1_like(num_steps: int = 32, tokens_per_step: int = 4096, seed: int
 
 
 # ---------------------------------------------------------------------- helpers
-def _domain_weights_shared(num_domains: int, num_layers: int, num_experts: int, skew, shared: float,
-                           hot_factor, rng: np.random.Generator) -> np.ndarray:
-    _check(num_domains >= 1, "num_domains", "an integer >= 1", num_domains)
-    _check(0 <= shared < 1, "shared", "in [0, 1)", shared)
-    weights = domain_weights(num_domains + 1, num_layers, num_experts, skew, rng, hot_factor)
-    return (1 - shared) * weights[1:] + shared * weights[:1]
-
-
 def _ar1_step(x: np.ndarray, spread: float, persistence: float, rng: np.random.Generator) -> np.ndarray:
     """One step of a stationary AR(1) process of standard deviation `spread` and correlation time `persistence`."""
     keep = np.exp(-1.0 / persistence)

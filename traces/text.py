@@ -35,6 +35,8 @@ from moe_place.io import write_atomic, write_json_atomic
 from moe_place.traces.model import MAX_EXPERTS, Trace
 from moe_place.traces.npz import NpzHeader, check_num_experts, counts_trace
 
+__all__ = ["read_csv", "read_json", "save_csv", "save_json"]
+
 CSV_COLUMNS = ("step", "layer", "expert", "count")
 MAX_CSV_CELLS = 1 << 28  # steps x layers x experts of the dense counts a CSV fills: 2 GiB of int64
 JSON_KEYS = ("format_version", "num_experts", "top_k", "counts", "layer_ids", "step_names", "model", "source")

@@ -14,6 +14,8 @@ from typing import Any
 from moe_place.errors import InputError
 from moe_place.traces.npz_member import error_reason
 
+__all__ = ["load_torch_file"]
+
 
 def load_torch_file(path: Path) -> Any:
     """The object saved in `path`, with every tensor (also inside dicts/lists) turned into numpy."""

@@ -57,6 +57,8 @@ from moe_place.io import read_input_text, write_atomic
 from moe_place.traces.model import Trace, TraceMeta, count_dispatches
 from moe_place.traces.safetensors_file import read_header, read_safetensors, read_tensor, write_safetensors
 
+__all__ = ["read_statistics", "write_statistics"]
+
 META_FILE = "meta_info.json"
 # the files of one rank r: name = prefix + r + suffix
 COUNT_FILE = ("rank", ".safetensors")

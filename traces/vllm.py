@@ -23,6 +23,8 @@ from moe_place.traces.model import Trace, TraceMeta
 from moe_place.traces.npz import infer_top_k, open_npz, read_member
 from moe_place.traces.physical import physical_to_logical_counts
 
+__all__ = ["is_vllm_dict", "is_vllm_npz", "read_vllm_window", "vllm_window_trace"]
+
 WINDOW_KEY = "expert_load_window"
 MAP_KEY = "physical_to_logical_map"
 OPTIONAL_KEYS = ("expert_load_window_step", "num_logical_experts", "top_k", "layer_ids", "model")

@@ -71,6 +71,8 @@ from moe_place.traces.jsonl import (IdLists, add_counts, first_repeat, id_array,
 from moe_place.traces.model import Trace, TraceMeta
 from moe_place.traces.sample import TokenSample, sample_positions
 
+__all__ = ["is_vllm_routed", "parse_request", "read_routed_experts", "request_ids"]
+
 STEP_TOKENS = 8192  # tokens per step: about one engine batch (vLLM's max_num_batched_tokens is of this order)
 LIST_KEYS = ("choices", "outputs")  # the server's response, a RequestOutput written as JSON
 HEAD_MARKERS = (b'"prompt_routed_experts"', b'"routed_experts"', b'"choices"')

@@ -11,7 +11,10 @@ Pure functions on numpy arrays; results are frozen dataclasses. One concept per 
     active             distinct experts per batch against E[U] = E*(1-(1-K/E)^M)
     coactivation       experts picked together by the same tokens
     dispatch           the dispatch matrix a[i][j] from where tokens live to where experts live
-    expert_work        FLOPs and weight bytes of a layer's experts (docs/MODEL.md C1)
     report             everything above for one trace, and the JSON of `moe-place analyze`
     plot               the PNG of `moe-place analyze --plot`
 """
+
+# the package's modules
+__all__ = ["active", "balance", "coactivation", "dispatch", "ep_sweep", "imbalance", "out_of_sample", "persistence",
+           "plot", "profile", "replicate_hottest", "report", "windows"]

@@ -13,6 +13,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["ActiveExperts", "active_experts", "expected_active_experts"]
+
 
 def expected_active_experts(num_experts: int, top_k: int, num_tokens: np.ndarray | float) -> np.ndarray | float:
     """E[U] = E * (1 - (1 - K/E)^M): distinct experts a batch of `num_tokens` touches (uniform routing)."""
@@ -23,26 +25,6 @@ def expected_active_experts(num_experts: int, top_k: int, num_tokens: np.ndarray
         raise InputError("num_tokens", "a number >= 0", float(tokens.min()))
     expected = num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
     return float(expected) if expected.ndim == 0 else expected
-
-
-def batch_counts(topk_ids: np.ndarray, num_experts: int, batch_tokens: int) -> np.ndarray:
-    """int64 `[batches, layers, E]`: dispatches per expert in consecutive batches of `batch_tokens` tokens.
-
-    topk_ids: int `[tokens, layers, k]`. A last partial batch is dropped.
-    """
-    ids = np.asarray(topk_ids)
-    if ids.ndim != 3:
-        raise InputError("topk_ids", "a 3-D array [tokens, layers, k]", f"shape {ids.shape}")
-    if batch_tokens < 1:
-        raise InputError("batch_tokens", "an integer >= 1", batch_tokens)
-    tokens, layers, _ = ids.shape
-    batches = tokens // batch_tokens
-    if batches < 1:
-        raise InputError("batch_tokens", f"at most the {tokens} tokens of the trace", batch_tokens)
-    ids = ids[: batches * batch_tokens].astype(np.int64)
-    batch = (np.arange(batches * batch_tokens) // batch_tokens)[:, None, None]
-    flat = (batch * layers + np.arange(layers)[None, :, None]) * num_experts + ids
-    return np.bincount(flat.ravel(), minlength=batches * layers * num_experts).reshape(batches, layers, num_experts)
 
 
 @dataclass(frozen=True)
@@ -69,7 +51,7 @@ class ActiveExperts:
 
 
 def active_experts(step_counts: np.ndarray, top_k: int) -> ActiveExperts:
-    """Active experts of each `[batches, layers, E]` batch (e.g. `trace.step_counts()` or `batch_counts`)."""
+    """Active experts of each `[batches, layers, E]` batch (e.g. `trace.step_counts()`)."""
     counts = np.asarray(step_counts)
     if counts.ndim != 3:
         raise InputError("step_counts", "a 3-D array [batches, layers, experts]", f"shape {counts.shape}")

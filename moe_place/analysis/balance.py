@@ -13,6 +13,8 @@ from moe_place.analysis.profile import check_expert_load, max_over_mean
 from moe_place.errors import InputError
 from moe_place.placement import Placement, balancedness
 
+__all__ = ["GpuBalance", "balance_of_gpu_loads", "gpu_balance", "sglang_balancedness", "vllm_balancedness"]
+
 #: SGLang adds this to both sides of mean/max so an idle layer counts as balanced.
 SGLANG_EPSILON = 1e-5
 

@@ -30,6 +30,8 @@ from moe_place.errors import InputError
 from moe_place.traces.count import key_dtype
 from moe_place.traces.sample import TokenSample
 
+__all__ = ["TopPairs", "coactivation", "top_pairs"]
+
 #: A sampled (incomplete) token sample chooses each layer's pair on its first 1/CHOOSE_ON tokens and
 #: counts the chosen pair on the rest: choosing counts k(k-1)/2 keys per token, counting one pair
 #: two compares, so a quarter (2,048 of 8,192 tokens) halves the cost of a half and lowers the
@@ -151,13 +153,6 @@ def top_pairs(sample: TokenSample, loads: np.ndarray) -> TopPairs:
             stderr[layer] = se * total * total / load_ab[layer]
     estimated_on = n if sample.complete else n - chosen_on
     return TopPairs(experts, tokens, lift, stderr, total, chosen_on, estimated_on)
-
-
-def expected_uniform_pairs(num_tokens: int, num_experts: int, top_k: int) -> float:
-    """Tokens expected to pick a given pair `a != b` when each picks `k` distinct experts uniformly."""
-    if num_experts < 2:
-        return 0.0
-    return num_tokens * top_k * (top_k - 1) / (num_experts * (num_experts - 1))
 
 
 # ---------------------------------------------------------------------- steps

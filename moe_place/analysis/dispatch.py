@@ -11,6 +11,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
+__all__ = ["dispatch_matrix", "expert_to_gpu_share", "token_sources"]
+
 TOKEN_LAYOUTS = ("blocks", "round-robin")
 
 

@@ -12,6 +12,8 @@ from moe_place.analysis.profile import check_expert_load
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
+__all__ = ["EpPoint", "check_ep_sizes", "default_ep_sizes", "ep_sweep"]
+
 #: EP sizes tried by default: those of these that divide the expert count.
 STANDARD_EP_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
 

@@ -26,6 +26,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
+__all__ = ["Imbalance", "contiguous_imbalance", "imbalance_ratio", "placement_imbalance"]
+
 
 def imbalance_ratio(loads: np.ndarray) -> np.ndarray:
     """float64 `[layers]`: `max / mean - 1` over the last axis of `[iterations, layers, units]` loads,

@@ -20,6 +20,8 @@ from moe_place.analysis.replicate_hottest import replicate_hottest_phy2log
 from moe_place.errors import InputError
 from moe_place.placement import Placement, even_split_gpu_loads
 
+__all__ = ["OutOfSample", "out_of_sample"]
+
 Planner = Callable[[np.ndarray], Placement]
 """Loads `[layers, E]` -> a placement of every layer."""
 

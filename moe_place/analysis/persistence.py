@@ -14,6 +14,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["Persistence", "hot_overlap", "hot_sets", "persistence", "run_lengths"]
+
 
 def hot_sets(window_load: np.ndarray, top_n: int) -> np.ndarray:
     """bool `[..., windows, E]`: True where an expert is among the window's `top_n` hottest.

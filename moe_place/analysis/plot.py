@@ -11,6 +11,8 @@ import numpy as np
 from moe_place.analysis.report import TraceAnalysis
 from moe_place.plotting import new_figure, png_bytes
 
+__all__ = ["render_png"]
+
 
 def render_png(analysis: TraceAnalysis, dpi: int = 110) -> bytes:
     """PNG bytes of the heatmap (left) and the busiest/mean GPU vs EP size curve (right)."""

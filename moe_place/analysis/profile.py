@@ -13,6 +13,9 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["LoadProfile", "check_expert_load", "coefficient_of_variation", "load_profile", "max_over_mean",
+           "top_share"]
+
 
 def check_expert_load(expert_load: np.ndarray, where: str = "expert_load") -> np.ndarray:
     """Validate `[layers, E]` non-negative finite loads; return them as float64."""

@@ -19,6 +19,8 @@ from moe_place.analysis.profile import check_expert_load
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
+__all__ = ["replicate_hottest", "replicate_hottest_phy2log"]
+
 #: Subtracted from the share of an expert a GPU may not take (or that would not fit): below any
 #: real share (loads are finite and >= 0), so one argmax picks among the allowed experts.
 EXCLUDED = 1e300

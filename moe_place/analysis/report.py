@@ -23,6 +23,8 @@ from moe_place.errors import InputError
 from moe_place.traces.count import resolve_workers, run_chunks
 from moe_place.traces.model import Trace
 
+__all__ = ["TraceAnalysis", "analysis_to_json", "analyze_trace", "default_top_n", "default_window_steps"]
+
 #: Version of the JSON written by `analysis_to_json`; bump when a key changes meaning.
 JSON_VERSION = 1
 

@@ -6,6 +6,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["consecutive_runs", "window_loads"]
+
 
 def window_loads(step_counts: np.ndarray, window_steps: int = 1) -> np.ndarray:
     """int64 `[windows, layers, E]`: `[steps, layers, E]` counts summed over `window_steps` steps.

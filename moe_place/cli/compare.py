@@ -9,7 +9,8 @@ from pathlib import Path
 
 from moe_place.cli.options import add_out_argument, add_time_model_arguments, json_file, png_file
 from moe_place.cli.output import model_header, wrote
-from moe_place.cli.plan import SOLVER_CHOICES, add_problem_arguments
+from moe_place.cli.options import SOLVER_CHOICES
+from moe_place.cli.plan import add_problem_arguments
 from moe_place.errors import InputError
 from moe_place.io import write_atomic, write_json_atomic
 from moe_place.plotting import new_figure, png_bytes

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "plugins run), optimal the same exactly (an LP per layer and step); with either, the "
                              "layer time follows the split")
     add_split_cost_arguments(parser)
-    parser.add_argument("--windows", type=positive_int, metavar="W",
+    parser.add_argument("--windows", type=positive_int, default=None, metavar="W",
                         help="judge W windows of consecutive steps, combined by --window-objective "
                              "(default: the steps summed)")
     parser.add_argument("--window-objective", choices=("max", "mean", "quantile"), default="max",
@@ -83,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
               "split": args.split, "windows": int(loads.shape[0]), "options_from_plan": taken,
               "layers": [r.to_dict() for r in reports],
               "trtllm_imbalance": placement_imbalance(placement, trace.step_counts()).to_dict()}
-    solve, allreduce = split_charges(args).values()   # what the split adds to each layer and step
-    overhead = split_overhead_s(placement.num_gpus, placement.num_nodes, solve) if allreduce is None \
-        else allreduce + solve
+    overhead = split_overhead_s(placement.num_gpus, placement.num_nodes, **split_charges(args))  # a layer and step
     model = time_model_from_args(args, placement.num_gpus, placement.num_nodes, trace.meta.model, required=False,
                                  seed=args.seed)
     print(f"evaluate: note: {sample}", file=sys.stderr)  # after the last option check: an error is one line

@@ -248,6 +248,9 @@ def trace_load_options(args: argparse.Namespace) -> dict:
 
 
 # ---------------------------------------------------------------------- the layer-time model
+# the registries' names without importing them here (`--help` stays fast: CP-SAT's import alone takes a second);
+# moe_place.cli.shared checks each list against its registry at import
+SOLVER_CHOICES = ("auto", "cpsat", "eplb", "fast", "trtllm")  # moe_place.solvers.solver_names() and "auto"
 DISPATCH_CHOICES = ("deepep", "all-to-all")            # moe_place.cost.comm.DISPATCH_STYLES
 REPLICA_CHOICE_NAMES = ("sglang-static", "vllm", "sglang-dynamic", "node-aware")  # ... REPLICA_CHOICES
 TOKEN_HOME_CHOICES = ("blocks", "round-robin")          # ... TOKEN_HOMES
@@ -304,17 +307,15 @@ def time_model_defaults(args: argparse.Namespace) -> None:
 def add_sizing_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `plan --redundant auto` (`moe_place.solvers.sizing`)."""
     group = parser.add_argument_group("redundancy sizing (--redundant auto)")
-    group.add_argument("--min-gain-per-gib", type=non_negative_float, metavar="F",
-                       help="with --redundant auto: the least relative drop in held-out busiest/mean that one GiB of "
-                            "replicas per GPU must buy (default 0.01, i.e. 1%%)")
-    group.add_argument("--max-redundant", type=non_negative_int, metavar="R",
-                       help="with --redundant auto: the largest R to size (default 2E, at most E(G-1))")
-    group.add_argument("--max-replica-bytes", type=positive_byte_size, metavar="BYTES",
-                       help="with --redundant auto: the most bytes per GPU the redundant experts may take, e.g. "
-                            "8GiB (default: no cap)")
-    group.add_argument("--plot", type=png_file, metavar="FILE.png",
-                       help="with --redundant auto: also write a PNG of held-out busiest/mean and KV tokens lost "
-                            "against R (default: none)")
+    for flag, kind, metavar, text in (
+            ("--min-gain-per-gib", non_negative_float, "F", "the least relative drop in held-out busiest/mean that "
+             "one GiB of replicas per GPU must buy (default 0.01, i.e. 1%%)"),
+            ("--max-redundant", non_negative_int, "R", "the largest R to size (default 2E, at most E(G-1))"),
+            ("--max-replica-bytes", positive_byte_size, "BYTES", "the most bytes per GPU the redundant experts may "
+             "take, e.g. 8GiB (default: no cap)"),
+            ("--plot", png_file, "FILE.png", "also write a PNG of held-out busiest/mean and KV tokens lost against R "
+             "(default: none)")):
+        group.add_argument(flag, type=kind, metavar=metavar, help="with --redundant auto: " + text)
 
 
 # ---------------------------------------------------------------------- the expert time measured on a GPU

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moe_place.cli.options import (add_out_argument, add_progress_option, add_sizing_arguments, add_steps_option,
-                                   add_time_model_arguments, add_trace_options, jobs, json_file, layer_selection,
-                                   non_negative_float, non_negative_int, positive_byte_size, positive_float,
-                                   positive_int, redundant_count, share_below_one)
+from moe_place.cli.options import (SOLVER_CHOICES, add_out_argument, add_progress_option, add_sizing_arguments,
+                                   add_steps_option, add_time_model_arguments, add_trace_options, jobs, json_file,
+                                   layer_selection, non_negative_float, non_negative_int, positive_byte_size,
+                                   positive_float, positive_int, redundant_count, share_below_one)
 from moe_place.cli.output import print_report, wrote
 from moe_place.cores import usable_cores
 from moe_place.cost.units import GIB_BYTES, MIB_BYTES
@@ -16,10 +16,6 @@ from moe_place.errors import InputError
 from moe_place.glossary import GROUPING_STRENGTH, explain
 
 HELP = "plan expert replicas and their GPUs from a trace (solvers: auto, fast, eplb, cpsat, trtllm) and write a plan file"
-# the registry's names (`moe_place.solvers.solver_names()`, checked by tests) without importing the solvers
-# here: CP-SAT's import alone takes a second, and `--help` should not
-SOLVER_CHOICES = ("auto", "cpsat", "eplb", "fast", "trtllm")
-
 
 def add_problem_arguments(parser: argparse.ArgumentParser, redundant_auto: bool = False,
                           split_planning: bool = False) -> None:

@@ -76,12 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1000, the policy in the async worker thread, every call's map committed one layer "
                              "per step; sglang (0.5.23): every 1000 passes on the last 1000, all layers at once "
                              "(stall). Both start from slot p = expert p %% E (default vllm)")
-    engine.add_argument("--step-interval", type=positive_int, default=None,
-                        help="steps between policy calls (vLLM step_interval, SGLang --eplb-rebalance-num-iterations; "
-                             "default: the engine's)")
-    engine.add_argument("--window", type=positive_int, default=None,
-                        help="steps of load a call sees (vLLM window_size; SGLang's recorder buffer; default: the "
-                             "engine's), also the steps an offline start plan is made from")
+    for flag, text in (("--step-interval", "steps between policy calls (vLLM step_interval, SGLang "
+                                           "--eplb-rebalance-num-iterations; default: the engine's)"),
+                       ("--window", "steps of load a call sees (vLLM window_size; SGLang's recorder buffer; default: "
+                                    "the engine's), also the steps an offline start plan is made from")):
+        engine.add_argument(flag, type=positive_int, default=None, help=text)
     engine.add_argument("--start", choices=("engine", "offline"), default="engine",
                         help="engine: the engine's start map (default); offline: a plan made from the first --window "
                              "steps, as a user loading a plan at start-up has")
@@ -137,7 +136,7 @@ def add_split_arguments(parser: argparse.ArgumentParser) -> None:
     add_split_cost_arguments(split)
 
 
-def split_charges(args: argparse.Namespace) -> dict:
+def split_charges(args: argparse.Namespace) -> dict[str, float | None]:
     """`cluster_cost`'s `split_solve_s` and `split_allreduce_s` (None: NCCL's model) of `add_split_cost_arguments`."""
     return dict(split_solve_s=DEFAULT_SOLVE_S if args.split_solve_us is None else args.split_solve_us * 1e-6,
                 split_allreduce_s=None if args.split_allreduce_us is None else args.split_allreduce_us * 1e-6)

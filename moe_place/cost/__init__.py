@@ -14,3 +14,8 @@ payback    memory check, N_min and net gain of a replica move (formula 7)
 offload    CPU vs GPU for host-memory experts (formula 8), capacity (C11, C12), pool stability (formula 9)
 scenario   scenario files behind `moe-place predict` / `moe-place payback`
 """
+
+# the package's modules
+__all__ = ["cluster", "comm", "expected_traffic", "files", "gemm", "gemm_profile", "hardware", "migration",
+           "model_layers", "models", "offload", "payback", "pipeline", "plot", "replicas", "report", "scenario",
+           "topology", "traffic", "units"]

@@ -109,11 +109,7 @@ class ReplayCost:
     @property
     def split_overhead_s(self) -> float:
         """Seconds the per-batch split adds to a layer where it is on (`moe_place.cost.replicas`)."""
-        if self.split_allreduce_s is not None:
-            if not self.split_allreduce_s >= 0 or self.split_allreduce_s == float("inf"):
-                raise InputError("split all-reduce time", "seconds >= 0", self.split_allreduce_s)
-            return self.split_allreduce_s + split_overhead_s(1, 1, self.split_solve_s)
-        return split_overhead_s(self.num_gpus, self.topology.num_servers, self.split_solve_s)
+        return split_overhead_s(self.num_gpus, self.topology.num_servers, self.split_solve_s, self.split_allreduce_s)
 
     def slot_rows(self, phy2log: np.ndarray, expert_load: np.ndarray, split: bool = False,
                   max_sweeps: int = MAX_SWEEPS) -> np.ndarray:
@@ -176,10 +172,6 @@ class ReplayCost:
     def copies(self, old: Placement, new: Placement, layers: np.ndarray | None = None) -> list[Copy]:
         """The copies that turn `old` into `new` (`moe_place.cost.migration.plan_copies`)."""
         return self.moves.copies(old, new, layers)
-
-    def migration_time_s(self, copies: list[Copy]) -> float:
-        """Seconds the copies take under `copy_schedule`."""
-        return self.moves.copy_time_s(copies)
 
     def charge(self, copies: list[Copy], placement: Placement, expert_load: np.ndarray) -> MigrationCharge:
         """What serving pays for `copies` while `placement` serves steps of `expert_load [layers, E]`."""

@@ -60,6 +60,9 @@ from moe_place.errors import InputError
 from moe_place.cost.replicas import SlotTable, static_rank_table, vllm_replica_index
 from moe_place.split import map_tokens
 
+__all__ = ["CommModel", "LayerCost", "StepCost", "StepTraffic", "choose_replicas", "compute_only_s", "layer_cost",
+           "local_positions", "step_cost", "step_traffic", "water_fill"]
+
 DISPATCH_STYLES = ("deepep", "all-to-all")
 REPLICA_CHOICES = ("vllm", "sglang-static", "sglang-dynamic", "node-aware")
 # The default: what SGLang does with a plan loaded by `--init-expert-location` (it then sets

@@ -18,7 +18,7 @@ GPU `i` to GPU `j` in the dispatch phase are, for the two dispatch styles of `mo
 Combine sends the same rows back. Each phase takes formula 3 on the cluster of `cost.cluster_topology`
 (`gpu <-> nvswitch` NVLink ports, `gpu -> nic -> leaf -> spine` for other nodes): the busiest of the
 GPUs' NVLink ports, their PCIe links to the NICs, the NIC ports and the servers' uplinks, each port's
-rows in closed form (`expected_rows` gives the whole matrix; a test checks the two agree with
+rows in closed form (a test builds the whole matrix and checks that the two agree with
 `moe_place.cost.traffic.phase_time_s`).
 
 What the expectation leaves out: which experts a token chooses together. Tokens that choose experts of
@@ -34,6 +34,8 @@ import numpy as np
 from moe_place.cost.topology import Topology
 from moe_place.errors import InputError
 
+__all__ = ["expected_phase_times_s", "visit_probabilities"]
+
 STYLES = ("deepep", "all-to-all")
 
 
@@ -46,33 +48,12 @@ def visit_probabilities(gpu_rows: np.ndarray, top_k: int, gpus_per_node: int) ->
     return 1.0 - (1.0 - share) ** top_k, 1.0 - (1.0 - node_share) ** top_k
 
 
-def expected_rows(gpu_rows: np.ndarray, top_k: int, gpus_per_node: int, style: str = "deepep") -> np.ndarray:
-    """float64 `[B, G, G]`: the expected dispatch rows from GPU i to GPU j of each step (module docstring).
-
-    gpu_rows: `[B, G]` rows each GPU computes in each step."""
-    _check_style(style)
-    rows = np.atleast_2d(np.asarray(gpu_rows, dtype=np.float64))
-    steps, gpus = rows.shape
-    tokens = rows.sum(axis=1) / top_k                                       # [B]
-    v, u = visit_probabilities(rows, top_k, gpus_per_node)
-    node = np.arange(gpus) // gpus_per_node
-    same = node[:, None] == node[None, :]
-    if style == "all-to-all":
-        out = np.broadcast_to((tokens / gpus)[:, None, None] * v[:, None, :], (steps, gpus, gpus)).copy()
-    else:
-        local = np.arange(gpus) % gpus_per_node
-        rdma = (~same) & (local[:, None] == local[None, :])
-        out = np.where(same[None], (tokens / gpus_per_node)[:, None, None] * v[:, None, :], 0.0)
-        out += np.where(rdma[None], (tokens / gpus)[:, None, None] * u[:, None, node], 0.0)
-    out[:, np.arange(gpus), np.arange(gpus)] = 0.0
-    return out
-
-
 def expected_phase_times_s(topology: Topology, gpu_rows: np.ndarray, top_k: int, dispatch_row_bytes: float,
                            combine_row_bytes: float, style: str = "deepep") -> tuple[np.ndarray, np.ndarray]:
     """(dispatch seconds `[B]`, combine seconds `[B]`) of each step whose GPUs compute `gpu_rows [B, G]`: formula
     3 on the expected rows (module docstring), the ports' loads in closed form."""
-    _check_style(style)
+    if style not in STYLES:
+        raise InputError("dispatch", f"one of {', '.join(STYLES)}", style)
     rows = np.atleast_2d(np.asarray(gpu_rows, dtype=np.float64))
     gpus, gpn = topology.num_gpus, topology.gpus_per_server
     if rows.shape[-1] != gpus:
@@ -122,8 +103,3 @@ def _capacities(topology: Topology) -> dict:
         raise InputError("topology", "NVLink between a server's GPUs for the expected dispatch and combine",
                          "PCIe only")
     return caps
-
-
-def _check_style(style: str) -> None:
-    if style not in STYLES:
-        raise InputError("dispatch", f"one of {', '.join(STYLES)}", style)

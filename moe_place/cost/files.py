@@ -12,6 +12,8 @@ from pathlib import Path
 from moe_place.errors import InputError
 from moe_place.io import read_input_text
 
+__all__ = ["get_int", "get_number", "read_table_file"]
+
 
 def _toml_loads():
     try:

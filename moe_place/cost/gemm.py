@@ -6,7 +6,6 @@ the layer time.
 Public names the kernels code compares measurements against (stable):
 
     padded_rows(rows_per_expert, block_m, pad_empty=False) -> int
-    tile_traffic_bytes(rows_per_expert, hidden, intermediate, dtype_bytes, block_m, block_n) -> int
     expert_time_s(rows_per_expert, hidden, intermediate, dtype_bytes, flops_per_s, memory_bytes_per_s,
                   *, weights="tiles", block_m=None, block_n=128, matrices=3, pad_empty=False) -> float
     expert_times_s(rows [..., experts], ...same...) -> float64 [...]    (vectorised; the one definition)
@@ -23,6 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_place.errors import InputError
+
+__all__ = ["GpuExpertWork", "LayerTime", "calibrated_terms_s", "check_rows", "expert_time_s", "expert_times_s",
+           "expert_work_arrays", "gpu_expert_work", "gpu_times_s", "layer_time", "padded_rows", "padded_rows_batched",
+           "tile_row_bytes"]
 
 WEIGHT_MODES = ("none", "once", "tiles", "l2", "calibrated")
 DEFAULT_WEIGHTS = "calibrated"  # formula 11: within 15% of the H200 record at 512-4,096 rows per expert
@@ -90,38 +93,6 @@ def tile_row_bytes(hidden: int, intermediate: int, dtype_bytes: float, block_n: 
     return (gate_up_tiles * hidden + down_tiles * intermediate + 2 * intermediate + hidden) * dtype_bytes
 
 
-def tile_traffic_bytes(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float, block_m: int,
-                       block_n: int) -> int:
-    """HBM bytes of a grouped GEMM (gate+up fused, then down) over the local experts (formula 5).
-
-    Each expert's weights (`3*h*I*b`) are re-read once per M-tile (`ceil(m/BLOCK_M)` times) and each
-    valid row moves `tile_row_bytes` bytes. Empty experts cost nothing.
-    C9: 8 experts x 128 rows, h=4096, I=1536, b=2, BLOCK_M=64, BLOCK_N=128 -> 920,649,728 bytes.
-    """
-    rows = check_rows(rows_per_expert)
-    block_m = _positive_int(block_m, "block_m")
-    weight_bytes = 3 * hidden * intermediate * dtype_bytes
-    m_tiles = float(np.ceil(rows / block_m).sum())
-    return int(round(m_tiles * weight_bytes + float(rows.sum()) * tile_row_bytes(hidden, intermediate, dtype_bytes,
-                                                                                  block_n)))
-
-
-def l2_traffic_bytes(rows_per_expert, hidden: int, intermediate: int, dtype_bytes: float) -> int:
-    """HBM bytes of the same grouped GEMM when every re-read of formula 5 is served from L2.
-
-    Each touched expert's weights are read once and each valid row's activations once:
-    `rows*(h + I + 2I + h)*b + touched*3*h*I*b` (formula 5 with one M-tile per expert and one N-tile).
-    This is the compulsory traffic, a lower bound; it is what a Hopper GPU reaches when an expert's
-    weight panel (`2*I*h*b`) and a group of activation tiles fit its L2 (50 MB on an H100) and the
-    kernel walks GROUP_M M-tiles together over the N-tiles, as ours does. Formula 5 is the upper end
-    (no reuse); a measurement lies between the two.
-    """
-    rows = check_rows(rows_per_expert)
-    row_bytes = (2 * hidden + 3 * intermediate) * dtype_bytes
-    weight_bytes = 3 * hidden * intermediate * dtype_bytes
-    return int(round(float(rows.sum()) * row_bytes + float(np.count_nonzero(rows)) * weight_bytes))
-
-
 @dataclass(frozen=True)
 class GpuExpertWork:
     """One GPU's expert work for one layer and its time `fixed_s + max(compute_s + tile_s, memory_s)`.
@@ -170,7 +141,7 @@ def expert_work_arrays(rows, hidden: int, intermediate: int, dtype_bytes: float,
     check user input with `check_rows`). weights: `none` counts compute only (row C3, C6); `once`
     reads each touched expert's weights once (formula 1); `tiles` uses formula 5 and needs `block_m`
     (no cache reuse: an upper bound on HBM bytes); `l2` is formula 5 with the re-reads served from
-    L2 (`l2_traffic_bytes`, a lower bound). FLOPs are `flops_per_row` (default `2*P_e`, `P_e =
+    L2 (the compulsory traffic, a lower bound). FLOPs are `flops_per_row` (default `2*P_e`, `P_e =
     matrices*h*I`) per computed row: padded rows when `block_m` is given (formula 4), valid rows
     otherwise; an expert with no rows takes no tile unless `pad_empty`.
     """
@@ -345,10 +316,6 @@ class LayerTime:
     @property
     def time_s(self) -> float:
         return float(self.times_s.max()) if self.per_gpu else 0.0
-
-    @property
-    def mean_s(self) -> float:
-        return float(self.times_s.mean()) if self.per_gpu else 0.0
 
 
 def layer_time(rows_per_gpu: list, hidden: int, intermediate: int, dtype_bytes: float, flops_per_s: float,

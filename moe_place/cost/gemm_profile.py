@@ -42,6 +42,9 @@ from moe_place.cost.gemm import calibrated_terms_s
 from moe_place.errors import InputError
 from moe_place.io import read_input_text
 
+__all__ = ["GemmPoint", "GemmProfile", "fit_profile", "profile_from_record", "read_record", "record_points",
+           "skew_points"]
+
 RECORD_KIND = "moe-place-microbench"   # the "kind" of a bench/microbench.py (gpu_check.sh) result
 FIT_MIN_ROWS = 64                      # rows per expert from which padding rows are fitted (below: decode rows, checks)
 H200_RECORD = "bench/results/NVIDIA_H200_20261130T210929Z.json"
@@ -59,10 +62,11 @@ class GemmProfile:
     hbm_bytes_per_s: float
     source: str
     fit_points: int = 0
+    RATES = ("flops_per_s", "tile_bytes_per_s", "hbm_bytes_per_s")   # C, B_t, B_h (a class constant, not a field)
 
     def __post_init__(self) -> None:
         assert self.fixed_s >= 0 and math.isfinite(self.fixed_s)
-        for rate in (self.flops_per_s, self.tile_bytes_per_s, self.hbm_bytes_per_s):
+        for rate in (getattr(self, key) for key in self.RATES):
             assert rate > 0 and math.isfinite(rate)
 
     def scaled(self, flops_factor: float, memory_factor: float, source: str) -> "GemmProfile":
@@ -72,9 +76,7 @@ class GemmProfile:
 
     def describe(self) -> dict:
         """JSON-ready: the terms and their source."""
-        return {"formula": "11", "fixed_s": self.fixed_s, "flops_per_s": self.flops_per_s,
-                "tile_bytes_per_s": self.tile_bytes_per_s, "hbm_bytes_per_s": self.hbm_bytes_per_s,
-                "source": self.source}
+        return {"formula": "11", **{key: getattr(self, key) for key in ("fixed_s", *self.RATES, "source")}}
 
 
 # `fit_profile` of H200_RECORD (tests/test_gemm_profile.py refits the committed record and compares)

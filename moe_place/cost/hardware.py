@@ -40,6 +40,8 @@ from moe_place.cost.gemm_profile import GemmProfile, profile_from_record, refere
 from moe_place.cost.units import GB_BYTES, TFLOPS, gb_per_s, gbit_per_s
 from moe_place.errors import InputError, check_keys
 
+__all__ = ["Catalog", "CpuSpec", "GpuSpec", "NicSpec", "gpu_from_record", "load_catalog", "parse_parts"]
+
 DEFAULT_EFFICIENCY = 0.5
 
 

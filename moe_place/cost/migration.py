@@ -39,6 +39,9 @@ from moe_place.cost.topology import Topology
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
+__all__ = ["Copy", "CopyPlan", "Migration", "MigrationCharge", "copy_path", "copy_time_s", "copy_times_by_layer",
+           "moved_slots", "plan_copies", "plan_copy_arrays"]
+
 COPY_SCHEDULES = ("serial", "parallel")
 MIGRATION_MODELS = ("stall", "async")
 
@@ -243,10 +246,6 @@ class Migration:
     def copy_times_by_layer(self, plan: CopyPlan, num_layers: int) -> np.ndarray:
         """float64 `[layers]`: seconds each layer's copies take under `schedule`, layer by layer."""
         return copy_times_by_layer(self.topology, plan, num_layers, self.alpha_s, self.schedule)
-
-    def single_copy_time_s(self, copy: Copy) -> float:
-        """Seconds of one copy alone (`W_e / B_path + alpha`, 0 within one GPU)."""
-        return copy_time_s(self.topology, [copy], self.alpha_s, "serial")
 
     def path(self, copy: Copy) -> str:
         return copy_path(self.topology, copy)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from moe_place.cost.models import ExpertShape
 
+__all__ = ["moe_layer_ids"]
+
 # preset name: (dense decoder layers before the first MoE layer, MTP layers after the last decoder layer)
 LAYOUTS = {"DeepSeek-V3": (3, 1), "Kimi-K2": (1, 0)}
 

@@ -42,6 +42,8 @@ from moe_place.cost.files import get_number
 from moe_place.cost.units import BYTES_PER_DTYPE
 from moe_place.errors import InputError, check_keys
 
+__all__ = ["ExpertShape", "KVCacheShape", "get_model", "infer_model_name", "model_from_table"]
+
 
 @dataclass(frozen=True)
 class KVCacheShape:
@@ -97,8 +99,8 @@ class ExpertShape:
     top_k: int
     num_moe_layers: int
     matrices: int = 3
-    dtype_bytes: float = 2.0
-    activation_bytes: float = 2.0
+    dtype_bytes: float = BYTES_PER_DTYPE["bf16"]
+    activation_bytes: float = BYTES_PER_DTYPE["bf16"]
     kv_cache: KVCacheShape | None = None
 
     def __post_init__(self) -> None:
@@ -121,11 +123,6 @@ class ExpertShape:
     def expert_bytes(self) -> int:
         """`W_e`: bytes of one expert's weights (rounded up to whole bytes)."""
         return math.ceil(self.params_per_expert * self.dtype_bytes)
-
-    @property
-    def layer_bytes(self) -> int:
-        """Bytes of one layer's routed experts."""
-        return self.expert_bytes * self.num_experts
 
     @property
     def row_bytes(self) -> int:

@@ -29,6 +29,11 @@ from moe_place.cost.hardware import CpuSpec, GpuSpec
 from moe_place.cost.models import ExpertShape
 from moe_place.errors import InputError
 
+__all__ = ["ExpectedCosts", "OffloadRates", "PoolStability", "TierTimes", "cpu_compute_s", "cpu_time_s",
+           "crossover_rows", "expected_compute_s", "expected_costs", "expected_tiered_s", "expert_copy_s",
+           "full_gpu_layer_s", "gpu_compute_s", "gpu_time_s", "max_resident_per_layer", "pool_stability",
+           "prefill_threshold_tokens", "replica_bytes", "resident_bytes", "rows_transfer_s", "tiered_times"]
+
 
 @dataclass(frozen=True)
 class OffloadRates:

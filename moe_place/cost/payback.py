@@ -18,6 +18,8 @@ from moe_place.cost.migration import Copy, copy_time_s
 from moe_place.cost.topology import Topology
 from moe_place.errors import InfeasibleError, InputError
 
+__all__ = ["Payback", "check_memory", "n_min", "payback"]
+
 
 def check_memory(copies: list[Copy], free_bytes_per_gpu: dict[int, float] | float) -> list[str]:
     """Problems (empty when every receiving GPU has room for the replicas it receives)."""

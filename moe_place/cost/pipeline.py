@@ -12,6 +12,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["breakeven_slowdown", "pipeline_time_s", "split_pipeline_time_s"]
+
 
 def _stages(stage_times_s) -> np.ndarray:
     t = np.asarray(stage_times_s, dtype=np.float64)
@@ -69,18 +71,3 @@ def breakeven_slowdown(batch_stage_times_s, micro_batches: int, slowed: list[int
         return float(x)
     return float((target - a) / (b + (q - 1) * m_s))  # the slowed stages set the beat
 
-
-def simulate_pipeline_s(micro_batch_stage_times_s, micro_batches: int) -> float:
-    """Event simulation (independent check of formula 6): each stage is one resource serving
-    micro-batches in order; micro-batch j enters stage s when stage s-1 finished it and stage s
-    finished micro-batch j-1."""
-    t = _stages(micro_batch_stage_times_s)
-    q = _micro_batches(micro_batches)
-    finish = np.zeros(t.size)
-    for _ in range(q):
-        ready = 0.0
-        for s in range(t.size):
-            start = max(ready, finish[s])
-            finish[s] = start + t[s]
-            ready = finish[s]
-    return float(finish[-1])

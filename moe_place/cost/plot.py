@@ -6,6 +6,8 @@ import numpy as np
 
 from moe_place.plotting import new_figure, png_bytes
 
+__all__ = ["render_payback_png"]
+
 
 def render_payback_png(payback: dict, dpi: int = 110) -> bytes:
     """PNG bytes: one net-gain line per copy path (`payback_report` output), N_min marked."""

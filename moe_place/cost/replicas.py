@@ -37,6 +37,9 @@ from moe_place.errors import InputError
 from moe_place.placement import Placement, even_split_slot_loads
 from moe_place.split import MAX_SWEEPS, split_shares
 
+__all__ = ["SlotTable", "allreduce_latency_s", "slot_rows", "split_overhead_s", "static_rank_table",
+           "vllm_hash_fractions", "vllm_replica_index"]
+
 REPLICA_CHOICES = ("even", "vllm", "sglang-static", "sglang-dynamic", "per-batch")
 ENGINE_REPLICA_CHOICE = {"vllm": "vllm", "sglang": "sglang-static"}   # what each engine does by default
 KNUTH_MULTIPLIER = 2654435769       # vLLM 0.33's replica hash: floor(2^32 / golden ratio)
@@ -64,11 +67,15 @@ def allreduce_latency_s(num_gpus: int, num_nodes: int) -> float:
     return min(tree, ring) * 1e-6
 
 
-def split_overhead_s(num_gpus: int, num_nodes: int, solve_s: float = DEFAULT_SOLVE_S) -> float:
-    """Seconds the per-batch split adds to a layer: the counts' all-reduce and the solve (module note)."""
-    if not solve_s >= 0 or solve_s == float("inf"):
-        raise InputError("split solve time", "seconds >= 0", solve_s)
-    return allreduce_latency_s(num_gpus, num_nodes) + solve_s
+def split_overhead_s(num_gpus: int, num_nodes: int, split_solve_s: float = DEFAULT_SOLVE_S,
+                     split_allreduce_s: float | None = None) -> float:
+    """Seconds the per-batch split adds to a layer: the counts' all-reduce (`split_allreduce_s`, None: NCCL's
+    latency on `num_gpus` GPUs over `num_nodes` nodes) and the solve (module note)."""
+    for name, value in (("solve", split_solve_s), ("all-reduce", split_allreduce_s)):
+        if value is not None and (not value >= 0 or value == float("inf")):
+            raise InputError(f"split {name} time", "seconds >= 0", value)
+    return (allreduce_latency_s(num_gpus, num_nodes) if split_allreduce_s is None else split_allreduce_s) \
+        + split_solve_s
 
 
 def vllm_replica_index(token_index: np.ndarray, replicas: np.ndarray) -> np.ndarray:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+__all__ = ["format_report"]
+
 
 def _value(key: str, value) -> str:
     if value is None:

@@ -611,4 +611,5 @@ def _nic(sc: Scenario) -> dict:
             "messages": {str(int(b)): traffic.nic_regime(float(b), bw, rate) for b in table.get("message_bytes", [])}}
 
 
-__all__ = ["SCHEMA", "Scenario", "load_scenario", "predict", "payback_report"]
+__all__ = ["SCHEMA", "Scenario", "Workload", "build_workload", "compute_layer", "load_scenario", "payback_report",
+           "predict", "scenario_from_table", "with_gemm_record"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import heapq
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -29,6 +28,9 @@ from moe_place.cost.files import get_number, read_table_file
 from moe_place.cost.hardware import Catalog, GpuSpec, builtin_catalog
 from moe_place.cost.units import GB_BYTES, gb_per_s, gbit_per_s
 from moe_place.errors import InputError, check_keys
+
+__all__ = ["Topology", "build_cluster", "gpu_node", "parse_topology_spec", "topology_from_table",
+           "with_link_overrides"]
 
 Edge = tuple[str, str]
 
@@ -445,8 +447,3 @@ def with_link_overrides(topology: Topology, links: list, where: str = "topology"
             capacity = gb_per_s(get_number(link, "gb_per_s", here))
         graph.edges[u, v]["capacity"] = capacity
     return Topology(graph, topology.gpu, topology.num_servers, topology.gpus_per_server)
-
-
-def load_topology(path: str | Path, catalog: Catalog | None = None) -> Topology:
-    data = read_table_file(path)
-    return topology_from_table(data.get("topology", data), catalog, str(path))

@@ -22,6 +22,9 @@ import numpy as np
 from moe_place.cost.topology import Topology
 from moe_place.errors import InputError
 
+__all__ = ["BoundTerm", "PhaseBound", "embed_dispatch", "expert_skew", "message_rate_crossover_bytes", "nic_regime",
+           "phase_lower_bound", "phase_time_s", "phase_volumes_bytes"]
+
 
 def embed_dispatch(a, sources: list[int], groups: list[int], topology: Topology) -> np.ndarray:
     """float64 `[G, G]`: `a` (`[len(sources), len(groups)]`) placed at the topology's GPU indices."""

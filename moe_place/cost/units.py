@@ -7,6 +7,8 @@ expert weights are binary (`36 MiB` = 37,748,736 bytes). `80 GB` of HBM is 80e9 
 
 from __future__ import annotations
 
+__all__ = ["gb_per_s", "gbit_per_s"]
+
 MIB_BYTES = 1024**2
 GIB_BYTES = 1024**3
 GB_BYTES = 1e9

@@ -38,6 +38,9 @@ from moe_place.engines.tensors import to_numpy
 from moe_place.errors import InputError
 from moe_place.split import map_tokens, split_shares
 
+__all__ = ["SplitFlags", "check_split_setting", "count_dispatches", "map_dispatches", "split_enabled", "split_of",
+           "split_step"]
+
 SPLIT_ENV = "MOE_PLACE_SPLIT"
 SPLIT_MODES = ("even", "per-batch")   # even (or unset): the engine's own replica choice, as without moe-place
 

@@ -54,6 +54,9 @@ from moe_place.engines.guard import LOG, ensure_handler
 from moe_place.errors import InputError, check_keys
 from moe_place.online.policy import ESTIMATES, RebalanceRule
 
+__all__ = ["EngineConfig", "EngineModel", "config_dims", "expert_bytes_of", "first_call_line", "load_engine_config",
+           "log_first_call"]
+
 CONFIG_ENV = "MOE_PLACE_CONFIG"
 MODEL_ENV = "MOE_PLACE_MODEL"
 DEFAULT_CADENCE = (3000, 1000)    # vLLM 0.33's EPLBConfig step_interval / window_size, where the engine does not say

@@ -26,6 +26,8 @@ from moe_place.io import write_atomic
 from moe_place.placement import Placement
 from moe_place.planfile import PlanFile, write_plan
 
+__all__ = ["export_plan", "served_moe_layers", "write_eplb_tensors"]
+
 SUFFIXES = {"sglang": (".json", ".pt"), "vllm": (".json",), "eplb": (".pt", ".npz"), "trtllm": (".yaml", ".yml")}
 
 

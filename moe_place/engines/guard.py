@@ -24,6 +24,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
+__all__ = ["Guard", "ensure_handler"]
+
 LOG = logging.getLogger("moe_place.engines")
 MAX_REASONS = 8   # distinct reasons logged per entry; then one line says the rest are not
 

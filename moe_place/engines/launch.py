@@ -33,6 +33,8 @@ from moe_place.engines.vllm_policy import STATIC_PLAN_ENV
 from moe_place.errors import InputError
 from moe_place.online.policy import RebalanceRule
 
+__all__ = ["engine_settings", "export_launch", "rule_env"]
+
 RULE_KEYS = ("min_gain", "noise_margin", "estimate", "max_moved_slots")   # the adapters' keys named as the rule's
 
 

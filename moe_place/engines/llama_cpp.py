@@ -16,6 +16,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.solvers.offload_rules import n_cpu_moe_for
 
+__all__ = ["launch_flags", "override_tensor_pattern"]
+
 EXPERT_TENSORS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"   # llama.cpp's LLM_FFN_EXPS_REGEX
 
 

@@ -24,6 +24,8 @@ from moe_place.online.policy import RebalanceRule, RuleState
 from moe_place.online.splitting import SplitChoice
 from moe_place.placement import Placement
 
+__all__ = ["RuleSession"]
+
 
 @dataclass(frozen=True)
 class RuleSession:

@@ -84,6 +84,10 @@ from moe_place.placement import Placement
 from moe_place.solvers.deepseek import plans_hierarchically
 from moe_place.solvers.engine_call import plan_placement, solver_settings
 
+__all__ = ["InitExpertLocation", "PaybackRebalance", "RebalanceHook", "check_settings", "init_expert_location",
+           "install_rebalance_hook", "sglang_active_ranks", "sglang_current_map", "sglang_engine_model",
+           "sglang_migration", "sglang_rebalance_interval", "uninstall_rebalance_hook", "write_init_expert_location"]
+
 MAP_KEY = "physical_to_logical_map"
 SUFFIXES = (".json", ".pt")
 ALGORITHMS_MODULE = sglang_managers.ALGORITHMS_MODULE
@@ -171,29 +175,6 @@ def write_init_expert_location(path: str | Path, location: InitExpertLocation | 
         write_atomic(path, buffer.getvalue())
     else:
         raise InputError(str(path), f"a file name ending in {' or '.join(SUFFIXES)}", path.suffix or "no suffix")
-
-
-def read_init_expert_location(path: str | Path) -> np.ndarray:
-    """int64 `[layers, P]` from a `.json`/`.pt` file with `physical_to_logical_map` (as SGLang reads it)."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(str(path), "an existing file", "no such file")
-    if path.suffix == ".pt":
-        import torch
-
-        data = torch.load(path, weights_only=True, map_location="cpu")
-    else:
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise InputError(str(path), "JSON", f"invalid JSON ({exc.msg})") from None
-    if not isinstance(data, dict) or MAP_KEY not in data:
-        raise InputError(str(path), f"a dict with {MAP_KEY}")
-    value = data[MAP_KEY]
-    matrix = to_numpy(value)
-    if matrix.ndim != 2 or matrix.dtype.kind not in "iu":
-        raise InputError(f"{path}: {MAP_KEY}", "an integer matrix [layers, physical]", f"shape {matrix.shape}")
-    return matrix.astype(np.int64)
 
 
 # ---------------------------------------------------------------------- online: the rebalance rule

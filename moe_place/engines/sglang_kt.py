@@ -32,9 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_place.engines.tensors import to_numpy
 from moe_place.errors import InputError
 from moe_place.io import write_atomic
+
+__all__ = ["gpu_experts_ratio", "launch_flags", "planned_stats", "write_stats"]
 
 LOGICAL_COUNT_KEY = "logical_count"
 PLANNED_OFFSET = 2**22 + 1             # planned experts' counts start here (float32-exact below 2^24)
@@ -103,14 +104,3 @@ def write_stats(path: str | Path, logical_count: np.ndarray) -> None:
     torch.save({LOGICAL_COUNT_KEY: torch.from_numpy(np.ascontiguousarray(logical_count, dtype=np.int32))}, buffer)
     write_atomic(path, buffer.getvalue())
 
-
-def frequency_selection(logical_count: np.ndarray, total: int, select) -> np.ndarray:
-    """What sglang-kt's `frequency` rule selects from a stats tensor `[buffer, layers, E]`: it sums
-    dim 0 as float32 and calls `select(activation_freq, total)` (kt-kernel's
-    `generate_gpu_experts_masks`, or a stand-in); returns bool `[layers, E]` as numpy."""
-    import torch  # the selection function is torch code
-
-    counts = torch.from_numpy(np.ascontiguousarray(logical_count))
-    if counts.dim() != 3:
-        raise InputError("logical_count", "a [buffer, layers, experts] tensor", tuple(counts.shape))
-    return to_numpy(select(counts.sum(dim=0).float(), int(total)), dtype=bool)

@@ -12,6 +12,8 @@ import importlib
 
 from moe_place.engines.guard import Guard
 
+__all__ = ["watch_managers"]
+
 ALGORITHMS_MODULE = "sglang.srt.eplb.eplb_algorithms"
 MANAGER_MODULE = "sglang.srt.eplb.eplb_manager"
 SETUP_MODULE = "sglang.srt.model_executor.model_runner_components.moe_ep_setup"   # the lp path's solvers

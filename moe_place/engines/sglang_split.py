@@ -42,6 +42,9 @@ from moe_place.engines.guard import LOG, Guard, ensure_handler
 from moe_place.engines.sglang_managers import DISPATCH_MODULE, SETUP_MODULE
 from moe_place.engines.tensors import to_numpy
 
+__all__ = ["SglangSplit", "SplitLPSolver", "adopt_flags", "attention_dp_enabled", "dispatch", "install_dispatch",
+           "install_setup", "sglang_dispatch_algorithm", "uninstall_split"]
+
 SOLVER_MODULE = "sglang.srt.eplb.lplb_solver"
 RUNTIME_MODULE = "sglang.srt.runtime_context"
 

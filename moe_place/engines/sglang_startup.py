@@ -30,6 +30,8 @@ import sys
 from moe_place.engines.sglang_managers import (ALGORITHMS_MODULE, DISPATCH_MODULE, MANAGER_MODULE, SETUP_MODULE,
                                                watch_managers)
 
+__all__ = ["register"]
+
 ENV = "MOE_PLACE_SGLANG"
 
 

@@ -15,6 +15,9 @@ import numpy as np
 from moe_place.errors import InputError, ParameterError
 from moe_place.placement import Placement
 
+__all__ = ["is_torch_tensor", "maps_as_result", "placement_tensors", "to_numpy", "torch_descending_order",
+           "weight_to_numpy"]
+
 
 def is_torch_tensor(value: Any) -> bool:
     """True for a torch tensor (what has `.detach()`), told without importing torch."""

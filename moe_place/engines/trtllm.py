@@ -49,6 +49,9 @@ from moe_place.errors import InputError
 from moe_place.io import write_atomic
 from moe_place.placement import Placement
 
+__all__ = ["check_load_balancer", "default_assignments", "format_layers", "load_balancer_config",
+           "load_balancer_yaml", "model_layer_keys", "write_load_balancer"]
+
 FIELDS = ("num_slots", "initial_global_assignments", "layer_updates_per_iter")  # MoeLoadBalancerConfig's fields
 FILL_MISSING = ("error", "default")  # what a served MoE layer the plan lacks gets: refused, or the engine's own map
 

@@ -27,7 +27,6 @@ into vLLM's router (`moe_place.engines.vllm_split`).
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import typing
 import warnings
@@ -38,8 +37,8 @@ from typing import Any, Iterator
 from moe_place.engines.batch_split import FLAGS, check_split_setting
 from moe_place.engines.config import EngineModel, config_dims, expert_bytes_of, load_engine_config
 from moe_place.engines.guard import Guard
-from moe_place.engines.vllm_policy import (ENGINE_MODELS, STATIC_PLAN_ENV, VllmModel, PolicyCore, make_policy,
-                                           policy_module)
+from moe_place.engines.vllm_policy import (ENGINE_MODELS, STATIC_PLAN_ENV, VllmModel, PolicyCore, importable,
+                                           make_policy, policy_module)
 from moe_place.engines.vllm_split import VllmSplit, install_split, uninstall_split
 from moe_place.errors import InputError
 from moe_place.online.policy import warm_up
@@ -107,11 +106,7 @@ def install(policy: type | None = None, name: str = "default", policies: dict | 
 def _watch_add_model(handle: Registration) -> None:
     """Wrap `EplbState.add_model` so that it records what vLLM registers for each model (`ENGINE_MODELS`)
     and, when the policy is ours, checks the config against it (an InputError stops the server at start)."""
-    for module_name in STATE_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
+    for module in importable(STATE_MODULES):
         state = getattr(module, "EplbState", None)
         original = getattr(state, "add_model", None)
         if original is None or getattr(original, "moe_place_wraps", None) is not None:
@@ -246,11 +241,7 @@ def _widen_policy_option(name: str, handle: Registration) -> None:
     class is touched (its `__annotations__` and pydantic's own field records are left as they are).
     """
     widened = None
-    for module_name in OPTION_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
+    for module in importable(OPTION_MODULES):
         option = getattr(module, "EPLBPolicyOption", None)
         if option is not None:
             args = typing.get_args(option)
@@ -282,5 +273,6 @@ def _rebuild_pydantic(cls) -> bool:
     return True
 
 
-__all__ = ["OPTION_MODULES", "PLUGIN_ENV", "Registration", "STATE_MODULES", "install", "make_policy", "record_vllm_model",
-           "register_plugin", "registered", "uninstall"]   # make_policy: the policy `install` takes, from vllm_policy
+# make_policy: the policy `install` takes, from vllm_policy
+__all__ = ["OPTION_MODULES", "PLUGIN_ENV", "Registration", "STATE_MODULES", "install", "make_policy",
+           "record_vllm_model", "register_plugin", "registered", "uninstall", "vllm_engine_model"]

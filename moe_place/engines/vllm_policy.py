@@ -54,7 +54,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -68,6 +68,10 @@ from moe_place.placement import Placement
 from moe_place.planfile import read_plan
 from moe_place.solvers.deepseek import check_eplb_arguments
 from moe_place.solvers.engine_call import plan_placement, solver_settings
+
+__all__ = ["MoePlaceContextPolicy", "MoePlaceEplbPolicy", "MoePlacePlanRebalancePolicy", "MoePlaceState",
+           "PolicyCore", "VllmModel", "current_placement", "importable", "interface_of", "make_plan", "make_policy",
+           "policy_module", "return_style", "static_placement", "style_of", "vllm_abstract_policy"]
 
 RETURN_STYLES = ("auto", "tuple", "phy2log")
 INTERFACES = ("auto", "legacy", "plan_rebalance", "context")
@@ -395,16 +399,19 @@ def _vllm_class(name: str) -> type | None:
     return None if module is None else getattr(module, name, None)
 
 
-def policy_module():
-    """The vLLM module that holds `EPLB_POLICIES`, or None."""
-    for name in POLICY_MODULES:
+def importable(names: Iterable[str]) -> Iterator[Any]:
+    """The modules of `names` that import, in order (vLLM's module paths moved between releases)."""
+    for name in names:
         try:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        if hasattr(module, "EPLB_POLICIES"):
-            return module
-    return None
+        yield module
+
+
+def policy_module():
+    """The vLLM module that holds `EPLB_POLICIES`, or None."""
+    return next((module for module in importable(POLICY_MODULES) if hasattr(module, "EPLB_POLICIES")), None)
 
 
 # ---------------------------------------------------------------------- static placement files

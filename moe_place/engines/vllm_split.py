@@ -39,6 +39,8 @@ from moe_place.engines.batch_split import FLAGS, map_dispatches, split_step
 from moe_place.engines.guard import Guard
 from moe_place.engines.tensors import to_numpy
 
+__all__ = ["VllmSplit", "install_split", "record", "uninstall_split", "vllm_ep_group"]
+
 ROUTER_MODULE = "vllm.model_executor.layers.fused_moe.router.base_router"
 STATE_MODULE = "vllm.distributed.eplb.eplb_state"
 COMMITS = ("_commit_eplb_maps", "_commit_eplb_maps_for_layer")

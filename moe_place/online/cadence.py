@@ -29,6 +29,8 @@ from moe_place.online.replay import ReplayResult, check_counts_3d, hindsight_nex
 from moe_place.online.splitting import SplitChoice
 from moe_place.placement import Placement
 
+__all__ = ["CadenceRun", "CadenceSweep", "cadences", "sweep"]
+
 DEFAULT_INTERVALS = (10, 20, 50, 100, 200, 500, 1000)   # besides the engine's own default
 POLICIES = ("default", "moe-place")
 

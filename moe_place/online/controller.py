@@ -43,17 +43,18 @@ from typing import Callable, Protocol
 import numpy as np
 
 from moe_place.errors import InputError
+from moe_place.online.engine_default import ENGINES
 from moe_place.online.policy import Decision, RebalanceRule, RuleState
 from moe_place.online.window import SlidingWindow
 from moe_place.placement import Placement, keep_unchanged_slots
 from moe_place.split import even_shares
 from moe_place.solvers.deepseek import eplb_rebalance
 
-ENGINES = ("vllm", "sglang")
 CONTROLLERS = ("static", "engine-default", "ours")
 
-__all__ = ["CONTROLLERS", "ENGINES", "Controller", "Decision", "EngineCadence", "EngineDefaultController",
-           "RuleController", "StaticController", "initial_map", "make_controller"]
+__all__ = ["CONTROLLERS", "Controller", "Decision", "ENGINES", "EngineCadence", "EngineDefaultController",
+           "RuleController", "StaticController", "cpu_timer", "initial_map", "logical_counts", "make_controller",
+           "numpy_default_plan"]
 
 
 @contextmanager
@@ -260,7 +261,8 @@ class RuleController(_OnCadence):
     (`time.thread_time`), the rule's and the split choice's (both run in the policy's call), 0 after a step
     without a call; last_split_s: the split choice's part, last_split_price_s its committed price
     (`RuleAnswer.split_price_s`). split_layers: the layers the per-batch split takes (`RuleAnswer.split_layers`;
-    None where the rule has no `split`).
+    None where the rule has no `split`). split_all: the split takes every layer from the first step, whatever
+    the rule answers (a free split's reference, bench/bench_split.py).
     """
 
     rule: RebalanceRule | None = None
@@ -269,6 +271,7 @@ class RuleController(_OnCadence):
     last_split_s: float = 0.0
     last_split_price_s: float = 0.0
     last_verdicts: tuple = ()
+    split_all: bool = False
     split_layers: np.ndarray | None = field(default=None, init=False)
     state: RuleState | None = field(default=None, init=False, repr=False)
 
@@ -277,6 +280,8 @@ class RuleController(_OnCadence):
         if self.rule is None:
             raise InputError("rule", "a RebalanceRule")
         self.state = self.rule.create_state()
+        if self.split_all:
+            self.split_layers = np.ones(self.num_layers, dtype=bool)
 
     def decide(self, step: int, current: Placement) -> Decision | None:
         self.last_policy_s = self.last_split_s = self.last_split_price_s = 0.0
@@ -288,7 +293,9 @@ class RuleController(_OnCadence):
             answer = self.rule.decide(self.state, window, current, self.cadence.step_interval, steps, step)
         self.last_policy_s, self.last_split_s, self.last_split_price_s = seconds[0], answer.split_cpu_s, \
             answer.split_price_s
-        self.state, self.last_verdicts, self.split_layers = answer.state, answer.verdicts, answer.split_layers
+        self.state, self.last_verdicts = answer.state, answer.verdicts
+        if not self.split_all:
+            self.split_layers = answer.split_layers
         return answer.decision
 
 

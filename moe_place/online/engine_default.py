@@ -30,6 +30,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
+__all__ = ["available", "default_plan", "version"]
+
 ENGINES = ("vllm", "sglang")
 
 

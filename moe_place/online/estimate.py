@@ -53,6 +53,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["Draw", "EstimateState", "LoadEstimate", "step_sums"]
+
 MAX_HALF_LIFE_INTERVALS = 8   # the longest memory: half its weight after 8 intervals
 HALF_LIFE_FACTOR = 4           # candidates 1, 4, 16, ... steps: the estimates of neighbours differ little
 SCORE_DISCOUNT = 0.75   # a score forgets half of a call's error in about 2.4 calls: one bad window

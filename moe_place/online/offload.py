@@ -38,6 +38,9 @@ from moe_place.online.window import HotSpotTracker, SlidingWindow
 from moe_place.solvers.offload import OffloadProblem, plan_offload
 from moe_place.traces.synthetic import ProfileSteps, inclusion_probabilities, sample_counts
 
+__all__ = ["PaybackSettings", "ReplayOutcome", "ServingRun", "SwapLedger", "replay_offload", "serving_run",
+           "warm_up_plan"]
+
 POLICIES = ("static", "sglang-kt dynamic", "payback")
 
 

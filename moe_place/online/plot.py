@@ -9,6 +9,8 @@ import numpy as np
 from moe_place.online.replay import ReplayResult
 from moe_place.plotting import new_figure, png_bytes
 
+__all__ = ["render_cadence_png", "render_replay_png"]
+
 SMOOTH_STEPS = 50
 
 

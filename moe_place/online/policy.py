@@ -65,6 +65,8 @@ from moe_place.online.splitting import SplitChoice, SplitState
 from moe_place.placement import Placement, align_slots, even_split_gpu_loads
 from moe_place.solvers.deepseek import eplb_rebalance, plans_hierarchically
 
+__all__ = ["Decision", "LayerVerdict", "RebalanceRule", "RuleAnswer", "RuleState", "warm_up"]
+
 SAME_PATTERN_NOISE = 3.0     # two windows show one pattern when they differ by at most this many noise widths
 SAME_PATTERN_FLOOR = 0.02    # ... or by at most this total-variation distance, whatever the noise
 MAX_HORIZON_INTERVALS = 100  # the believed life of a pattern is capped at this many intervals

@@ -28,6 +28,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["PolicyCpuPrice", "fit", "record_runs", "terms"]
+
 PROTOCOLS = ("sglang", "vllm-sync", "vllm")
 POLICIES = ("default", "moe-place")
 RECORDS = {"sglang": "bench/results/replay_sglang.json", "vllm-sync": "bench/results/replay_vllm.json",

@@ -16,12 +16,8 @@ policy time paid. Every controller starts from the same map: the engine's start 
 (`controller.initial_map`), or an offline plan made from the first `window` steps
 (`initial_placement`), as a user loading a plan at start-up would have.
 
-References no controller reaches: `hindsight_next_reference` plans every `every` steps for the
-next `every` steps (a rule at that cadence that knew the coming load, moving for free);
-`hindsight_per_step` plans every step for that step's own counts with free migration.
-A reference that needs no foresight: `free_replan_reference` plans afresh every `every` steps
-from the last `every` steps and migrates for free - what a controller predicting from recent
-history could reach if copies cost nothing (not a bound: a lucky controller can beat it).
+A reference no controller reaches: `hindsight_next_reference` plans every `every` steps for the
+next `every` steps (a rule at that cadence that knew the coming load, moving for free).
 """
 
 from __future__ import annotations
@@ -40,6 +36,14 @@ from moe_place.solvers.deepseek import eplb_rebalance
 from moe_place.solvers.engine_call import plan_placement
 from moe_place.traces.load import load_trace
 from moe_place.traces.synthetic import DEEPSEEK_R1, domain_mixture_counts
+
+__all__ = ["ReplayResult", "check_counts_3d", "hindsight_next_reference", "initial_placement", "load_replay_counts",
+           "parse_synthetic", "replay", "served_steps"]
+
+
+def _summed(name: str, kind: type = float) -> property:
+    """A property: the per-step array `name` summed over the steps, as a Python `kind`."""
+    return property(lambda self: kind(getattr(self, name).sum()))
 
 
 @dataclass(frozen=True)
@@ -106,29 +110,12 @@ class ReplayResult:
     def rebalances(self) -> int:
         return len(self.rebalance_steps)
 
-    @property
-    def total_bytes_moved(self) -> int:
-        return int(self.bytes_moved.sum())
-
-    @property
-    def total_expert_time_s(self) -> float:
-        return float(self.expert_time_s.sum())
-
-    @property
-    def total_comm_time_s(self) -> float:
-        return float(self.comm_time_s.sum())
-
-    @property
-    def total_migration_time_s(self) -> float:
-        return float(self.copy_time_s.sum())
-
-    @property
-    def total_policy_time_s(self) -> float:
-        return float(self.policy_time_s.sum())
-
-    @property
-    def total_policy_cpu_s(self) -> float:
-        return float(self.policy_cpu_s.sum())
+    total_bytes_moved = _summed("bytes_moved", int)
+    total_expert_time_s = _summed("expert_time_s")
+    total_comm_time_s = _summed("comm_time_s")
+    total_migration_time_s = _summed("copy_time_s")
+    total_policy_time_s = _summed("policy_time_s")
+    total_policy_cpu_s = _summed("policy_cpu_s")
 
     @property
     def total_time_s(self) -> float:
@@ -323,34 +310,6 @@ def _walk_charge(cost: ReplayCost, copies: list, in_use: Placement, step_counts:
         charged += charge.charged_s
         layer_steps[layer] = max(1, charge.steps)
     return charged, layer_steps
-
-
-def hindsight_per_step(counts: np.ndarray, cost: ReplayCost, num_physical: int, num_nodes: int = 1,
-                       num_groups: int | None = None, solver: str = "fast") -> ReplayResult:
-    """Bound: every step runs on a map planned for its own counts; migration is free."""
-    counts = check_counts_3d(counts)
-    plans = ((plan_placement(counts[step], num_physical, num_groups, num_nodes, cost.num_gpus, solver=solver),
-              range(step, step + 1)) for step in range(counts.shape[0]))
-    return _free_migration_run("hindsight-per-step", counts, cost, plans)
-
-
-def free_replan_reference(counts: np.ndarray, cost: ReplayCost, initial: Placement, every: int = 16,
-                          num_groups: int | None = None, solver: str = "fast") -> ReplayResult:
-    """Reference: from `initial`, every `every` steps a fresh plan for the mean of the last `every`
-    steps' counts (no look-ahead), switched with free migration (see the module note)."""
-    counts = check_counts_3d(counts)
-    if every < 1:
-        raise InputError("every", "an integer >= 1 steps", every)
-    steps = counts.shape[0]
-
-    def plans():
-        yield initial, range(0, min(every, steps))
-        for start in range(every, steps, every):
-            plan = plan_placement(counts[start - every:start].mean(axis=0), initial.num_physical, num_groups,
-                                  initial.num_nodes, initial.num_gpus, solver=solver)
-            yield plan, range(start, min(start + every, steps))
-
-    return _free_migration_run(f"free-replan-{every}", counts, cost, plans())
 
 
 def hindsight_next_reference(counts: np.ndarray, cost: ReplayCost, initial: Placement, every: int,

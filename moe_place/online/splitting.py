@@ -37,6 +37,8 @@ from moe_place.errors import InputError
 from moe_place.cost.cluster import ReplayCost
 from moe_place.placement import Placement
 
+__all__ = ["SplitChoice", "SplitState", "replicates_an_expert"]
+
 SPLIT_SAMPLES = 4       # batches priced per call (its CPU time is the policy call's)
 BOUND_SLACK = 1.5       # a layer is priced in full unless 1.5 x the most it could save is below the overhead
 CHOICE_SWEEPS = 8       # the choice needs the saving to a few percent, not the split's last 0.1%

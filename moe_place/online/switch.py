@@ -26,6 +26,8 @@ import numpy as np
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 
+__all__ = ["MapSwitch"]
+
 
 @dataclass
 class MapSwitch:
@@ -40,7 +42,6 @@ class MapSwitch:
     pending: Placement | None = None
     switch_step: int | None = None
     staging_bytes: int = 0
-    switches: int = 0
     layer_steps: np.ndarray | None = None
     _old: Placement | None = field(default=None, repr=False)   # the map a walk started from
 
@@ -87,7 +88,6 @@ class MapSwitch:
     def _complete(self, new: Placement) -> None:
         self.active, self.pending, self.switch_step, self.layer_steps = new, None, None, None
         self.staging_bytes = 0
-        self.switches += 1
 
     def _check(self, new: Placement, decided_at_step: int) -> None:
         if self.pending is not None and not self.busy_at(decided_at_step):

@@ -19,6 +19,8 @@ import numpy as np
 
 from moe_place.errors import InputError
 
+__all__ = ["HotSpotTracker", "SlidingWindow"]
+
 
 class SlidingWindow:
     """The last `capacity` steps of per-step counts `[layers, E]` (a ring buffer)."""

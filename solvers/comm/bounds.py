@@ -7,6 +7,8 @@ import numpy as np
 from moe_place.analysis.dispatch import token_sources
 from moe_place.cost.comm import CommModel
 
+__all__ = ["layer_lower_bound_s"]
+
 
 def layer_lower_bound_s(steps: list[np.ndarray], model: CommModel, num_experts: int, num_gpus: int, num_nodes: int,
                         num_physical: int) -> float:

@@ -9,6 +9,9 @@ import numpy as np
 from moe_place.analysis.windows import consecutive_runs
 from moe_place.errors import InputError
 
+__all__ = ["HeldOut", "Pooled", "comm_gains", "compute_savings", "cv_windows", "expected_savings", "guard",
+           "layer_gains", "shrunk_means", "traffic_savings"]
+
 DECISIONS = ("expected", "guard")     # step 5: the expected saving over the layers (default), or the per-layer guard
 JUDGES = ("comm", "layer")            # the guard judges dispatch + combine (the default) or the whole layer time
 MIN_SAVING = 0.05                     # the guard's default bar: the saving, every window, as a share of the layer time

@@ -7,6 +7,8 @@ import numpy as np
 from moe_place.solvers.comm.replicas import ReplicaNodes
 from moe_place.solvers.quick import quick_plan
 
+__all__ = ["assemble", "balance_caps", "node_closed_feasible", "spread_within_nodes"]
+
 FLOOR_HEADROOM = 0.25                 # caps are at least a quarter of the rows at which FLOPs outlast weight reads
 SPREAD_SWAPS = 4                      # step 4's swaps inside a node: at most this many per slot of the node
 

@@ -7,6 +7,8 @@ import numpy as np
 from moe_place.cost.comm import CommModel
 from moe_place.solvers.comm.tokens import LayerTokens
 
+__all__ = ["NodeSearch"]
+
 STRENGTHS = (0, 2, 4, 8, 16, 32, 64)  # node swaps away from the start (step 2) that benchmarks and tests try
 GROUP_STRENGTH = 0                    # swaps of step 2 in the time plan: none (package docstring, step 2)
 SEARCH_CANDIDATES = 32                # swaps tried per round, best first-order change first
@@ -143,10 +145,6 @@ class NodeSearch:
         node_load[:, a] += shift
         node_load[:, b] -= shift
         return visits, node_load
-
-    def swap_value(self, e: int, f: int) -> float:
-        """The surrogate if experts e and f (on different nodes) swapped nodes."""
-        return self.swap_outcome(e, f)[0]
 
     def swap_outcome(self, e: int, f: int) -> tuple[float, float]:
         """(surrogate, `excess`) if experts e and f (on different nodes) swapped nodes."""

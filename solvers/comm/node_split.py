@@ -9,6 +9,8 @@ import numpy as np
 
 from moe_place.solvers.comm.tokens import LayerTokens
 
+__all__ = ["balanced_nodes", "community_nodes"]
+
 COMMUNITY_NEIGHBOURS = 16            # co-activation graph: each expert joined to its 16 most frequent partners
 
 

@@ -26,6 +26,13 @@ from moe_place.solvers.comm.replicas import compute_rows_seconds, local_demand, 
 from moe_place.solvers.comm.tokens import LayerTokens
 from moe_place.solvers.quick import quick_plan
 
+__all__ = ["TimeLayer", "TimePlan", "plan_layer", "plan_time"]
+
+
+def _held_out(figure) -> property:
+    """A property: `figure` (of `decision`) of a layer's held-out windows against the balance-only plan's."""
+    return property(lambda self: figure(self.windows, self.balance_windows))
+
 
 @dataclass(frozen=True)
 class TimeLayer:
@@ -55,21 +62,10 @@ class TimeLayer:
     balance_windows: tuple["HeldOut", ...] = ()
     expected_saving: float | None = None
 
-    @property
-    def comm_gains(self) -> tuple[float, ...]:
-        return comm_gains(self.windows, self.balance_windows)
-
-    @property
-    def layer_gains(self) -> tuple[float, ...]:
-        return layer_gains(self.windows, self.balance_windows)
-
-    @property
-    def traffic_savings(self) -> tuple[float, ...]:
-        return traffic_savings(self.windows, self.balance_windows)
-
-    @property
-    def compute_savings(self) -> tuple[float, ...]:
-        return compute_savings(self.windows, self.balance_windows)
+    comm_gains = _held_out(comm_gains)
+    layer_gains = _held_out(layer_gains)
+    traffic_savings = _held_out(traffic_savings)
+    compute_savings = _held_out(compute_savings)
 
 
 @dataclass(frozen=True)

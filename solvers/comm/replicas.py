@@ -11,6 +11,8 @@ from moe_place.solvers.base import require_ortools, stoppable_solve
 from moe_place.solvers.comm.grouping import NodeSearch
 from moe_place.solvers.comm.tokens import LayerTokens
 
+__all__ = ["ReplicaNodes", "compute_rows_seconds", "local_demand", "replica_nodes", "served_per_step"]
+
 REPLICA_DET_S = 0.2                   # CP-SAT deterministic seconds for the replica nodes of one layer
 REPLICA_CANDIDATES = 4                # candidate experts per spare slot offered to CP-SAT
 HOME_FIRST = ("sglang-static", "node-aware")  # dispatchers that prefer a replica on the token's node

@@ -10,6 +10,8 @@ import numpy as np
 from moe_place.analysis.coactivation import coactivation
 from moe_place.analysis.dispatch import token_sources
 
+__all__ = ["LayerTokens"]
+
 
 @dataclass(frozen=True)
 class LayerTokens:

@@ -1,4 +1,5 @@
-"""Exact optimum of one tiny layer by enumeration: the oracle the other solvers are tested against.
+"""Exact optimum of one tiny layer by enumeration: the oracle the solvers are tested against (test code,
+imported by the tests beside it: `from bruteforce import brute_force_layer`).
 
 Problem (docs/MODEL.md, even split): choose replica counts `r[e] >= 1` with `sum r = G*S` and
 put the replicas on `G` GPUs with exactly `S` slots each, never two replicas of one expert on one
