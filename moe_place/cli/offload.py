@@ -16,7 +16,7 @@ import sys
 from moe_place.cli.options import (add_trace_options, byte_size, int_list, json_file, non_negative_float,
                                    non_negative_int, output_file, png_file, positive_int, trace_load_options)
 from moe_place.cli.output import emit, wrote
-from moe_place.cost.hardware import BUILTIN_PARTS
+from moe_place.cost.hardware import BUILTIN_PARTS, DEFAULT_GPU
 from moe_place.cost.models import PRESETS
 from moe_place.cost.units import GIB_BYTES, MIB_BYTES
 from moe_place.errors import InputError
@@ -25,7 +25,6 @@ from moe_place.io import write_atomic, write_json_atomic
 HELP = ("offloaded serving: which experts get GPU memory (the rest on the CPU), held out against sglang-kt's "
         "and llama.cpp's rules, the prefill threshold, sglang-kt stats and llama.cpp flags")
 DEFAULT_CPU = "Xeon-Platinum-8452Y"
-DEFAULT_GPU = "H100"
 DEFAULT_ALPHA_US = 5.0       # per transfer, as row C10
 PLAN_FORMAT = "moe-place-offload"
 PLAN_VERSION = 1

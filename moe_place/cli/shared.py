@@ -18,7 +18,7 @@ from moe_place.cost.cluster import cluster_topology
 from moe_place.cost.comm import (DISPATCH_STYLES, REPLICA_CHOICES, TOKEN_HOMES, CommModel, SlotTable, compute_only_s,
                                  layer_cost)
 from moe_place.cost.gemm import WEIGHT_MODES
-from moe_place.cost.hardware import GpuSpec, builtin_catalog, gpu_from_record
+from moe_place.cost.hardware import DEFAULT_GPU, GpuSpec, builtin_catalog, gpu_from_record
 from moe_place.cost.replicas import split_overhead_s
 from moe_place.cost.models import PRESETS, get_model, infer_model_name
 from moe_place.cost.topology import parse_topology_spec
@@ -162,7 +162,7 @@ def time_model_from_args(args: argparse.Namespace, num_gpus: int, num_nodes: int
         if record is not None:
             topology = replace(topology, gpu=gpu_from_record(record, topology.gpu))
     else:
-        topology = cluster_topology(num_gpus, num_nodes, "H100" if record is None else gpu_from_record(record))
+        topology = cluster_topology(num_gpus, num_nodes, DEFAULT_GPU if record is None else gpu_from_record(record))
     if args.weights == "tiles" and args.block_m is None:
         raise InputError("--block-m", "a tile height with --weights tiles", "nothing")
     return CommModel(topology, model, dispatch=args.dispatch, replica_choice=args.replica_choice,
@@ -266,7 +266,7 @@ def time_figures(placement, trace, model, progress: bool = False, split: str = "
     return layers, top
 
 
-def gpu_with_record(record: str | None, part: str | None, default: str = "H100-SXM") -> GpuSpec:
+def gpu_with_record(record: str | None, part: str | None, default: str = DEFAULT_GPU) -> GpuSpec:
     """The GPU `replay` and `cadence` run on: the catalog `part` (None: the record's part, else
     `default`), with formula 11's terms fitted on `record` (`--hardware-from`) when one is given."""
     gpu = None if part is None else builtin_catalog().gpu(part)

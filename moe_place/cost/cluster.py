@@ -23,7 +23,7 @@ import numpy as np
 
 from moe_place.cost.expected_traffic import expected_phase_times_s
 from moe_place.cost.gemm import DEFAULT_WEIGHTS, expert_times_s
-from moe_place.cost.hardware import GpuSpec, builtin_catalog
+from moe_place.cost.hardware import DEFAULT_GPU, GpuSpec, builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS, Copy, Migration, MigrationCharge
 from moe_place.cost.models import DEFAULT_MODEL, ExpertShape, get_model
 from moe_place.cost.replicas import DEFAULT_SOLVE_S, REPLICA_CHOICES, slot_rows, split_overhead_s
@@ -182,7 +182,7 @@ class ReplayCost:
         return moves.charge(copies, float(expert.sum()), float(comm.sum()))
 
 
-def cluster_topology(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H100",
+def cluster_topology(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = DEFAULT_GPU,
                      nic_gbit_per_s: float = DEFAULT_NIC_GBIT) -> Topology:
     """`num_nodes` servers of `num_gpus / num_nodes` GPUs of part `hardware` (a catalog name, or a `GpuSpec` such as
     `moe_place.cost.hardware.gpu_from_record`'s; NVLink and PCIe: the part's), joined by one NIC of
@@ -194,7 +194,7 @@ def cluster_topology(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec 
                          nic_bytes_per_s=gbit_per_s(nic_gbit_per_s) if num_nodes > 1 else 0.0)
 
 
-def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = "H100",
+def cluster_cost(num_gpus: int, num_nodes: int = 1, hardware: str | GpuSpec = DEFAULT_GPU,
                  model: str | ExpertShape = DEFAULT_MODEL,
                  nic_gbit_per_s: float = DEFAULT_NIC_GBIT, copy_schedule: str = "serial", alpha_s: float = DEFAULT_ALPHA_S,
                  block_m: int = DEFAULT_BLOCK_M, migration: str = "stall", replica_choice: str = "even",

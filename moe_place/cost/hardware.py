@@ -43,6 +43,7 @@ from moe_place.errors import InputError, check_keys
 __all__ = ["Catalog", "CpuSpec", "GpuSpec", "NicSpec", "gpu_from_record", "load_catalog", "parse_parts"]
 
 DEFAULT_EFFICIENCY = 0.5
+DEFAULT_GPU = "H100"   # the part every command and engine adapter prices when none is named
 
 
 @dataclass(frozen=True)

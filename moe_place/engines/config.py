@@ -47,7 +47,7 @@ from typing import Any, Mapping
 
 from moe_place.cost.cluster import DEFAULT_NIC_GBIT, cluster_cost
 from moe_place.cost.files import read_table_file
-from moe_place.cost.hardware import builtin_catalog
+from moe_place.cost.hardware import DEFAULT_GPU, builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS
 from moe_place.cost.models import DEFAULT_MODEL, ExpertShape, get_model, infer_model_name, model_from_table
 from moe_place.engines.guard import LOG, ensure_handler
@@ -117,7 +117,7 @@ class EngineConfig:
     """
 
     model: str | dict | None = None
-    hardware: str = "H100"
+    hardware: str = DEFAULT_GPU
     nic_gbit: float = DEFAULT_NIC_GBIT
     migration: str | None = None
     copy_schedule: str = "parallel"   # vLLM and SGLang issue a layer's copies as one batch_isend_irecv
