@@ -25,6 +25,7 @@ from moe_place.online.policy import RebalanceRule  # noqa: E402
 from moe_place.online.replay import replay  # noqa: E402
 from moe_place.traces.bundled import bundled_path  # noqa: E402
 from moe_place.traces.load import load_trace  # noqa: E402
+from test_engines_vllm import no_vllm  # noqa: E402,F401  (the fixture: no vLLM, no MOE_PLACE_* settings)
 
 MODEL, GPUS, REDUNDANT = "Qwen3-30B-A3B", 8, 8
 LAYERS = [0, 16, 32, 47]
@@ -67,15 +68,7 @@ def replay_maps(engine: str, steps: np.ndarray) -> dict[int, np.ndarray]:
     return emitted
 
 
-@pytest.fixture
-def no_engine_settings(monkeypatch):
-    monkeypatch.setattr(vllm_policy, "POLICY_MODULES", ("moe_place_no_such_module",))
-    for var in ("MOE_PLACE_CONFIG", "MOE_PLACE_MIGRATION", "MOE_PLACE_MAX_MOVED_SLOTS", "MOE_PLACE_MODEL",
-                "MOE_PLACE_STEP_INTERVAL", "MOE_PLACE_WINDOW_STEPS", vllm_policy.STATIC_PLAN_ENV):
-        monkeypatch.delenv(var, raising=False)
-
-
-def test_vllms_policy_makes_the_replays_decisions_on_the_recorded_trace(no_engine_settings):
+def test_vllms_policy_makes_the_replays_decisions_on_the_recorded_trace(no_vllm):
     steps = recorded_steps()
     layers, experts = steps.shape[1:]
     physical = experts + REDUNDANT
@@ -93,7 +86,7 @@ def test_vllms_policy_makes_the_replays_decisions_on_the_recorded_trace(no_engin
     assert len(emitted) >= 5 and moved > 0   # calls that decide something: the rule moved slots on this trace
 
 
-def test_sglangs_hook_makes_the_replays_decisions_on_the_recorded_trace(no_engine_settings):
+def test_sglangs_hook_makes_the_replays_decisions_on_the_recorded_trace(no_vllm):
     steps = recorded_steps()
     layers, experts = steps.shape[1:]
     physical = experts + REDUNDANT
