@@ -77,9 +77,12 @@ def _cadence_rows(data: dict) -> tuple[list[list], list[list], list[list]]:
         errors = [r["replay_error"] for r in runs]
         model = [r["replay_model_error"] for r in runs]
         worst = max(runs, key=lambda r: abs(r["replay_error"]))
+        paid = [r["policy_s"] / r["replay_policy_s"] for r in runs
+                if r["policy"] == "default" and r["policy_s"] > 0 and r.get("replay_policy_s", 0) > 0]
         prediction_rows.append([label, d["scenario"], len(runs), pct(max(errors, key=abs), 2),
                                 f"{worst['policy']} every {worst['cadence']['step_interval']}",
-                                pct(max(model, key=abs), 2), sum(abs(e) <= 0.01 for e in errors)])
+                                pct(max(model, key=abs), 2), sum(abs(e) <= 0.01 for e in errors),
+                                f"{f(min(paid), 2)}x to {f(max(paid), 2)}x" if paid else "not paid"])
     return best_rows, prediction_rows, repeat_rows
 
 
@@ -197,10 +200,11 @@ def _drift_section(cadence: dict, best_rows: list[list], prediction_rows: list[l
                    "moe-place: advised", "best against best"], best_rows),
             "The replay's prediction of every run beside it: the replay's total over the engine's, the worst run, "
             "the same without the policy's CPU time (expert + dispatch/combine + migration, which does not depend on "
-            "the machine), "
-            "and how many runs are within 1%:",
+            "the machine), how many runs are within 1%, and the engine's own default's CPU time per call over the "
+            "price the replay charges for it (`moe_place.online.policy_cpu`, fitted on the machine the replay "
+            "records name), where the engine waits for it:",
             table(["engine (mode)", "trace", "runs", "worst error on the total", "where",
-                   "worst without CPU time", "within 1%"], prediction_rows),
+                   "worst without CPU time", "within 1%", "default's CPU: measured / priced"], prediction_rows),
             *(("Where the engine waits for the policy (SGLang, vLLM sync), its CPU time is part of the total, and "
                "it is measured, not modelled: by the engine's harness in one run and by the replay in another. The "
                "same engine run measured again, back to back (`--repeat-runs`: the run the CPU time weighs most in, "
