@@ -61,7 +61,8 @@ import time
 import numpy as np
 
 from moe_place.cost.cluster import cluster_topology
-from moe_place.cost.comm import CommModel, SlotTable, layer_cost
+from moe_place.cost.comm import CommModel, layer_cost
+from moe_place.cost.replicas import SlotTable
 from moe_place.cost.models import get_model
 from moe_place.io import write_atomic
 from moe_place.placement import Placement

@@ -102,7 +102,7 @@ TERMS: dict[str, str] = {
                       "its node, else a fair draw per rank, `dynamic` a random replica per pair, `lp` a draw with "
                       "the probabilities of a linear program solved on the batch's counts all-reduced over the EP "
                       "group (where moe-place's per-batch split runs in SGLang); `node-aware` is ours (home GPU, "
-                      "home node, a node the token visits anyway, the least loaded).",
+                      "home node, a node the token visits anyway, the least loaded). Every rule: `moe_place.cost.replicas`.",
     "per-batch split": "moe-place's replica choice that shares each batch's rows of an expert among its "
                        "replicas so that the busiest GPU is least, from the batch's counts all-reduced over the "
                        "EP group (`MOE_PLACE_SPLIT=per-batch`, `moe_place.split`, [split](split.md)); each "

@@ -218,10 +218,11 @@ def rebalance_steps(weight: np.ndarray, num_physical: int, num_groups: int, num_
         node_load = np.take_along_axis(weight, nlog2log, axis=1).reshape(layers * num_nodes, experts_per_node)
 
     # Step 2: replicas inside each node; rows are (layer, node) pairs from here on.
-    phy2nlog, replica_rank, nlogcnt = replicate_experts(node_load.astype(ratio), num_physical // num_nodes)
+    node_ratio = node_load.astype(ratio, copy=False)
+    phy2nlog, replica_rank, nlogcnt = replicate_experts(node_ratio, num_physical // num_nodes)
 
     # Step 3: the node's replicas onto its GPUs. "GPU-major" ids (gphy) are the final slot ids.
-    replica_load = np.take_along_axis(node_load.astype(ratio) / nlogcnt.astype(ratio), phy2nlog, axis=1)
+    replica_load = np.take_along_axis(node_ratio / nlogcnt.astype(ratio), phy2nlog, axis=1)
     gpu_index, rank_in_gpu = balanced_packing(replica_load, num_gpus // num_nodes, descending_order, accumulate)
     gphy2phy = _inverse(gpu_index * slots_per_gpu + rank_in_gpu)
 

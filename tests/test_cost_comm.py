@@ -6,9 +6,9 @@ import pytest
 
 from moe_place.analysis.dispatch import token_sources
 from moe_place.cost.cluster import cluster_cost, cluster_topology
-from moe_place.cost.comm import (REPLICA_CHOICES, CommModel, SlotTable, choose_replicas, compute_only_s, layer_cost,
-                                 local_positions, step_cost, water_fill)
-from moe_place.cost.replicas import vllm_replica_index
+from moe_place.cost.comm import CommModel, compute_only_s, layer_cost, step_cost
+from moe_place.cost.replicas import (TOKEN_CHOICES, SlotTable, choose_replicas, local_positions, vllm_replica_index,
+                                     water_fill)
 from moe_place.cost.gemm import WEIGHT_MODES, gpu_expert_work, gpu_times_s
 from moe_place.cost.hardware import builtin_catalog
 from moe_place.cost.models import ExpertShape, get_model
@@ -77,7 +77,7 @@ def test_every_figure_matches_a_per_token_brute_force(seed):
     topo = parse_topology_spec(f"{nodes} nodes x {gpn} H100, 400 Gbit/s NIC per GPU")
     table = SlotTable(row, gpus, nodes, experts)
     for style in ("deepep", "all-to-all"):
-        for rule in REPLICA_CHOICES:
+        for rule in TOKEN_CHOICES:
             for layout in ("blocks", "round-robin"):
                 model = CommModel(topo, SMALL, dispatch=style, replica_choice=rule, token_home=layout, weights="once",
                                   dispatch_bytes_per_row=1000.0, combine_bytes_per_row=700.0, seed=seed)

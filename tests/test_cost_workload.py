@@ -189,7 +189,8 @@ def test_a_plan_file_that_is_not_a_plan_is_one_line_exit_2(capsys, tmp_path):
 
 @pytest.mark.parametrize("style", ["deepep", "all-to-all"])
 def test_trace_workload_with_the_layer_time_models_traffic(capsys, tmp_path, style):
-    from moe_place.cost.comm import CommModel, SlotTable, step_cost
+    from moe_place.cost.comm import CommModel, step_cost
+    from moe_place.cost.replicas import SlotTable
     from moe_place.cost.models import get_model
     from moe_place.cost.topology import parse_topology_spec
 

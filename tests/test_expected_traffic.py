@@ -6,7 +6,8 @@ import pytest
 
 from moe_place.cost.cluster import cluster_topology
 from moe_place.analysis.dispatch import token_sources
-from moe_place.cost.comm import CommModel, SlotTable, step_cost
+from moe_place.cost.comm import CommModel, step_cost
+from moe_place.cost.replicas import SlotTable
 from moe_place.cost.expected_traffic import expected_phase_times_s, visit_probabilities
 from moe_place.cost.models import get_model
 from moe_place.cost.traffic import phase_time_s

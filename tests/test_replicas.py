@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from moe_place.cost.comm import SlotTable, choose_replicas, static_rank_table
+from moe_place.cost.replicas import SlotTable, choose_replicas, static_rank_table
 from moe_place.cost.replicas import (allreduce_latency_s, slot_rows, split_overhead_s, vllm_hash_fractions)
 from moe_place.errors import InputError
 from moe_place.cost.cluster import cluster_cost

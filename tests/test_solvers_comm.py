@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from moe_place.cost.cluster import cluster_topology
-from moe_place.cost.comm import CommModel, SlotTable, layer_cost
+from moe_place.cost.comm import CommModel, layer_cost
+from moe_place.cost.replicas import SlotTable
 from moe_place.cost.models import ExpertShape
 from moe_place.errors import InputError
 from moe_place.placement import Placement

@@ -252,7 +252,7 @@ def trace_load_options(args: argparse.Namespace) -> dict:
 # moe_place.cli.shared checks each list against its registry at import
 SOLVER_CHOICES = ("auto", "cpsat", "eplb", "fast", "trtllm")  # moe_place.solvers.solver_names() and "auto"
 DISPATCH_CHOICES = ("deepep", "all-to-all")            # moe_place.cost.comm.DISPATCH_STYLES
-REPLICA_CHOICE_NAMES = ("sglang-static", "vllm", "sglang-dynamic", "node-aware")  # ... REPLICA_CHOICES
+REPLICA_CHOICE_NAMES = ("sglang-static", "vllm", "sglang-dynamic", "node-aware")  # cost.replicas.TOKEN_CHOICES
 TOKEN_HOME_CHOICES = ("blocks", "round-robin")          # ... TOKEN_HOMES
 WEIGHT_CHOICES = ("calibrated", "once", "tiles", "l2", "none")  # moe_place.cost.gemm.WEIGHT_MODES
 

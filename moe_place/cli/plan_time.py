@@ -8,7 +8,8 @@ import sys
 
 from moe_place.cli.output import model_header, print_report
 from moe_place.cli.shared import time_model_from_args
-from moe_place.cost.comm import SlotTable, layer_cost
+from moe_place.cost.comm import layer_cost
+from moe_place.cost.replicas import SlotTable
 from moe_place.errors import InputError
 from moe_place.io import file_sha256
 from moe_place.planfile import PlanFile, write_plan

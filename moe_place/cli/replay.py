@@ -16,7 +16,7 @@ from moe_place.cli.output import model_header, plural, wrote
 from moe_place.cost.hardware import BUILTIN_PARTS
 from moe_place.cost.cluster import DEFAULT_NIC_GBIT
 from moe_place.cost.models import DEFAULT_MODEL, PRESETS, infer_model_name
-from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE
+from moe_place.cost.replicas import DEFAULT_SOLVE_S, ENGINE_REPLICA_CHOICE, SPLIT_OFF_CHOICES
 from moe_place.errors import InputError
 from moe_place.interrupts import raise_if_interrupted
 from moe_place.online import engine_default
@@ -118,7 +118,7 @@ def synthetic_command(args: argparse.Namespace, cadence) -> str:
     return " ".join(words)
 
 
-REPLICA_CHOICE_NAMES = ("engine", "even", "vllm", "sglang-static", "sglang-dynamic")
+REPLICA_CHOICE_NAMES = ("engine", *SPLIT_OFF_CHOICES)
 
 
 def add_split_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,11 +15,10 @@ import numpy as np
 from moe_place.cli.options import (DISPATCH_CHOICES, REPLICA_CHOICE_NAMES, SOLVER_CHOICES, TOKEN_HOME_CHOICES,
                                    WEIGHT_CHOICES, time_model_defaults, trace_load_options)
 from moe_place.cost.cluster import cluster_topology
-from moe_place.cost.comm import (DISPATCH_STYLES, REPLICA_CHOICES, TOKEN_HOMES, CommModel, SlotTable, compute_only_s,
-                                 layer_cost)
+from moe_place.cost.comm import DISPATCH_STYLES, TOKEN_HOMES, CommModel, compute_only_s, layer_cost
 from moe_place.cost.gemm import WEIGHT_MODES
 from moe_place.cost.hardware import DEFAULT_GPU, GpuSpec, builtin_catalog, gpu_from_record
-from moe_place.cost.replicas import split_overhead_s
+from moe_place.cost.replicas import TOKEN_CHOICES, SlotTable, split_overhead_s
 from moe_place.cost.models import PRESETS, get_model, infer_model_name
 from moe_place.cost.topology import parse_topology_spec
 from moe_place.errors import InputError, check_registry
@@ -32,7 +31,7 @@ from moe_place.split import round_shares, split_shares
 from moe_place.traces.load import load_trace
 
 for _option, _registered, _offered in (("--dispatch", DISPATCH_STYLES, DISPATCH_CHOICES),
-                                      ("--replica-choice", REPLICA_CHOICES, REPLICA_CHOICE_NAMES),
+                                      ("--replica-choice", TOKEN_CHOICES, REPLICA_CHOICE_NAMES),
                                       ("--token-home", TOKEN_HOMES, TOKEN_HOME_CHOICES),
                                       ("--weights", WEIGHT_MODES, WEIGHT_CHOICES),
                                       ("--solver", ("auto", *solver_names()), SOLVER_CHOICES)):

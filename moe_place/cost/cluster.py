@@ -26,7 +26,7 @@ from moe_place.cost.gemm import DEFAULT_WEIGHTS, expert_times_s
 from moe_place.cost.hardware import DEFAULT_GPU, GpuSpec, builtin_catalog
 from moe_place.cost.migration import COPY_SCHEDULES, MIGRATION_MODELS, Copy, Migration, MigrationCharge
 from moe_place.cost.models import DEFAULT_MODEL, ExpertShape, get_model
-from moe_place.cost.replicas import DEFAULT_SOLVE_S, REPLICA_CHOICES, slot_rows, split_overhead_s
+from moe_place.cost.replicas import DEFAULT_SOLVE_S, SPLIT_OFF_CHOICES, slot_rows, split_overhead_s
 from moe_place.cost.topology import Topology, build_cluster
 from moe_place.cost.units import gbit_per_s
 from moe_place.errors import InputError
@@ -70,9 +70,8 @@ class ReplayCost:
     def __post_init__(self) -> None:
         if self.block_m < 1 or self.block_n < 1:
             raise InputError("block sizes", "integers >= 1", (self.block_m, self.block_n))
-        if self.replica_choice not in REPLICA_CHOICES or self.replica_choice == "per-batch":
-            raise InputError("replica choice", f"one of {', '.join(c for c in REPLICA_CHOICES if c != 'per-batch')}",
-                             self.replica_choice)
+        if self.replica_choice not in SPLIT_OFF_CHOICES:
+            raise InputError("replica choice", f"one of {', '.join(SPLIT_OFF_CHOICES)}", self.replica_choice)
         self.moves  # validates the schedule, the migration model and alpha
         self.split_overhead_s  # validates the solve time
 

@@ -5,28 +5,10 @@ pass), where each token lives (its *home* GPU: data-parallel attention puts a ba
 the `G` GPUs), a placement row `phy2log [P]` and a `CommModel` (topology, expert shape,
 dispatch style, replica choice). Per step:
 
-1. Replica choice (`choose_replicas`): every (token, logical expert) pair goes to one physical
-   slot. Rules, by name:
-   - `vllm`: vLLM 0.33's router (`fused_moe/router/base_router.py`, `_eplb_map_and_record_i32_kernel`):
-     a token with index `t` in its rank's batch sends each of its experts to replica
-     `((t * 2654435769) mod 2^32) mod logcnt[e]` of `logical_to_physical_map` (slots ascending), the
-     Knuth hash of its index; the rule `moe_place.cost.replicas.vllm_hash_fractions` takes in
-     expectation on counts (a test checks that they agree).
-   - `sglang-static`: SGLang `--ep-dispatch-algorithm static`
-     (python/sglang/srt/eplb/expert_location.py, `compute_logical_to_rank_dispatch_physical_map`):
-     each rank uses, for each expert, a replica on its own GPU, else one on its own node (the
-     lowest slot; only where some replicas are on other nodes: `_find_nearest_expert` prefers the
-     node only when that narrows the candidates), else a seeded fair draw over all replicas (every
-     replica drawn equally often across the ranks left). Our draw is seeded numpy, not SGLang's
-     `random.Random(42)`.
-   - `sglang-dynamic`: SGLang `--ep-dispatch-algorithm dynamic`
-     (python/sglang/srt/eplb/expert_location_dispatch.py, `topk_ids_logical_to_physical`): a
-     uniform random replica per (token, expert), seeded.
-   - `node-aware` (our recommended dispatcher): a replica on the token's home GPU, else on its
-     home node, else on a node the token already visits, else the least-loaded replica (rows
-     the step has put on each GPU so far). Experts with one replica are placed first (they fix
-     nodes the token must visit); the rest are resolved one per token per round.
-   Without redundant slots every rule is the same: an expert has one slot.
+1. Replica choice (`moe_place.cost.replicas.choose_replicas`, where every rule is described): every
+   (token, logical expert) pair goes to one physical slot by the rule `replica_choice` names (the default,
+   SGLang's `static`, is what SGLang does with a plan from `--init-expert-location`), or by a per-batch
+   split of the step (`step_cost`'s `split`).
 2. Traffic (`step_traffic`), rows moved in the dispatch phase, `rows[i][j]` from GPU i to j:
    - `deepep` (DeepEP internode kernels, used by SGLang and vLLM across nodes): a token is sent
      over RDMA once to every remote node holding one of its chosen slots, to the GPU with the
@@ -57,139 +39,15 @@ from moe_place.cost.models import ExpertShape
 from moe_place.cost.topology import Topology
 from moe_place.cost.traffic import phase_time_s
 from moe_place.errors import InputError
-from moe_place.cost.replicas import SlotTable, static_rank_table, vllm_replica_index
+from moe_place.cost.replicas import DEFAULT_REPLICA_CHOICE, TOKEN_CHOICES, SlotTable, choose_replicas
 from moe_place.split import map_tokens
 
-__all__ = ["CommModel", "LayerCost", "StepCost", "StepTraffic", "choose_replicas", "compute_only_s", "layer_cost",
-           "local_positions", "step_cost", "step_traffic", "water_fill"]
+__all__ = ["CommModel", "LayerCost", "StepCost", "StepTraffic", "compute_only_s", "layer_cost", "step_cost",
+           "step_traffic"]
 
 DISPATCH_STYLES = ("deepep", "all-to-all")
-REPLICA_CHOICES = ("vllm", "sglang-static", "sglang-dynamic", "node-aware")
-# The default: what SGLang does with a plan loaded by `--init-expert-location` (it then sets
-# `--ep-dispatch-algorithm static`, python/sglang/srt/server_args.py), the way our plans reach it.
-ENGINE_REPLICA_CHOICE = "sglang-static"
 
 
-# ---------------------------------------------------------------------- replica choice
-def local_positions(home: np.ndarray, num_gpus: int) -> np.ndarray:
-    """int64 `[tokens]`: each token's index among the tokens of its home GPU (in token order)."""
-    order = np.argsort(home, kind="stable")
-    counts = np.bincount(home, minlength=num_gpus)
-    starts = np.cumsum(counts) - counts
-    local = np.empty(home.size, dtype=np.int64)
-    local[order] = np.arange(home.size) - starts[home[order]]
-    return local
-
-
-def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, rule: str = ENGINE_REPLICA_CHOICE,
-                    seed: int = 0) -> np.ndarray:
-    """int64 `[tokens, k]`: the physical slot each (token, expert) pair is sent to (module docstring, step 1).
-
-    topk_ids: int `[tokens, k]` logical expert ids of one layer and step; home: int `[tokens]` home GPUs.
-    seed: for `sglang-static` and `sglang-dynamic` (the same seed gives the same choice).
-    """
-    ids = np.asarray(topk_ids, dtype=np.int64)
-    home = np.asarray(home, dtype=np.int64)
-    if rule not in REPLICA_CHOICES:
-        raise InputError("replica choice", f"one of {', '.join(REPLICA_CHOICES)}", rule)
-    if ids.ndim != 2 or home.shape != ids.shape[:1]:
-        raise InputError("topk_ids", "[tokens, k] ids and one home GPU per token", f"{ids.shape}, {home.shape}")
-    if ids.size and (ids.min() < 0 or ids.max() >= table.num_experts):
-        raise InputError("topk_ids", f"expert ids in [0, {table.num_experts})")
-    if home.size and (home.min() < 0 or home.max() >= table.num_gpus):
-        raise InputError("home", f"GPUs in [0, {table.num_gpus})")
-    count = table.logcnt[ids]
-    if table.candidates.shape[1] == 1 or ids.size == 0:
-        return table.candidates[ids, 0]
-    if rule == "vllm":
-        index = vllm_replica_index(local_positions(home, table.num_gpus)[:, None], count)
-        return table.candidates[ids, index]
-    if rule == "sglang-dynamic":
-        draw = np.random.default_rng(seed).integers(0, 65536, size=ids.shape)
-        return table.candidates[ids, draw % count]
-    if rule == "sglang-static":
-        return static_rank_table(table, seed)[home[:, None], ids]
-    return _node_aware(ids, home, table)
-
-
-def _node_aware(ids: np.ndarray, home: np.ndarray, table: SlotTable) -> np.ndarray:
-    """Our dispatcher (module docstring): home GPU, home node, a visited node, the least-loaded GPU."""
-    tokens, k = ids.shape
-    rows = np.arange(tokens)
-    cand = table.candidates[ids]                                   # [T, k, width]
-    valid = cand >= 0
-    cand_gpu = np.where(valid, table.gpu_of_slot[np.maximum(cand, 0)], -1)
-    cand_node = np.where(valid, table.node_of_slot[np.maximum(cand, 0)], -1)
-    home_node = home // table.gpus_per_node
-    spread = rows[:, None] + np.arange(k)[None, :]  # spreads tokens over equally good replicas
-    chosen = np.where(table.logcnt[ids] == 1, cand[..., 0], -1)
-
-    def pick(mask: np.ndarray) -> np.ndarray:
-        """For each pair, the (spread mod hits)-th candidate where `mask` holds; -1 where none."""
-        hits = mask.sum(axis=-1)
-        nth = spread % np.maximum(hits, 1)
-        index = np.argmax(np.cumsum(mask, axis=-1) > nth[..., None], axis=-1)
-        return np.where(hits > 0, np.take_along_axis(cand, index[..., None], axis=-1)[..., 0], -1)
-
-    open_ = chosen < 0
-    for mask in (cand_gpu == home[:, None, None], cand_node == home_node[:, None, None]):
-        choice = pick(mask & valid)
-        take = open_ & (choice >= 0)
-        chosen[take] = choice[take]
-        open_ &= ~take
-    load = np.bincount(table.gpu_of_slot[chosen[~open_]], minlength=table.num_gpus).astype(np.int64)
-    while open_.any():
-        visited = np.zeros((tokens, table.num_nodes), dtype=bool)
-        done = ~open_
-        visited[np.repeat(rows, k)[done.ravel()], table.node_of_slot[chosen[done]]] = True
-        # one open pair per token this round: its first
-        first = np.argmax(open_, axis=1)
-        active = open_[rows, first]
-        t_act, j_act = rows[active], first[active]
-        on_visited = visited[t_act[:, None], np.maximum(cand_node[t_act, j_act], 0)] & valid[t_act, j_act]
-        hits = on_visited.sum(axis=1)
-        nth = (t_act + j_act) % np.maximum(hits, 1)
-        index = np.argmax(np.cumsum(on_visited, axis=1) > nth[:, None], axis=1)
-        pick_visited = cand[t_act, j_act, index]
-        via_visited = hits > 0
-        chosen[t_act[via_visited], j_act[via_visited]] = pick_visited[via_visited]
-        np.add.at(load, table.gpu_of_slot[pick_visited[via_visited]], 1)
-        rest_t, rest_j = t_act[~via_visited], j_act[~via_visited]
-        experts = ids[rest_t, rest_j]
-        for e in np.unique(experts):
-            which = np.flatnonzero(experts == e)
-            slots = table.candidates[e, :table.logcnt[e]]
-            counts = water_fill(load[table.gpu_of_slot[slots]], which.size)
-            chosen[rest_t[which], rest_j[which]] = np.repeat(slots, counts)
-            np.add.at(load, table.gpu_of_slot[slots], counts)
-        open_[t_act, j_act] = False
-    return chosen
-
-
-def water_fill(levels: np.ndarray, amount: int) -> np.ndarray:
-    """int64 `[n]`: `amount` units added one at a time to the lowest level (ties: the first index).
-
-    levels: int `[n]` current loads. The result is what that greedy gives, in closed form.
-    """
-    levels = np.asarray(levels, dtype=np.int64)
-    add = np.zeros(levels.size, dtype=np.int64)
-    if amount <= 0 or levels.size == 0:
-        return add
-    low, high = int(levels.min()), int(levels.min()) + amount  # the final water level lies in [low, high]
-    while low < high:  # largest level L with sum(max(0, L - levels)) <= amount
-        mid = (low + high + 1) // 2
-        if np.maximum(0, mid - levels).sum() <= amount:
-            low = mid
-        else:
-            high = mid - 1
-    add = np.maximum(0, low - levels)
-    left = amount - int(add.sum())
-    at_level = np.flatnonzero(levels + add == low)
-    add[at_level[:left]] += 1
-    return add
-
-
-# ---------------------------------------------------------------------- traffic
 @dataclass(frozen=True)
 class StepTraffic:
     """Rows one step of one layer moves and computes (module docstring, step 2).
@@ -266,7 +124,7 @@ class CommModel:
 
     topology: the cluster; its GPUs and nodes must match the plan's. model: the expert shape
     (FLOPs and weight bytes per expert, activation row bytes). dispatch: one of DISPATCH_STYLES.
-    replica_choice: one of REPLICA_CHOICES. token_home: one of TOKEN_HOMES.
+    replica_choice: one of `moe_place.cost.replicas.TOKEN_CHOICES`. token_home: one of TOKEN_HOMES.
     weights: the expert time (`moe_place.cost.gemm`): calibrated = formula 11 with the GPU's
     `gemm_profile()` and `block_m` (default 64; the one default of every command), once = formula 1,
     tiles = formula 5 with `block_m`.
@@ -277,7 +135,7 @@ class CommModel:
     topology: Topology
     model: ExpertShape
     dispatch: str = "deepep"
-    replica_choice: str = ENGINE_REPLICA_CHOICE
+    replica_choice: str = DEFAULT_REPLICA_CHOICE
     token_home: str = "blocks"
     weights: str = DEFAULT_WEIGHTS
     block_m: int | None = None
@@ -288,7 +146,7 @@ class CommModel:
 
     def __post_init__(self) -> None:
         for name, value, known in (("dispatch", self.dispatch, DISPATCH_STYLES),
-                                   ("replica choice", self.replica_choice, REPLICA_CHOICES),
+                                   ("replica choice", self.replica_choice, TOKEN_CHOICES),
                                    ("token home", self.token_home, TOKEN_HOMES),
                                    ("weights", self.weights, WEIGHT_MODES)):
             if value not in known:

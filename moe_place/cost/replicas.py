@@ -1,20 +1,34 @@
-"""How one batch's rows reach an expert's replicas, on count-level loads, and what a per-batch split costs.
+"""Replica choice: which replica of an expert each dispatch goes to, every rule in one place.
 
-Replica choices (`REPLICA_CHOICES`): the expected rows per slot of one batch, given its dispatches per logical
-expert. The engines' own rules key on each token's index or rank, which a count-level trace does not carry;
-what counts allow is their expectation over where a rank's dispatches of an expert sit in its batch, with the
-batch's tokens spread evenly over the `G` ranks:
-- `even`: every replica takes `counts[e] / logcnt[e]` (what EPLB plans for).
+`REPLICA_CHOICES`, each on a batch's token ids (`choose_replicas`: the slot of every (token, expert) pair, what the
+multi-node model `moe_place.cost.comm` routes) and, where a trace has counts only, on its dispatches per logical
+expert (`slot_rows`: the expected rows per slot, with the batch's tokens spread evenly over the `G` ranks; the
+engines' own rules key on each token's index or rank, which counts do not carry):
+- `even`: every replica takes `counts[e] / logcnt[e]` (what EPLB plans for); counts only.
 - `vllm`: vLLM 0.33's router (`fused_moe/router/base_router.py`, `_eplb_map_and_record_i32_kernel`): a token
   with index `t` in its rank's batch sends each of its experts to replica `((t * 2654435769) mod 2^32) mod
-  logcnt[e]`, the Knuth hash of its index. Replica `i` takes the share of the indices `t < n` (`n` tokens per
-  rank: the batch's dispatches / top-k / G) with that residue: about `1/logcnt` on long batches; on short
-  ones index 0 (every rank's first token) always lands on replica 0.
+  logcnt[e]` of `logical_to_physical_map` (slots ascending), the Knuth hash of its index. On counts replica `i`
+  takes the share of the indices `t < n` (`n` tokens per rank: the batch's dispatches / top-k / G) with that
+  residue (`vllm_hash_fractions`): about `1/logcnt` on long batches; on short ones index 0 (every rank's first
+  token) always lands on replica 0.
 - `sglang-static`: SGLang 0.5.23's `static` dispatch, its default with EPLB and an all-to-all backend
-  (`arg_groups/parallel_hook.py`): each rank sends all its dispatches of an expert to one replica, on its own
-  GPU, else its node, else a fair draw (`static_rank_table`); ranks send equally.
-- `sglang-dynamic`: SGLang's `dynamic` dispatch: a random replica per dispatch; in expectation the even split.
-- `per-batch`: moe-place's per-batch split of the batch's global counts (`moe_place.split.split_shares`).
+  (`arg_groups/parallel_hook.py`) and with a plan from `--init-expert-location`
+  (`eplb/expert_location.py`, `compute_logical_to_rank_dispatch_physical_map`): each rank sends all its
+  dispatches of an expert to one replica, on its own GPU, else its node (the lowest slot; only where some
+  replicas are on other nodes: `_find_nearest_expert` prefers the node only when that narrows the candidates),
+  else a seeded fair draw over all replicas, every replica drawn equally often across the ranks left
+  (`static_rank_table`; our draw is seeded numpy, not SGLang's `random.Random(42)`). On counts ranks send equally.
+- `sglang-dynamic`: SGLang's `dynamic` dispatch (`eplb/expert_location_dispatch.py`,
+  `topk_ids_logical_to_physical`): a uniform random replica per dispatch, seeded; on counts the even split.
+- `per-batch`: moe-place's per-batch split of the batch's global counts (`moe_place.split.split_shares`), the
+  rule behind SGLang's `lp` dispatch and vLLM's router with `MOE_PLACE_SPLIT=per-batch`; on token ids
+  `moe_place.split.map_tokens` sends each rank's dispatches (`moe_place.cost.comm.step_cost`'s `split`).
+- `node-aware` (our recommended dispatcher): a replica on the token's home GPU, else on its home node, else on a
+  node the token already visits, else the least-loaded replica (rows the step has put on each GPU so far).
+  Experts with one replica are placed first (they fix nodes the token must visit); the rest are resolved one per
+  token per round; token ids only (it reads which nodes a token visits).
+Without redundant slots every rule is the same: an expert has one slot. What each engine does by default:
+`ENGINE_REPLICA_CHOICE`.
 
 What the split costs a layer (`split_overhead_s`): it needs the batch's global counts, an all-reduce of `E`
 int32 counts over the EP group before the dispatch, then the solve; both sit on the layer's critical path.
@@ -37,11 +51,18 @@ from moe_place.errors import InputError
 from moe_place.placement import Placement, even_split_slot_loads
 from moe_place.split import MAX_SWEEPS, split_shares
 
-__all__ = ["SlotTable", "allreduce_latency_s", "slot_rows", "split_overhead_s", "static_rank_table",
-           "vllm_hash_fractions", "vllm_replica_index"]
+__all__ = ["SlotTable", "allreduce_latency_s", "choose_replicas", "local_positions", "slot_rows", "split_overhead_s",
+           "static_rank_table", "vllm_hash_fractions", "vllm_replica_index", "water_fill"]
 
-REPLICA_CHOICES = ("even", "vllm", "sglang-static", "sglang-dynamic", "per-batch")
+REPLICA_CHOICES = ("even", "vllm", "sglang-static", "sglang-dynamic", "per-batch", "node-aware")   # module note
+COUNT_CHOICES = REPLICA_CHOICES[:5]                     # `slot_rows`: node-aware needs the tokens' nodes
+TOKEN_CHOICES = ("vllm", "sglang-static", "sglang-dynamic", "node-aware")   # `choose_replicas`; per-batch:
+# `moe_place.split.map_tokens`
+SPLIT_OFF_CHOICES = tuple(c for c in COUNT_CHOICES if c != "per-batch")   # where the split is off, on counts
 ENGINE_REPLICA_CHOICE = {"vllm": "vllm", "sglang": "sglang-static"}   # what each engine does by default
+# the multi-node model's default: SGLang's rule with a plan loaded by `--init-expert-location`, the way our plans
+# reach it (SGLang then sets `--ep-dispatch-algorithm static`, python/sglang/srt/server_args.py)
+DEFAULT_REPLICA_CHOICE = ENGINE_REPLICA_CHOICE["sglang"]
 KNUTH_MULTIPLIER = 2654435769       # vLLM 0.33's replica hash: floor(2^32 / golden ratio)
 DEFAULT_SOLVE_S = 10e-6             # the split kernel's goal per layer (not measured: give yours)
 # NCCL's latency model (us), LL protocol: baseLat[tree, ring], hwLat[NVLink | network][tree, ring]
@@ -96,8 +117,8 @@ def slot_rows(phy2log: np.ndarray, counts: np.ndarray, num_gpus: int, choice: st
     """float64 `[B, P]`: the rows each slot of `phy2log` int `[B, P]` receives from `counts [B, E]` under the
     replica choice `choice` (module note). top_k: dispatches per token (vLLM's tokens per rank).
     static_tables: a cache for `sglang-static` (one table per distinct map row). max_sweeps: the split's cap."""
-    if choice not in REPLICA_CHOICES:
-        raise InputError("replica choice", f"one of {', '.join(REPLICA_CHOICES)}", choice)
+    if choice not in COUNT_CHOICES:
+        raise InputError("replica choice", f"one of {', '.join(COUNT_CHOICES)}", choice)
     rows = np.asarray(phy2log, dtype=np.int64)
     load = np.asarray(counts, dtype=np.float64)
     if choice in ("even", "sglang-dynamic"):
@@ -216,3 +237,125 @@ def static_rank_table(table: SlotTable, seed: int) -> np.ndarray:
     out.setflags(write=False)
     table.static_tables[seed] = out
     return out
+
+
+# ---------------------------------------------------------------------- on token ids
+def local_positions(home: np.ndarray, num_gpus: int) -> np.ndarray:
+    """int64 `[tokens]`: each token's index among the tokens of its home GPU (in token order)."""
+    order = np.argsort(home, kind="stable")
+    counts = np.bincount(home, minlength=num_gpus)
+    starts = np.cumsum(counts) - counts
+    local = np.empty(home.size, dtype=np.int64)
+    local[order] = np.arange(home.size) - starts[home[order]]
+    return local
+
+
+def choose_replicas(topk_ids: np.ndarray, home: np.ndarray, table: SlotTable, rule: str = DEFAULT_REPLICA_CHOICE,
+                    seed: int = 0) -> np.ndarray:
+    """int64 `[tokens, k]`: the physical slot each (token, expert) pair is sent to (module note).
+
+    topk_ids: int `[tokens, k]` logical expert ids of one layer and step; home: int `[tokens]` home GPUs.
+    seed: for `sglang-static` and `sglang-dynamic` (the same seed gives the same choice).
+    """
+    ids = np.asarray(topk_ids, dtype=np.int64)
+    home = np.asarray(home, dtype=np.int64)
+    if rule not in TOKEN_CHOICES:
+        raise InputError("replica choice", f"one of {', '.join(TOKEN_CHOICES)}", rule)
+    if ids.ndim != 2 or home.shape != ids.shape[:1]:
+        raise InputError("topk_ids", "[tokens, k] ids and one home GPU per token", f"{ids.shape}, {home.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= table.num_experts):
+        raise InputError("topk_ids", f"expert ids in [0, {table.num_experts})")
+    if home.size and (home.min() < 0 or home.max() >= table.num_gpus):
+        raise InputError("home", f"GPUs in [0, {table.num_gpus})")
+    count = table.logcnt[ids]
+    if table.candidates.shape[1] == 1 or ids.size == 0:
+        return table.candidates[ids, 0]
+    if rule == "vllm":
+        index = vllm_replica_index(local_positions(home, table.num_gpus)[:, None], count)
+        return table.candidates[ids, index]
+    if rule == "sglang-dynamic":
+        draw = np.random.default_rng(seed).integers(0, 65536, size=ids.shape)
+        return table.candidates[ids, draw % count]
+    if rule == "sglang-static":
+        return static_rank_table(table, seed)[home[:, None], ids]
+    return _node_aware(ids, home, table)
+
+
+def _node_aware(ids: np.ndarray, home: np.ndarray, table: SlotTable) -> np.ndarray:
+    """Our dispatcher (module note): home GPU, home node, a visited node, the least-loaded GPU."""
+    tokens, k = ids.shape
+    rows = np.arange(tokens)
+    cand = table.candidates[ids]                                   # [T, k, width]
+    valid = cand >= 0
+    cand_gpu = np.where(valid, table.gpu_of_slot[np.maximum(cand, 0)], -1)
+    cand_node = np.where(valid, table.node_of_slot[np.maximum(cand, 0)], -1)
+    home_node = home // table.gpus_per_node
+    spread = rows[:, None] + np.arange(k)[None, :]  # spreads tokens over equally good replicas
+    chosen = np.where(table.logcnt[ids] == 1, cand[..., 0], -1)
+
+    def pick(mask: np.ndarray) -> np.ndarray:
+        """For each pair, the (spread mod hits)-th candidate where `mask` holds; -1 where none."""
+        hits = mask.sum(axis=-1)
+        nth = spread % np.maximum(hits, 1)
+        index = np.argmax(np.cumsum(mask, axis=-1) > nth[..., None], axis=-1)
+        return np.where(hits > 0, np.take_along_axis(cand, index[..., None], axis=-1)[..., 0], -1)
+
+    open_ = chosen < 0
+    for mask in (cand_gpu == home[:, None, None], cand_node == home_node[:, None, None]):
+        choice = pick(mask & valid)
+        take = open_ & (choice >= 0)
+        chosen[take] = choice[take]
+        open_ &= ~take
+    load = np.bincount(table.gpu_of_slot[chosen[~open_]], minlength=table.num_gpus).astype(np.int64)
+    while open_.any():
+        visited = np.zeros((tokens, table.num_nodes), dtype=bool)
+        done = ~open_
+        visited[np.repeat(rows, k)[done.ravel()], table.node_of_slot[chosen[done]]] = True
+        # one open pair per token this round: its first
+        first = np.argmax(open_, axis=1)
+        active = open_[rows, first]
+        t_act, j_act = rows[active], first[active]
+        on_visited = visited[t_act[:, None], np.maximum(cand_node[t_act, j_act], 0)] & valid[t_act, j_act]
+        hits = on_visited.sum(axis=1)
+        nth = (t_act + j_act) % np.maximum(hits, 1)
+        index = np.argmax(np.cumsum(on_visited, axis=1) > nth[:, None], axis=1)
+        pick_visited = cand[t_act, j_act, index]
+        via_visited = hits > 0
+        chosen[t_act[via_visited], j_act[via_visited]] = pick_visited[via_visited]
+        np.add.at(load, table.gpu_of_slot[pick_visited[via_visited]], 1)
+        rest_t, rest_j = t_act[~via_visited], j_act[~via_visited]
+        experts = ids[rest_t, rest_j]
+        for e in np.unique(experts):
+            which = np.flatnonzero(experts == e)
+            slots = table.candidates[e, :table.logcnt[e]]
+            counts = water_fill(load[table.gpu_of_slot[slots]], which.size)
+            chosen[rest_t[which], rest_j[which]] = np.repeat(slots, counts)
+            np.add.at(load, table.gpu_of_slot[slots], counts)
+        open_[t_act, j_act] = False
+    return chosen
+
+
+def water_fill(levels: np.ndarray, amount: int) -> np.ndarray:
+    """int64 `[n]`: `amount` units added one at a time to the lowest level (ties: the first index).
+
+    levels: int `[n]` current loads. The result is what that greedy gives, in closed form.
+    """
+    levels = np.asarray(levels, dtype=np.int64)
+    add = np.zeros(levels.size, dtype=np.int64)
+    if amount <= 0 or levels.size == 0:
+        return add
+    low, high = int(levels.min()), int(levels.min()) + amount  # the final water level lies in [low, high]
+    while low < high:  # largest level L with sum(max(0, L - levels)) <= amount
+        mid = (low + high + 1) // 2
+        if np.maximum(0, mid - levels).sum() <= amount:
+            low = mid
+        else:
+            high = mid - 1
+    add = np.maximum(0, low - levels)
+    left = amount - int(add.sum())
+    at_level = np.flatnonzero(levels + add == low)
+    add[at_level[:left]] += 1
+    return add
+
+
+# ---------------------------------------------------------------------- traffic

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from moe_place.analysis.dispatch import dispatch_matrix, expert_to_gpu_share, token_sources
-from moe_place.cost import comm, gemm, offload, pipeline, traffic
+from moe_place.cost import comm, gemm, offload, pipeline, replicas, traffic
 from moe_place.cost.files import get_int, get_number, read_table_file
 from moe_place.cost.hardware import Catalog, gpu_from_record, load_catalog
 from moe_place.cost.models import ExpertShape, model_from_table
@@ -281,13 +281,13 @@ def _comm_workload(trace, placement, table: dict, here: str, topo: Topology, sou
     if not trace.is_token_level:
         raise InputError(f"{here}.traffic", "a token-level trace (per-token expert ids) with deepep/all-to-all",
                          "counts only")
-    rule = str(table.get("replica_choice", comm.ENGINE_REPLICA_CHOICE))
+    rule = str(table.get("replica_choice", replicas.DEFAULT_REPLICA_CHOICE))
     ids = trace.topk_ids[step][:, layer, :]
     homes = np.asarray(sources)[token_sources(ids.shape[0], len(sources), str(table.get("token_layout", "blocks")))]
-    slot_table = comm.SlotTable(placement.phy2log[layer], placement.num_gpus, placement.num_nodes,
+    slot_table = replicas.SlotTable(placement.phy2log[layer], placement.num_gpus, placement.num_nodes,
                                 placement.num_experts)
     try:
-        slots = comm.choose_replicas(ids, homes, slot_table, rule)
+        slots = replicas.choose_replicas(ids, homes, slot_table, rule)
     except InputError as exc:
         raise InputError(f"{here}.replica_choice" if exc.where == "replica choice" else f"{here}.sources",
                          exc.expected, exc.got) from None

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moe_place.cost.comm import CommModel, SlotTable, layer_cost
+from moe_place.cost.comm import CommModel, layer_cost
+from moe_place.cost.replicas import SlotTable
 from moe_place.errors import InputError
 from moe_place.placement import Placement
 from moe_place.problem import PlacementProblem
