@@ -42,7 +42,7 @@ _no_env
 no_vllm
 _.__getattr__  # a module-level __getattr__ on a stand-in vllm module (tests/test_engines_vllm.py)
 
-# bench/engine_harness.py: what vLLM's EplbState and SGLang's EPLBManager read or call on the harness's
+# bench/inengine/harness.py: what vLLM's EplbState and SGLang's EPLBManager read or call on the harness's
 # stand-in objects (the MoE model, its layers, the group coordinator, the communicator, the recorder, the
 # device module, the weight updater); vulture cannot see the engines' code
 device_group
@@ -64,7 +64,7 @@ update_weights_from_disk
 # and bench_split.py
 slots_after_first
 split_layer_steps
-# bench/engine_standins.py: SGLang 0.5.23's names, which its code looks up by name (EplbAlgorithm[name]) or
+# bench/inengine/standins.py: SGLang 0.5.23's names, which its code looks up by name (EplbAlgorithm[name]) or
 # passes by keyword (EPLBManager(...)), kept as SGLang has them
 deepseek_vec
 deepseek_vec_hierarchical

@@ -1,6 +1,6 @@
 """moe-place's policy inside the engines' own rebalance code, against the engine's default.
 
-Runs `bench/engine_harness.py`: each engine's real rebalance machinery (vLLM 0.33 `EplbState`, SGLang 0.5.23
+Runs `bench/inengine/harness.py`: each engine's real rebalance machinery (vLLM 0.33 `EplbState`, SGLang 0.5.23
 `EPLBManager`, when importable) or its stand-in (`standin-vllm`, `standin-sglang`: CI), from the engine's own
 start map at its own cadence, with its default policy and with moe-place's (`install()` /
 `install_rebalance_hook()`), on
@@ -29,7 +29,7 @@ start map at its own cadence, with its default policy and with moe-place's (`ins
    the spread of identical runs' totals, which no prediction of the total can beat on the machine.
 Each target is printed PASS/FAIL with its numbers; exit status 1 if any fails. `--out` writes the record
 (JSON, with the engine, torch and numpy versions, the commit it ran, whether the rule's files were as
-committed, and a digest of each of them, `engine_harness.RULE_FILES`: tests/test_engines_records.py fails
+committed, and a digest of each of them, `inengine.harness.RULE_FILES`: tests/test_engines_records.py fails
 once one of them changed after the record); it refuses to overwrite a file unless `--force`.
 
 Real engines live in their own environments; put moe-place on the path as installed (its package-dir
@@ -61,8 +61,9 @@ from moe_place.online.policy import RebalanceRule
 from moe_place.progress import ProgressBar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine_harness as harness  # noqa: E402  (bench/ is not a package)
-import engine_policies  # noqa: E402
+import bench_replay  # noqa: E402 - bench/, beside this script: its SCENARIOS
+from inengine import harness, torch_threads  # noqa: E402 - bench/inengine, the in-engine kit
+from moe_place.online import engine_default  # noqa: E402
 from records import (add_record_options, interrupted, machine, missed_targets, refuse_overwrite,  # noqa: E402
                      write_record)
 
@@ -152,7 +153,7 @@ def replay_sweep(engine: str, use_async: bool, size, counts: np.ndarray, steps: 
     advice."""
     name = "sglang" if "sglang" in engine else "vllm"
     groups = size.groups if name == "sglang" else size.vllm_groups
-    default_plan = engine_policies.default_plan(name, groups) if engine in engine_policies.ENGINES else None
+    default_plan = engine_default.default_plan(name, groups) if engine in engine_default.ENGINES else None
     config = EngineConfig()
     start = initial_map(size.layers, size.experts, size.physical, size.gpus, size.nodes)
     return sweep(counts, lambda cadence: size.cost(cadence.migration), start, name, DEFAULT_INTERVALS, use_async,
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                              "CPU time weighs most in this many more times, per drifting trace (default 2; 0: none)")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch's intra-op threads while the policies run (default 1; "
-                             "engine_policies.torch_threads says why)")
+                             "inengine.torch_threads says why)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.torch_threads < 1:
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat_runs < 0:
         parser.error("--repeat-runs: expected an integer >= 0")
     refuse_overwrite(parser, args)
-    scenarios = harness.bench_replay().SCENARIOS
+    scenarios = bench_replay.SCENARIOS
     try:
         args.drift = _list(list(scenarios), allow_none=True)(args.drift)
     except argparse.ArgumentTypeError as exc:
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_engines: --engine {missing[0]}: not importable in this Python ({sys.executable})",
               file=sys.stderr)
         return 2
-    threads = engine_policies.torch_threads(args.torch_threads)
+    threads = torch_threads(args.torch_threads)
     start = time.perf_counter()
     # what is measured, read before it runs (an edit during the run must not be recorded as what ran)
     ran = {"moe_place_commit": _commit(), "rule_files_committed": _rule_files_committed(),

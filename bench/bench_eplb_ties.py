@@ -8,7 +8,7 @@ set of experts on every GPU (order inside a GPU aside):
   `moe_place.placement.keep_unchanged_slots` when a map is given (what vLLM's `preserve_intragpu_slots` does);
 - `numpy-order`: the same EPLB steps with numpy's default argsort as the order (`eplb_maps(...,
   descending_order=...)`), float32 arithmetic;
-- `standin`: `bench/engine_standins.py` `vllm_default_policy` (numpy's default argsort, float64 pack loads
+- `standin`: `bench/inengine/standins.py` `vllm_default_policy` (numpy's default argsort, float64 pack loads
   and replica ratios, as vLLM computes).
 Needs vLLM (run it in vLLM's environment with moe-place on the path):
 
@@ -28,7 +28,7 @@ from moe_place.placement import keep_unchanged_slots
 from moe_place.solvers.deepseek import eplb_maps, eplb_rebalance, plans_hierarchically
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine_standins as standins  # noqa: E402  (bench/ is not a package)
+from inengine import standins  # noqa: E402 - bench/inengine, the in-engine kit
 from records import add_record_options, refuse_overwrite, write_record  # noqa: E402  (bench/ is not a package)
 
 VARIANTS = ("stable", "numpy-order", "standin")

@@ -67,13 +67,14 @@ from moe_place.analysis.persistence import run_lengths
 from moe_place.cost.cluster import cluster_cost
 from moe_place.cost.models import ExpertShape
 from moe_place.io import write_atomic
+from moe_place.online import engine_default
 from moe_place.online.cadence import sweep
 from moe_place.online.controller import initial_map
 from moe_place.online.plot import render_cadence_png
 from moe_place.online.replay import parse_synthetic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import engine_policies  # noqa: E402  (bench/ is not a package)
+from inengine import torch_threads  # noqa: E402 - bench/, beside this script
 from records import (add_record_options, interrupted, machine, missed_targets, refuse_overwrite,  # noqa: E402
                      write_record)
 
@@ -169,7 +170,7 @@ def traces(scenarios: tuple[str, ...], seeds: list[int], held_out: bool, evaluat
 def run_trace(trace: dict, steps: int, protocols: tuple[str, ...], default_policy: str = "numpy") -> dict:
     """One trace under each protocol: the sweep's record, with the trace's hot-spot lifetimes.
     default_policy: "numpy" (moe-place's port of the engines' default) or "engine" (the engine's own code,
-    `engine_policies`: what the engine's CPU time per call really is)."""
+    `moe_place.online.engine_default`: what the engine's CPU time per call really is)."""
     cfg = SCENARIOS[trace["cluster"]]
     counts, params = parse_synthetic(trace["spec"].format(steps=steps))
     _, layers, experts = counts.shape
@@ -181,10 +182,10 @@ def run_trace(trace: dict, steps: int, protocols: tuple[str, ...], default_polic
         engine, use_async = PROTOCOLS[protocol]
         cost_of = lambda cadence: cluster_cost(gpus, nodes, "H100", cfg["model"], migration=cadence.migration,  # noqa: E731
                                                copy_schedule=cadence.copy_schedule)
-        plan = engine_policies.default_plan(engine, cfg.get("groups")) if default_policy == "engine" else None
+        plan = engine_default.default_plan(engine, cfg.get("groups")) if default_policy == "engine" else None
         out["protocols"][protocol] = {**sweep(counts, cost_of, start, engine, use_async=use_async,
                                               num_groups=cfg.get("groups"), default_plan=plan).to_json(),
-                                      "default_policy": (f"{engine} {engine_policies.version(engine)}'s own"
+                                      "default_policy": (f"{engine} {engine_default.version(engine)}'s own"
                                                          if plan else "moe-place's numpy port")}
     cost = cluster_cost(gpus, nodes, "H100", cfg["model"])
     out.update(model=cost.model.name, expert_bytes=cost.expert_bytes)
@@ -254,9 +255,9 @@ def _run_job(job: tuple) -> dict:
 
 
 def _torch_threads(threads: int, default_policy: str) -> int | None:
-    """torch's intra-op threads where the engines' own default policies run (`engine_policies.torch_threads`), else
+    """torch's intra-op threads where the engines' own default policies run (`inengine.torch_threads`), else
     None: torch is not used."""
-    return engine_policies.torch_threads(threads) if default_policy == "engine" else None
+    return torch_threads(threads) if default_policy == "engine" else None
 
 
 def _run_jobs(jobs: list[tuple], processes: int, started: float) -> list[dict]:
@@ -351,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--jobs: expected at most the {os.cpu_count()} cores, got {args.jobs}")
     refuse_overwrite(parser, args)
     if args.default_policy == "engine":
-        missing = sorted({PROTOCOLS[p][0] for p in args.protocols} - {e for e in engine_policies.ENGINES
-                                                                       if engine_policies.available(e)})
+        missing = sorted({PROTOCOLS[p][0] for p in args.protocols} - {e for e in engine_default.ENGINES
+                                                                       if engine_default.available(e)})
         if missing:
             parser.error(f"--default-policy engine: {missing[0]} is not importable in this Python ({sys.executable})")
     threads = _torch_threads(args.torch_threads, args.default_policy)

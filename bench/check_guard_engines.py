@@ -10,10 +10,10 @@ Run it with an engine's Python and the overlay of this checkout (`bench/engine_o
         --out bench/results/guard_engines_sglang.json --force
 
 Each prints its checks; `--out` writes the record (bench/results/guard_engines_{engine}.json). The checks are those
-of tests/test_engines_guard.py (which runs them on the stand-ins, bench/engine_standins.py), here in the engines'
-own rebalance code as bench/engine_harness.py drives it on a CPU (`run_engine`: what runs in the engine's code and
+of tests/test_engines_guard.py (which runs them on the stand-ins, bench/inengine/standins.py), here in the engines'
+own rebalance code as bench/inengine/harness.py drives it on a CPU (`run_engine`: what runs in the engine's code and
 what is stood in is said in its module note). One process; the size: 2 MoE layers, 32 experts on 40 slots, 8 GPUs
-on one node, 512 tokens x top-4 per forward pass, a skewed load that changes once (`engine_harness.skewed_workload`,
+on one node, 512 tokens x top-4 per forward pass, a skewed load that changes once (`inengine.harness.skewed_workload`,
 seed 0), the engine calling its policy every 200 passes (vLLM: window 100 steps, async; SGLang: buffer 200, all
 layers at once), 3 calls. The `MOE_PLACE_*` settings are cleared first: the checks run moe-place's defaults.
 
@@ -66,7 +66,7 @@ ELASTIC_GPUS, ELASTIC_EXPERTS, ELASTIC_LAYERS = 4, 16, 2
 
 
 def size():
-    from engine_harness import Size
+    from inengine.harness import Size
 
     return Size("guard-1x8-e32", 32, 8, 8, 1, 2, None, 512, 4, "Qwen3-30B-A3B")
 
@@ -280,7 +280,7 @@ def check_raise_once(engine: str, harness, workload, record: dict) -> tuple[bool
 
 # ---------------------------------------------------------------------- vLLM
 def vllm_checks(harness, workload, default_run, record: dict) -> list[tuple[bool, str]]:
-    import engine_standins
+    from inengine import standins
     import torch
 
     lines = [survived("the rule raising at every call", check_raise_every_call, "vllm", harness, workload,
@@ -293,7 +293,7 @@ def vllm_checks(harness, workload, default_run, record: dict) -> list[tuple[bool
         with ExitStack() as stack:
             captured_lines = stack.enter_context(captured())
             got = stack.enter_context(handles(harness))
-            stack.enter_context(mock.patch.object(engine_standins, "expert_weight_tensors", tensors))
+            stack.enter_context(mock.patch.object(standins, "expert_weight_tensors", tensors))
             error = None
             try:
                 run = harness.run_engine("vllm", "moe-place", size(), workload.counts, CADENCE)
@@ -486,9 +486,9 @@ def warnings_seen(details: dict, prefix: str = "") -> dict:
 
 def checkout() -> dict:
     """The commit this ran at, and whether moe-place's or this script's files had changes not in it."""
-    import engine_harness
+    from inengine import harness
 
-    return engine_harness.checkout("bench/check_guard_engines.py", "bench/engine_harness.py", "bench/engine_standins.py")
+    return harness.checkout("bench/check_guard_engines.py", "bench/inengine/harness.py", "bench/inengine/standins.py")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -511,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     cleared = sorted(name for name in os.environ if name.startswith("MOE_PLACE_"))
     for name in cleared:
         del os.environ[name]
-    import engine_harness as harness
+    from inengine import harness
 
     started = time.perf_counter()
     workload = harness.skewed_workload(size(), args.engine, CADENCE["step_interval"], STATIONARY_CALLS,

@@ -27,7 +27,7 @@ world group; `get_eplb_group` too), `get_node_count`, the EPLB communicator and 
 no weights move on a CPU), `torch.Event`, the router's top-k (`_compute_routing`: a plain softmax top-k; vLLM's
 needs its custom ops), the expert weights (meta tensors), and the load vLLM's CUDA kernel records before the
 split is on (on a CPU vLLM's mapping returns the ids and records nothing: the script adds the counts its hash
-would choose, `engine_standins.eplb_map_to_physical_and_record`).
+would choose, `inengine.standins.eplb_map_to_physical_and_record`).
 
 SGLang 0.5.23 (`--engine sglang`), in SGLang's code: `moe_ep_setup.init_lplb_solvers` (with moe-place's solver in
 its `LPLBSolver` name, as the start-up hook installs it), the solvers' registry (`get_resources().lplb_solvers`),
@@ -170,7 +170,7 @@ def vllm_rank(rank: int, size: int, port: int, queue) -> None:
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     from vllm.model_executor.models.interfaces import MixtureOfExperts
 
-    import engine_standins as standins
+    from inengine import standins
     from moe_place.engines import batch_split
     from moe_place.engines import vllm as adapter
     from moe_place.engines.batch_split import FLAGS
@@ -300,7 +300,7 @@ def sglang_rank(rank: int, size: int, port: int, queue) -> None:
     from sglang.srt.model_executor.model_runner_components import moe_ep_setup
     from sglang.srt.runtime_context import get_parallel
 
-    import engine_standins as standins
+    from inengine import standins
     from moe_place.engines import batch_split, sglang as adapter, sglang_split
     from moe_place.engines.batch_split import FLAGS
 
@@ -518,12 +518,12 @@ def judge(engine: str, reports: list[dict]) -> list[tuple[bool, str]]:
 
 def busiest(engine: str, reports: list[dict]) -> dict:
     """Rows of the busiest rank per batch and layer: moe-place's split (what the ranks sent), the engine's own
-    choice (vLLM: its hash, `engine_standins.eplb_map_to_physical_and_record`, per rank; SGLang's dynamic dispatch:
+    choice (vLLM: its hash, `inengine.standins.eplb_map_to_physical_and_record`, per rank; SGLang's dynamic dispatch:
     its expectation, the even split), and the lower bound of any split (`moe_place.split.split_lower_bound`)."""
     import numpy as np
     import torch
 
-    import engine_standins as standins
+    from inengine import standins
     from moe_place.split import even_shares, split_lower_bound
 
     size = len(reports)
@@ -553,9 +553,9 @@ def busiest(engine: str, reports: list[dict]) -> dict:
 
 def checkout() -> dict:
     """The commit this ran at, and whether moe-place's or this script's files had changes not in it."""
-    import engine_harness
+    from inengine import harness
 
-    return engine_harness.checkout("bench/check_split_engines.py", "bench/engine_standins.py")
+    return harness.checkout("bench/check_split_engines.py", "bench/inengine/standins.py")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,7 @@ def balanced_packing(weight: np.ndarray, num_packs: int, descending_order: Desce
     weight: float32 `[rows, n]` (or float64), each row packed on its own.
     descending_order: the order items are taken in (heaviest first; see "Ties" above).
     accumulate: the dtype of the packs' loads: float32 as DeepSeek's `eplb.py` sums them, float64 as
-        vLLM 0.33's and SGLang 0.5.23's own ports do (bench/engine_standins.py).
+        vLLM 0.33's and SGLang 0.5.23's own ports do (bench/inengine/standins.py).
     Returns `(pack_index, rank_in_pack)`, both int64 `[rows, n]`: the pack of each item and its
     position inside the pack (the order in which it was put there).
     """

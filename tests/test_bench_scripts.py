@@ -15,10 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # modules of bench/ that scripts and tests import, not scripts themselves, with the reason
-MODULES = {"engine_harness.py": "the in-engine harness bench_engines.py and tests/test_engines_inengine.py import",
-           "engine_standins.py": "the engine stand-ins engine_harness.py imports",
-           "engine_policies.py": "the engines' own default policies bench_replay.py runs with --default-policy engine",
-           "records.py": "the record plumbing every script imports: output options, exit codes, provenance"}
+MODULES = {"records.py": "the record plumbing every script imports: output options, exit codes, provenance"}
 PY_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py") if p.name not in MODULES)
 SH_SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.sh"))
 # scripts without the shared record options, with the reason

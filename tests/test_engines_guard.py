@@ -1,6 +1,6 @@
 """Never take a server down (`moe_place.engines.guard`): every moe-place function an engine calls answers with the
 engine's own result when moe-place fails, says why once, and leaves the rule's session able to answer the next
-call; a bad setting still stops the engine at start, with one line. On the stand-ins (`bench/engine_standins.py`).
+call; a bad setting still stops the engine at start, with one line. On the stand-ins (`bench/inengine/standins.py`).
 """
 
 import logging
@@ -19,7 +19,7 @@ from moe_place.errors import InputError  # noqa: E402
 from moe_place.online.policy import RebalanceRule  # noqa: E402
 from bench_modules import load  # noqa: E402 - tests/, beside this file
 
-standins = load("engine_standins")
+standins = load("inengine.standins")
 LAYERS, EXPERTS, GPUS, REDUNDANT = 2, 16, 4, 8
 PHYSICAL = EXPERTS + REDUNDANT
 

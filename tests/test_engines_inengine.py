@@ -1,10 +1,10 @@
-"""moe-place's policy inside the engines' rebalance machinery, run on the stand-ins (`bench/engine_standins.py`).
+"""moe-place's policy inside the engines' rebalance machinery, run on the stand-ins (`bench/inengine/standins.py`).
 
 The stand-ins are shaped like vLLM 0.33.0's `EplbState` (start map, cadence, window, policy call, commit,
 async one layer per step) and SGLang 0.5.23's `EPLBManager` (trivial start, recorder buffer, cadence,
 `eplb_algorithms.rebalance_experts` hook); their default policies reproduce outputs of the real
 `DefaultEplbPolicy` and SGLang `deepseek` exactly (`tests/data/make_engine_default_expected.py`, run once in
-each engine's environment). The harness (`bench/engine_harness.py`) drives them as it drives the real
+each engine's environment). The harness (`bench/inengine/harness.py`) drives them as it drives the real
 engines; the issue-21 targets are asserted for moe-place's policy at the engines' own cadence.
 
 The drift test judges expert-layer time plus migration on the cost model; the policy's own CPU time, which
@@ -31,7 +31,7 @@ DATA = ROOT / "tests" / "data"
 
 from bench_modules import load  # noqa: E402 - tests/, beside this file
 
-harness = load("engine_harness")
+harness = load("inengine.harness")
 standins = harness.standins
 Size = harness.Size
 

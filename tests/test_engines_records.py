@@ -1,7 +1,7 @@
 """The in-engine records (`bench/results/engines_{vllm,sglang}.json`) say what they measured, and go stale.
 
 Each record names the commit it ran and holds a digest of every file moe-place's policy is made of inside
-the engines (`bench/engine_harness.py` `RULE_FILES`). A record made before one of those files changed no
+the engines (`bench/inengine/harness.py` `RULE_FILES`). A record made before one of those files changed no
 longer measures the policy the checkout has: the staleness test fails until it is measured again with the
 command the record names (bench/bench_engines.py, in the engine's environment: see its docstring).
 """
@@ -24,7 +24,7 @@ from bench_modules import load  # noqa: E402 - tests/, beside this file
 
 def _harness():
     pytest.importorskip("torch")
-    return load("engine_harness")
+    return load("inengine.harness")
 
 
 @pytest.mark.parametrize("engine", sorted(RECORDS))

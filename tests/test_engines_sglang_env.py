@@ -2,7 +2,7 @@
 
 SGLang 0.5.23 starts its schedulers with multiprocessing's spawn method and builds its `EPLBManager`
 there. These tests spawn a process the same way, against the stand-in SGLang module layout written to
-disk (`bench/engine_standins.py` `write_sglang_tree`), and look for the rule there: with the variable
+disk (`bench/inengine/standins.py` `write_sglang_tree`), and look for the rule there: with the variable
 and not without. They need moe-place installed (`pip install -e .`, as CI does): the `.pth` file that
 starts the hook lives in site-packages.
 """
@@ -14,6 +14,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
+from bench_modules import load
 
 pytest.importorskip("torch")
 
@@ -65,13 +67,8 @@ def _scheduler(tree: str, queue) -> None:
 
 
 def _spawn(tmp_path, monkeypatch, value: str | None) -> dict:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import engine_standins
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
     tree = tmp_path / "tree"
-    engine_standins.write_sglang_tree(tree)
+    load("inengine.standins").write_sglang_tree(tree)
     if value is None:
         monkeypatch.delenv("MOE_PLACE_SGLANG", raising=False)
     else:

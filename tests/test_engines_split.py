@@ -1,5 +1,5 @@
 """The per-batch split inside the engines (`MOE_PLACE_SPLIT=per-batch`), on the stand-ins of vLLM's router and
-SGLang's `lp` path (`bench/engine_standins.py`), one process and 3 gloo ranks.
+SGLang's `lp` path (`bench/inengine/standins.py`), one process and 3 gloo ranks.
 
 The oracle is `moe_place.split` (the spec): the shares are `split_shares` of the batch's global counts, the slots
 `map_tokens` of them. The engines' own choices are the stand-ins' (vLLM's token-index hash with its load
@@ -27,7 +27,7 @@ LAYERS, EXPERTS, GPUS, REDUNDANT, TOP_K = 2, 8, 2, 4, 2
 # two layers, 8 experts, 12 slots on 2 GPUs: experts 0-3 twice (slots 8-11 hold 0-3 on GPU 1)
 PHY2LOG = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7, 3, 2, 1, 0]])
 
-standins = load("engine_standins")
+standins = load("inengine.standins")
 
 
 def _batch(rank: int, tokens: int = 40, seed: int = 0) -> torch.Tensor:

@@ -157,7 +157,7 @@ def engines() -> str:
                 "thread's: vLLM's async worker, the serving thread otherwise; median over the run's calls): the "
                 "engine's own default policy code and moe-place's rule, on the same calls of the same engine. In "
                 "SGLang's runs each call also ran 4 more times from a copy of the policy's state "
-                "(`bench/engine_harness.py` `Clock`): there a call's figure is the least CPU time of its five runs "
+                "(`bench/inengine/harness.py` `Clock`): there a call's figure is the least CPU time of its five runs "
                 "(what the call costs with the machine's interruptions left out; the medians of single calls "
                 "moved 20-30% between runs of this machine), and \"as called\" is the call the engine made, "
                 "run once, after the harness's engine steps since the last call." + _machines(vllm, sglang),

@@ -61,7 +61,7 @@ __all__ = ["CONTROLLERS", "Controller", "Decision", "ENGINES", "EngineCadence", 
 def cpu_timer():
     """Times the block in CPU seconds of the calling thread (`time.thread_time`) with Python's garbage collector
     held off, as `timeit` does: a collection lands in whichever call happens to allocate past its threshold, so
-    it is left out of the replay's calls and (`bench/engine_harness.py`) the engines' alike. Yields a list that
+    it is left out of the replay's calls and (`bench/inengine/harness.py`) the engines' alike. Yields a list that
     holds the seconds once the block ends."""
     held = gc.isenabled()
     gc.disable()
@@ -228,7 +228,7 @@ class EngineDefaultController(_OnCadence):
     plan: `(window, current) -> phy2log` the policy itself, given the engine's window (`[layers, E]`
         summed, or `[steps, layers, E]` per step where the engine hands those) and the map in use;
         default `numpy_default_plan`, moe-place's numpy EPLB, which returns the engines' maps at a
-        fraction of their own code's CPU time (bench/engine_policies.py runs the engines' own).
+        fraction of their own code's CPU time (`moe_place.online.engine_default` runs the engines' own).
     """
 
     num_groups: int | None = None

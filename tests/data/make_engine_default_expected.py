@@ -16,7 +16,7 @@ Cases (seeded; a rerun with the same engine, numpy and torch writes the same fil
 - random float32 loads (window sums up to 1e8), 1-4 layers, 16-256 experts, 4-32 GPUs, 1-4 nodes,
   hierarchical and global;
 - tied integer loads (0-3 per expert: most experts tie), the same shapes;
-- the harness sizes (`bench/engine_harness.py` SIZES) on skewed window sums.
+- the harness sizes (`bench/inengine/harness.py` SIZES) on skewed window sums.
 Equal loads (the tie cases, and some harness cases: rounded window sums, per-replica loads that
 coincide) are ordered by the engines' unstable sorts, and that order is not the same on every CPU:
 - vLLM sorts with numpy's default `argsort` (`policy/default.py` `balanced_packing`, the only sort

@@ -377,10 +377,10 @@ def standin_sglang_modules(num_iterations: int = 1000) -> Iterator[tuple[types.M
 
 def write_sglang_tree(root: Path, num_iterations: int = 1000) -> None:
     """The stand-in SGLang tree as packages under `root` (`root/sglang/srt/eplb/eplb_algorithms/__init__.py`,
-    ...), each re-exporting this module's stand-ins (`bench/` must be importable as `engine_standins`), for a
+    ...), each re-exporting this module's stand-ins (`bench/inengine` is imported from `bench/`), for a
     process that imports `sglang.srt.eplb...` from disk, as a spawned SGLang scheduler does."""
-    bench = Path(__file__).resolve().parent
-    prelude = f"import sys\nsys.path.insert(0, {str(bench)!r})\nimport engine_standins as _s\n"
+    bench = Path(__file__).resolve().parents[1]
+    prelude = f"import sys\nsys.path.insert(0, {str(bench)!r})\nfrom inengine import standins as _s\n"
     files = {
         "sglang/__init__.py": "", "sglang/srt/__init__.py": "", "sglang/srt/eplb/__init__.py": "",
         "sglang/srt/elastic_ep/__init__.py": "",

@@ -24,7 +24,7 @@ Engines (`ENGINES`):
   from_model_config` returns the size's layers, experts and groups), the recorder (a real `_CircularBuffer`
   of per-pass physical counts, dumped through SGLang's `_convert_global_physical_count_to_logical_count`
   without the all-reduce), the weight copy (`_update_expert_weights`) and the device module.
-- "standin-vllm" / "standin-sglang": `bench/engine_standins.py` (no engine needed: CI).
+- "standin-vllm" / "standin-sglang": `inengine.standins` (no engine needed: CI).
 Policies (`POLICIES`): "default" (the engine's own: vLLM's `DefaultEplbPolicy`, SGLang's `auto`
 algorithm) or "moe-place" (`moe_place.engines.vllm.install()`, name "default", which works with
 `use_async`; `moe_place.engines.sglang.install_rebalance_hook()`).
@@ -51,7 +51,6 @@ import copy
 import hashlib
 import importlib.util
 import subprocess
-import sys
 import threading
 import time
 import types
@@ -75,10 +74,10 @@ from moe_place.online.replay import parse_synthetic, served_steps
 from moe_place.placement import Placement, even_split_gpu_loads
 from moe_place.solvers.deepseek import plans_hierarchically
 
-BENCH = Path(__file__).resolve().parent
+from inengine import standins
+
+BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
-import engine_standins as standins  # noqa: E402  (bench/ is not a package)
 
 ENGINES = ("vllm", "sglang", "standin-vllm", "standin-sglang")
 # What moe-place's policy is made of inside the engines: the files whose code runs when an engine installs and
@@ -108,14 +107,6 @@ VLLM_DEFAULT_CADENCE = dict(step_interval=3000, window=1000)  # vLLM 0.33 EPLBCo
 SGLANG_DEFAULT_CADENCE = dict(step_interval=1000, window=1000)  # --eplb-rebalance-num-iterations, buffer = it
 SGLANG_CPU_REPEATS = 4   # SGLang's calls run 4 more times from a copy of the policy's state (`Clock`): the medians
 # of single calls' CPU times moved 20-30% between runs on this machine, more than the policies differ
-
-
-def bench_replay():
-    """bench/bench_replay.py as a module: its `SCENARIOS` (the drifting traces and clusters)."""
-    spec = importlib.util.spec_from_file_location("bench_replay_for_engines", BENCH / "bench_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def git(*args: str) -> str | None:

@@ -1,10 +1,9 @@
-"""The benches' torch threads (`torch_threads`) for the engines' own default policies, which are
-`moe_place.online.engine_default` (re-exported here for the bench scripts); a record's machine and provenance are
-bench/records.py's."""
+"""The in-engine bench kit, imported with `bench/` on `sys.path` (as the bench scripts put it there, and the tests'
+`bench_modules`): `harness` drives vLLM 0.33's and SGLang 0.5.23's own rebalance code (or `standins`, their
+stand-ins for CI) and judges what a policy does there; the engines' own default policies are
+`moe_place.online.engine_default`."""
 
-from __future__ import annotations
-
-from moe_place.online.engine_default import ENGINES, available, default_plan, version  # noqa: F401 (re-exported)
+__all__ = ["harness", "standins", "torch_threads"]
 
 
 def torch_threads(threads: int) -> int:
