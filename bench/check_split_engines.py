@@ -206,7 +206,7 @@ def vllm_rank(rank: int, size: int, port: int, queue) -> None:
                                    (eplb_state, "get_node_count", lambda: 1),
                                    (eplb_state, "create_eplb_communicator", lambda **_: types.SimpleNamespace()),
                                    (eplb_state, "rearrange_expert_weights_inplace", lambda *a, **k: None),
-                                   (torch, "Event", standins_event()), (eplb_state, "PIN_MEMORY", False)):
+                                   (torch, "Event", standins.NoDeviceEvent), (eplb_state, "PIN_MEMORY", False)):
             stack.enter_context(mock.patch.object(owner, name, value))
         handle = adapter.install()
         stack.callback(adapter.uninstall, handle)
@@ -264,25 +264,6 @@ def vllm_rank(rank: int, size: int, port: int, queue) -> None:
         report["np"] = np.__version__
     dist.destroy_process_group()
     queue.put(report)
-
-
-def standins_event():
-    """`torch.Event` without a device (vLLM's sync rearrangement times itself on rank 0)."""
-
-    class Event:
-        def __init__(self, *_, **__):
-            pass
-
-        def record(self, stream=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other) -> float:
-            return 0.0
-
-    return Event
 
 
 def state_group_rank(eplb_state) -> int:

@@ -76,8 +76,7 @@ from moe_place.solvers.deepseek import plans_hierarchically
 
 from inengine import standins
 
-BENCH = Path(__file__).resolve().parents[1]
-ROOT = BENCH.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 ENGINES = ("vllm", "sglang", "standin-vllm", "standin-sglang")
 # What moe-place's policy is made of inside the engines: the files whose code runs when an engine installs and
@@ -432,25 +431,6 @@ def _all_reduce(tensor, group=None, **_):
         tensor.mul_(group.size())
 
 
-class _Event:
-    """`torch.Event` without a device: every event is complete at once."""
-
-    def __init__(self, *_, **__):
-        pass
-
-    def record(self, stream=None):
-        pass
-
-    def wait(self, stream=None):
-        pass
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, other) -> float:
-        return 0.0
-
-
 class _Stream:
     def synchronize(self):
         pass
@@ -551,7 +531,7 @@ def _run_vllm(policy: str, size: Size, counts: np.ndarray, cadence: dict, use_as
             (eplb_state, "all_reduce", _all_reduce), (torch.distributed, "all_reduce", _all_reduce),
             (eplb_state, "rearrange_expert_weights_inplace", lambda *a, **k: None),
             (eplb_state, "move_from_buffer", lambda **_: None), (async_worker, "transfer_layer", lambda **_: None),
-            (async_worker, "device_stream", _no_stream), (torch, "Event", _Event), (eplb_state, "PIN_MEMORY", False)))
+            (async_worker, "device_stream", _no_stream), (torch, "Event", standins.NoDeviceEvent), (eplb_state, "PIN_MEMORY", False)))
         _time_vllm_policy(registry, policy, clock, stack)
         config = ParallelConfig(enable_expert_parallel=True, eplb_config=EPLBConfig(
             window_size=cadence["window"], step_interval=cadence["step_interval"], use_async=use_async,

@@ -199,6 +199,25 @@ def expert_weight_tensors(shape: ExpertShape, local_experts: int) -> list[torch.
             torch.empty(local_experts, shape.hidden, shape.intermediate, dtype=dtype, device="meta")]
 
 
+class NoDeviceEvent:
+    """`torch.Event` without a device: every event is complete at once (vLLM's rearrangement times itself with one)."""
+
+    def __init__(self, *_, **__):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other) -> float:
+        return 0.0
+
+
 def hf_config_of(shape: ExpertShape) -> types.SimpleNamespace:
     """The model-config keys the engines read for an expert (Hugging Face names)."""
     return types.SimpleNamespace(hidden_size=shape.hidden, moe_intermediate_size=shape.intermediate,
